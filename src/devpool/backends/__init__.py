@@ -1,0 +1,1 @@
+"""Where workers run: local processes on this host, or Ray (later)."""

@@ -1,0 +1,180 @@
+"""devpool's options: one table drives the command line (--devpool-NAME) and [tool.devpool]."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devpool.errors import DevpoolError
+from devpool.inventory import Platform, load_platforms
+from devpool.leases import default_lock_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+def _positive_int(value: object) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        number = 0
+    if isinstance(value, bool) or number < 1:
+        raise ValueError("a whole number ≥ 1")
+    return number
+
+
+def _seconds(value: object) -> float:
+    try:
+        number = float(str(value))
+    except ValueError:
+        number = 0.0
+    if isinstance(value, bool) or not number > 0:
+        raise ValueError("a number of seconds > 0")
+    return number
+
+
+def _flag(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError("true or false")
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("a non-empty string")
+    return value
+
+
+def _isolation(value: object) -> str:
+    if value not in ("worker", "job"):
+        raise ValueError("'worker' (warm reuse) or 'job' (a fresh process per test)")
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One devpool option: `--devpool-<name>` on the command line, `<name>` in [tool.devpool]."""
+
+    name: str
+    convert: Callable[[object], Any]
+    help: str
+    flag: bool = False
+
+    @property
+    def dest(self) -> str:
+        return "devpool_" + self.name.replace("-", "_")
+
+    @property
+    def cli(self) -> str:
+        return "--devpool-" + self.name
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("max-parallel", _positive_int, "most jobs running at once (default: devices or cores)"),
+    Option("cpu-slots", _positive_int, "most CPU-only tests running at once (default: cores)"),
+    Option("lock-dir", _text, "folder of per-device lock files shared by runs on this host"),
+    Option("lease-timeout", _seconds, "seconds a test waits for devices held by other runs"),
+    Option("test-timeout", _seconds, "default per-test time limit in seconds (marker wins)"),
+    Option("timeout-grace", _seconds, "seconds between SIGTERM and SIGKILL on a timeout"),
+    Option("skip-unsatisfiable", _flag, "skip tests needing more than the pool has", flag=True),
+    Option("plan", _flag, "print the jobs and their planned order, run nothing", flag=True),
+    Option("isolation", _isolation, "'worker': reuse warm workers; 'job': fresh process each"),
+    Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
+)
+_BY_NAME = {option.name: option for option in OPTIONS}
+TABLE_KEYS = frozenset(_BY_NAME) | {"devices", "platforms"}
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Register --devices and every --devpool-<name> option."""
+    group = parser.getgroup("devpool", "devpool: accelerator-aware test scheduling")
+    group.addoption(
+        "--devices",
+        dest="devpool_devices",
+        default=None,
+        metavar="SPEC",
+        help="devices for this run: auto, PLATFORM, PLATFORM:IDS (cuda:0-7, sim:0-3) or IDS",
+    )
+    for option in OPTIONS:
+        if option.flag:
+            group.addoption(option.cli, dest=option.dest, action="store_true", default=None,
+                            help=option.help)
+        else:
+            group.addoption(option.cli, dest=option.dest, default=None, help=option.help)
+    # The worker role: how a child pytest finds its controller. Not for users.
+    group.addoption("--devpool-worker", dest="devpool_worker", default=None, help=
+                    "internal: run as a devpool worker on these pipe fds")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every devpool setting after the command line, [tool.devpool] and defaults are merged."""
+
+    devices: str | None
+    platforms: Mapping[str, Platform]
+    max_parallel: int | None = None
+    cpu_slots: int = field(default_factory=lambda: os.cpu_count() or 1)
+    lock_dir: Path = field(default_factory=default_lock_dir)
+    lease_timeout: float = 600.0
+    test_timeout: float | None = None
+    timeout_grace: float = 5.0
+    skip_unsatisfiable: bool = False
+    plan: bool = False
+    isolation: str = "worker"
+    run_dir: Path | None = None
+
+
+def read_table(pyproject: Path | None) -> dict[str, Any]:
+    """The [tool.devpool] table of a pyproject.toml, {} when there is none."""
+    if pyproject is None or not pyproject.is_file():
+        return {}
+    try:
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise DevpoolError(f"{pyproject} is not valid TOML: {exc}") from None
+    table = data.get("tool", {}).get("devpool", {})
+    if not isinstance(table, dict):
+        raise DevpoolError(f"{pyproject}: [tool.devpool] must be a table")
+    return table
+
+
+def settings_from(options: Mapping[str, Any], table: Mapping[str, Any], where: str) -> Settings:
+    """Merge command-line values (dest → value, None when not given) over [tool.devpool]."""
+    unknown = sorted(set(table) - TABLE_KEYS)
+    if unknown:
+        raise DevpoolError(
+            f"{where}: [tool.devpool] has unknown key {unknown[0]!r}; "
+            f"known keys: {', '.join(sorted(TABLE_KEYS))}"
+        )
+    platforms_table = table.get("platforms")
+    if platforms_table is not None and not isinstance(platforms_table, dict):
+        raise DevpoolError(f"{where}: [tool.devpool] platforms must be a table")
+    values: dict[str, Any] = {"platforms": load_platforms(platforms_table)}
+    devices = options.get("devpool_devices")
+    if devices is None and "devices" in table:
+        devices = table["devices"]
+        if not isinstance(devices, str):
+            raise DevpoolError(f"{where}: [tool.devpool] devices must be a string like 'sim:0-7'")
+    values["devices"] = devices
+    for option in OPTIONS:
+        raw, source = options.get(option.dest), option.cli
+        if raw is None and option.name in table:
+            raw, source = table[option.name], f"{where}: [tool.devpool] {option.name}"
+        if raw is None:
+            continue
+        try:
+            values[option.name.replace("-", "_")] = option.convert(raw)
+        except ValueError as exc:
+            raise DevpoolError(f"{source} must be {exc}, got {raw!r}") from None
+    for key in ("lock_dir", "run_dir"):
+        if key in values:
+            values[key] = Path(values[key]).expanduser()
+    return Settings(**values)

@@ -1,0 +1,391 @@
+"""Cross-process device leases on one host: one ``flock`` per device file in a lock folder.
+
+The kernel drops an ``flock`` when the last descriptor of its open file description is
+closed, so a lease ends even when every process holding it is SIGKILLed. Each lock file
+also carries a JSON record of its last holder, for error messages and ``devpool locks``.
+Lock files are never deleted: unlinking a file that another process is about to lock
+would let two processes lock two different files of the same name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import getpass
+import json
+import os
+import re
+import socket
+import stat
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from devpool.errors import DevpoolError
+
+_LOCK_NAME = re.compile(r"^(?P<platform>.+)-(?P<device>0|[1-9][0-9]*)\.lock$")
+_FOLDER_MODE = 0o1777
+_FILE_MODE = 0o666
+_RECORD_LIMIT = 64 * 1024
+# O_NONBLOCK keeps open() from hanging if someone planted a FIFO at a lock path.
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def default_lock_dir() -> Path:
+    """The lock folder shared by every devpool run on this host."""
+    return Path(tempfile.gettempdir()) / "devpool-locks"
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return str(os.getuid())
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease: the record written into each of its lock files."""
+
+    pid: int
+    host: str
+    session: str
+    job: str
+    since: float
+    user: str
+    worker_pid: int | None = None
+
+    @classmethod
+    def for_this_process(cls, session: str, job: str = "") -> Holder:
+        """A holder record for the calling process, starting now."""
+        return cls(
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            session=session,
+            job=job,
+            since=time.time(),
+            user=_login_name(),
+        )
+
+    def describe(self) -> str:
+        """One line for humans: pid, user, session, test and start time."""
+        where = "" if self.host == socket.gethostname() else f" on {self.host}"
+        doing = f"test {self.job}" if self.job else "idle"
+        return (
+            f"pid {self.pid}{where} (user {self.user}, session {self.session}, "
+            f"{doing}, since {_clock(self.since)})"
+        )
+
+    def to_json(self) -> str:
+        """The record as one line of JSON."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Holder | None:
+        """Parse a record written by ``to_json``; None for empty or malformed text."""
+        try:
+            data: Any = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        pid: Any = data.get("pid")
+        since: Any = data.get("since")
+        worker_pid: Any = data.get("worker_pid")
+        texts = [data.get(key) for key in ("host", "session", "job", "user")]
+        if not _is_int(pid) or not all(isinstance(value, str) for value in texts):
+            return None
+        if not (_is_int(since) or isinstance(since, float)):
+            return None
+        if worker_pid is not None and not _is_int(worker_pid):
+            return None
+        return cls(
+            pid=pid,
+            host=data["host"],
+            session=data["session"],
+            job=data["job"],
+            since=float(since),
+            user=data["user"],
+            worker_pid=worker_pid,
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _clock(since: float) -> str:
+    moment = time.localtime(since)
+    if time.strftime("%Y-%m-%d", moment) == time.strftime("%Y-%m-%d"):
+        return time.strftime("%H:%M:%S", moment)
+    return time.strftime("%Y-%m-%d %H:%M:%S", moment)
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A device that another lease holds; holder is None when its record is unreadable."""
+
+    device: int
+    holder: Holder | None
+
+
+@dataclass(frozen=True)
+class LockState:
+    """One lock file as ``LockDir.status`` sees it."""
+
+    platform: str
+    device: int
+    held: bool
+    holder: Holder | None
+
+
+def describe_blockers(platform: str, blocked: Sequence[Blocked]) -> str:
+    """One line naming every busy device and who holds it."""
+    parts = []
+    for item in blocked:
+        who = item.holder.describe() if item.holder else "an unknown holder"
+        parts.append(f"{platform}:{item.device} held by {who}")
+    return "; ".join(parts)
+
+
+@dataclass
+class _Handle:
+    device: int
+    path: Path
+    fd: int
+    # False when the file belongs to another user and only opened read-only:
+    # flock still works, but the holder record cannot be rewritten.
+    writable: bool = True
+
+
+class Lease:
+    """Exclusive hold of some devices of one platform, until released or every holder exits."""
+
+    def __init__(self, platform: str, holder: Holder, handles: Sequence[_Handle]) -> None:
+        self.platform = platform
+        self.devices: tuple[int, ...] = tuple(handle.device for handle in handles)
+        self.holder = holder
+        self._handles = list(handles)
+        self._released = False
+
+    @property
+    def released(self) -> bool:
+        """True once ``release`` ran."""
+        return self._released
+
+    def fds(self) -> list[int]:
+        """The open lock descriptors, in device order; pass them to a worker to share the lease."""
+        return [handle.fd for handle in self._handles]
+
+    def set_job(self, job: str, worker_pid: int | None = None) -> None:
+        """Rewrite the holder record in every lock file for a new job or worker."""
+        if self._released:
+            raise RuntimeError(f"lease on {self.platform}:{self.devices} is already released")
+        self.holder = replace(self.holder, job=job, worker_pid=worker_pid)
+        for handle in self._handles:
+            _write_record(handle, self.holder)
+
+    def release(self, *, unlock: bool = True) -> None:
+        """Unlock and close every lock file; idempotent.
+
+        With ``unlock=False`` only this process's descriptors are closed, so a worker that
+        inherited them keeps the devices until it exits.
+        """
+        if self._released:
+            return
+        self._released = True
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            _close(handle.fd, unlock=unlock)
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "held"
+        return f"Lease({self.platform}:{list(self.devices)}, {state}, {self.holder.describe()})"
+
+
+class LockDir:
+    """The lock folder: one lock file per (platform, device)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        _prepare_folder(self.path)
+
+    def lock_path(self, platform: str, device: int) -> Path:
+        """The lock file of one device: ``<dir>/<platform>-<device>.lock``."""
+        if not platform or "/" in platform or platform in (".", "..") or "\0" in platform:
+            raise DevpoolError(f"platform name {platform!r} cannot be used in a lock file name")
+        if device < 0:
+            raise ValueError(f"device id must be >= 0, got {device}")
+        return self.path / f"{platform}-{device}.lock"
+
+    def try_acquire(
+        self, platform: str, devices: Sequence[int], holder: Holder
+    ) -> Lease | list[Blocked]:
+        """All-or-nothing, non-blocking: a Lease on every device, or the devices held elsewhere."""
+        if len(set(devices)) != len(devices):
+            raise ValueError(f"duplicate device ids in {list(devices)}")
+        paths = {device: self.lock_path(platform, device) for device in devices}
+        taken: dict[int, _Handle] = {}
+        blocked: list[Blocked] = []
+        try:
+            # A fixed order makes two runs that want overlapping sets collide on the same
+            # first device instead of each taking half and both giving up.
+            for device in sorted(devices):
+                handle = _open_lock_file(device, paths[device])
+                try:
+                    fcntl.flock(handle.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    blocked.append(Blocked(device, _read_record(handle.fd)))
+                    os.close(handle.fd)
+                    continue
+                except BaseException:
+                    os.close(handle.fd)
+                    raise
+                taken[device] = handle
+            if not blocked:
+                for handle in taken.values():
+                    _write_record(handle, holder)
+        except BaseException:
+            _close_all(taken.values())
+            raise
+        if blocked:
+            _close_all(taken.values())
+            return blocked
+        return Lease(platform, holder, [taken[device] for device in devices])
+
+    def status(self) -> list[LockState]:
+        """Every lock file in the folder: platform, device, held or free, and its last holder."""
+        states = []
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                match = _LOCK_NAME.match(entry.name)
+                if match is None or not entry.is_file(follow_symlinks=False):
+                    continue
+                try:
+                    fd = os.open(entry.path, os.O_RDONLY | _OPEN_FLAGS)
+                except OSError:
+                    continue
+                try:
+                    held = not _try_shared_lock(fd)
+                    holder = _read_record(fd)
+                finally:
+                    os.close(fd)  # also drops the shared lock, if we got it
+                states.append(LockState(match["platform"], int(match["device"]), held, holder))
+        return sorted(states, key=lambda state: (state.platform, state.device))
+
+    def __repr__(self) -> str:
+        return f"LockDir({str(self.path)!r})"
+
+
+def _try_shared_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _prepare_folder(path: Path) -> None:
+    if path.is_symlink():
+        raise DevpoolError(f"lock folder {path} is a symlink; refusing to use it")
+    if not path.exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.mkdir(path, _FOLDER_MODE)
+            # mkdir's mode is filtered by the umask; other users' runs must be able to
+            # create lock files here, and the sticky bit keeps them from deleting ours.
+            os.chmod(path, _FOLDER_MODE, follow_symlinks=False)
+        except FileExistsError:
+            pass  # another run created it first
+        except OSError as exc:
+            raise DevpoolError(f"lock folder {path} is not writable: {exc.strerror}") from None
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise DevpoolError(f"lock folder {path} is not writable: {exc.strerror}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise DevpoolError(f"lock folder {path} is a symlink; refusing to use it")
+    if not stat.S_ISDIR(info.st_mode):
+        raise DevpoolError(f"lock folder {path} is not writable: it is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise DevpoolError(f"lock folder {path} is not writable: permission denied")
+
+
+def _open_lock_file(device: int, path: Path) -> _Handle:
+    # Open an existing file without O_CREAT first: with fs.protected_regular, O_CREAT on
+    # another user's file in a sticky world-writable folder fails even when its mode allows.
+    for _ in range(10):
+        try:
+            return _checked(device, path, os.open(path, os.O_RDWR | _OPEN_FLAGS), True)
+        except FileNotFoundError:
+            pass
+        except PermissionError:
+            return _open_read_only(device, path)
+        except OSError as exc:
+            raise _open_error(path, exc) from None
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, _FILE_MODE)
+        except FileExistsError:
+            continue  # created (or replaced by a symlink) since we looked; look again
+        except OSError as exc:
+            raise _open_error(path, exc) from None
+        with contextlib.suppress(PermissionError):
+            os.fchmod(fd, _FILE_MODE)  # the umask narrowed it; other users must open it too
+        return _checked(device, path, fd, True)
+    raise DevpoolError(f"lock file {path} keeps changing; cannot open it")
+
+
+def _open_read_only(device: int, path: Path) -> _Handle:
+    try:
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+    except OSError as exc:
+        raise _open_error(path, exc) from None
+    return _checked(device, path, fd, False)
+
+
+def _checked(device: int, path: Path, fd: int, writable: bool) -> _Handle:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DevpoolError(f"lock file {path} is not a regular file; refusing to use it")
+    return _Handle(device, path, fd, writable)
+
+
+def _open_error(path: Path, exc: OSError) -> DevpoolError:
+    if exc.errno == errno.ELOOP:
+        return DevpoolError(f"lock file {path} is a symlink; refusing to use it")
+    return DevpoolError(f"lock file {path} cannot be opened: {exc.strerror}")
+
+
+def _write_record(handle: _Handle, holder: Holder) -> None:
+    if not handle.writable:
+        return
+    data = (holder.to_json() + "\n").encode()
+    # Write then truncate (not the reverse) so a concurrent reader never sees an empty
+    # file; it reads up to the first newline, so a longer old tail cannot garble it.
+    os.pwrite(handle.fd, data, 0)
+    os.ftruncate(handle.fd, len(data))
+
+
+def _read_record(fd: int) -> Holder | None:
+    try:
+        raw = os.pread(fd, _RECORD_LIMIT, 0)
+    except OSError:
+        return None
+    return Holder.from_json(raw.decode("utf-8", errors="replace").split("\n", 1)[0])
+
+
+def _close_all(handles: Iterable[_Handle]) -> None:
+    for handle in handles:
+        _close(handle.fd, unlock=True)
+
+
+def _close(fd: int, *, unlock: bool) -> None:
+    try:
+        if unlock:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

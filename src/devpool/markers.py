@@ -1,0 +1,109 @@
+"""Test markers → Request, with errors that name the test and the marker."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import pytest
+
+from devpool.errors import DevpoolError
+
+MARKERS = {
+    "device_count": "device_count(n): the test needs n devices of the session's platform.",
+    "platforms": "platforms([names]): the test runs only where the session's platform is listed.",
+    "nodes": "nodes(n): the test needs n machines, each with device_count devices (Ray backend).",
+    "isolate": "isolate: the test runs in a fresh worker process that nothing else uses.",
+    "timeout": "timeout(seconds): devpool kills the test's process group after this many seconds.",
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one test asks for: the data the scheduler places."""
+
+    device_count: int = 0
+    platforms: tuple[str, ...] | None = None
+    nodes: int = 1
+    isolate: bool = False
+    timeout: float | None = None
+
+    def describe(self) -> str:
+        """Short human form, e.g. '2 devices, isolate, timeout 30s'."""
+        parts = [f"{self.device_count} device{'s' if self.device_count != 1 else ''}"]
+        if self.device_count == 0:
+            parts = ["cpu"]
+        if self.nodes > 1:
+            parts.insert(0, f"{self.nodes} nodes ×")
+        if self.isolate:
+            parts.append("isolate")
+        if self.timeout is not None:
+            parts.append(f"timeout {self.timeout:g}s")
+        return ", ".join(parts)
+
+
+def _whole_number(nodeid: str, marker: pytest.Mark, minimum: int) -> int:
+    if len(marker.args) != 1 or marker.kwargs:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.{marker.name} takes exactly one whole number, "
+            f"got args={marker.args!r} kwargs={marker.kwargs!r}"
+        )
+    value = marker.args[0]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.{marker.name}({value!r}) needs a whole number ≥ {minimum}, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _platforms(nodeid: str, marker: pytest.Mark, known: Collection[str]) -> tuple[str, ...]:
+    names: list[object] = []
+    for arg in marker.args:
+        names.extend(arg if isinstance(arg, (list, tuple)) else [arg])
+    if not names or marker.kwargs or not all(isinstance(n, str) for n in names):
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.platforms needs a list of platform names, "
+            f"e.g. platforms(['cuda', 'sim']), got args={marker.args!r}"
+        )
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.platforms names unknown platform {unknown[0]!r}; "
+            f"known: {', '.join(sorted(known))} (add others under [tool.devpool.platforms])"
+        )
+    return tuple(str(n) for n in names)
+
+
+def _timeout(nodeid: str, marker: pytest.Mark) -> float:
+    # pytest-timeout spells it timeout(seconds, method=...) or timeout(timeout=...); accept both.
+    args = list(marker.args) or ([marker.kwargs["timeout"]] if "timeout" in marker.kwargs else [])
+    extra = set(marker.kwargs) - {"timeout", "method", "func_only"}
+    if len(args) != 1 or extra:
+        raise DevpoolError(f"{nodeid}: @pytest.mark.timeout takes one number of seconds")
+    value = args[0]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.timeout({value!r}) needs a number of seconds > 0, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    return float(value)
+
+
+def request_for(item: pytest.Item, known_platforms: Collection[str]) -> Request:
+    """Read one test's markers into a Request; DevpoolError names the test on bad input."""
+    nodeid = item.nodeid
+    device_count = 0
+    if (mark := item.get_closest_marker("device_count")) is not None:
+        device_count = _whole_number(nodeid, mark, 1)
+    nodes = 1
+    if (mark := item.get_closest_marker("nodes")) is not None:
+        nodes = _whole_number(nodeid, mark, 1)
+    platforms = None
+    if (mark := item.get_closest_marker("platforms")) is not None:
+        platforms = _platforms(nodeid, mark, known_platforms)
+    timeout = None
+    if (mark := item.get_closest_marker("timeout")) is not None:
+        timeout = _timeout(nodeid, mark)
+    isolate = item.get_closest_marker("isolate") is not None
+    return Request(device_count, platforms, nodes, isolate, timeout)

@@ -1,0 +1,79 @@
+"""Collected items → Jobs: the requests, what cannot run here and why, and the start order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from devpool.inventory import Inventory
+from devpool.markers import Request
+
+DEFAULT_ESTIMATE = 1.0  # seconds assumed for a test with no duration history
+
+
+@dataclass(eq=False)
+class Job:
+    """The unit the scheduler places: one test with one resource request."""
+
+    id: int
+    nodeid: str
+    location: tuple[str, int | None, str]
+    request: Request
+    index: int  # position in collection order; keeps ties in the order the user wrote tests
+    estimate: float = DEFAULT_ESTIMATE
+    attempt: int = 1
+    queued_at: float = 0.0
+    foreign_wait: float = 0.0  # seconds spent blocked on devices held by other runs
+
+    @property
+    def devices_needed(self) -> int:
+        return self.request.device_count
+
+    def priority(self) -> tuple[float, int, int]:
+        """Sort key, smallest first: most device-seconds first, then the larger request."""
+        weight = max(self.request.device_count, 0.5) * self.estimate
+        return (-weight, -self.request.device_count, self.index)
+
+
+@dataclass
+class Plan:
+    """Jobs to run in priority order, and the tests that cannot run in this session."""
+
+    jobs: list[Job] = field(default_factory=list)
+    unsatisfiable: list[tuple[Job, str]] = field(default_factory=list)
+
+
+def unsatisfiable_reason(request: Request, inventory: Inventory, backend: str) -> str | None:
+    """Why a request can never be met by this session, or None when it can."""
+    if request.nodes > 1 and backend == "local":
+        return (
+            f"needs {request.nodes} nodes × {request.device_count} {inventory.platform.name}; "
+            "the local backend has one node (use --devpool-backend ray)"
+        )
+    have = len(inventory.devices)
+    if request.device_count > have:
+        return (
+            f"needs {request.device_count} {inventory.platform.name} devices; "
+            f"the pool has {have} ({inventory.describe()})"
+        )
+    return None
+
+
+def build_plan(
+    jobs: Sequence[Job],
+    inventory: Inventory,
+    backend: str = "local",
+    estimate: Callable[[Job], float] | None = None,
+) -> Plan:
+    """Split jobs into runnable (sorted by priority) and unsatisfiable ones."""
+    plan = Plan()
+    for job in jobs:
+        if estimate is not None:
+            job.estimate = estimate(job)
+        reason = unsatisfiable_reason(job.request, inventory, backend)
+        if reason is None:
+            plan.jobs.append(job)
+        else:
+            plan.unsatisfiable.append((job, reason))
+    plan.jobs.sort(key=Job.priority)
+    return plan

@@ -1,0 +1,115 @@
+"""Worker side: a child pytest bound to one lease; runs the items it is sent, streams reports."""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devpool import protocol
+
+# Options that select or stop tests belong to the controller alone: the worker must be
+# able to run any node id it is sent, and never stop itself on a failure.
+_CONTROLLER_ONLY = {
+    "keyword": "",
+    "markexpr": "",
+    "lf": False,
+    "failedfirst": False,
+    "newfirst": False,
+    "stepwise": False,
+    "stepwise_skip": False,
+    "maxfail": 0,
+    "usepdb": False,
+    "deselect": [],
+}
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the controller dies, so no orphan keeps a device."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+
+
+class WorkerSession:
+    """The pytest plugin a worker registers instead of the controller."""
+
+    def __init__(self, config: pytest.Config, spec: str) -> None:
+        self.config = config
+        fd_in, fd_out, parent = (int(part) for part in spec.split(","))
+        self.fd_in, self.fd_out = fd_in, fd_out
+        _die_with_parent()
+        if os.getppid() != parent:  # the controller died before prctl took effect
+            os._exit(3)
+        for name, value in _CONTROLLER_ONLY.items():
+            if hasattr(config.option, name):
+                setattr(config.option, name, value)
+        # Plugins that write files at session end (junitxml, cacheprovider, pytest-html)
+        # skip that on xdist workers by this attribute; a devpool worker is the same case.
+        config.workerinput = {"workerid": f"devpool-{os.getpid()}"}  # type: ignore[attr-defined]
+        config.workeroutput = {}  # type: ignore[attr-defined]
+        stacks = os.environ.get("DEVPOOL_STACKS_FILE")
+        if stacks:
+            self._stacks = open(stacks, "w")  # noqa: SIM115 - lives as long as the process
+            faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+
+    def send(self, message: protocol.Message) -> None:
+        protocol.write(self.fd_out, message)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        items = {item.nodeid: item for item in session.items}
+        order = {item.nodeid: index for index, item in enumerate(session.items)}
+        self.send({"ev": "ready", "pid": os.getpid(), "collected": len(items)})
+        setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
+        for message in protocol.read_lines(self.fd_in):
+            if message["op"] == "stop":
+                break
+            for nodeid in message["nodeids"]:
+                item = items.get(nodeid)
+                if item is None:
+                    self.send({"ev": "missing", "nodeid": nodeid})
+                    continue
+                self._run(session, setup_state, item, order[nodeid])
+            self.send({"ev": "done", "job": message["job"]})
+        try:
+            setup_state.teardown_exact(None)
+        except Exception as exc:  # noqa: BLE001 - a teardown error must not hide the run's end
+            print(f"devpool worker: error tearing down fixtures: {exc!r}", file=sys.stderr)
+        return True
+
+    def _run(self, session: pytest.Session, setup_state: Any, item: pytest.Item, index: int) -> None:
+        # The controller picks the order, so the item pytest would run next is only a guess
+        # (the next one in collection order keeps module fixtures warm). Before each item,
+        # tear down whatever the guess left standing that this item does not share.
+        setup_state.teardown_exact(item)
+        items = session.items
+        nextitem = items[index + 1] if index + 1 < len(items) else None
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self.send({"ev": "start", "nodeid": nodeid, "location": location})
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self.send({"ev": "report", "data": data})
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self.send({"ev": "finish", "nodeid": nodeid, "location": location})
+
+
+def stacks_file(log: Path) -> Path:
+    """Where a worker's faulthandler writes its stacks when the controller asks (SIGUSR1)."""
+    return log.with_suffix(".stacks")
