@@ -105,13 +105,18 @@ def add_options(parser: pytest.Parser) -> None:
     )
     for option in OPTIONS:
         if option.flag:
-            group.addoption(option.cli, dest=option.dest, action="store_true", default=None,
-                            help=option.help)
+            group.addoption(
+                option.cli, dest=option.dest, action="store_true", default=None, help=option.help
+            )
         else:
             group.addoption(option.cli, dest=option.dest, default=None, help=option.help)
     # The worker role: how a child pytest finds its controller. Not for users.
-    group.addoption("--devpool-worker", dest="devpool_worker", default=None, help=
-                    "internal: run as a devpool worker on these pipe fds")
+    group.addoption(
+        "--devpool-worker",
+        dest="devpool_worker",
+        default=None,
+        help="internal: run as a devpool worker on these pipe fds",
+    )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ class Outcome(str, enum.Enum):
     ERROR = "error"  # setup or teardown failed
     TIMEOUT = "timeout"  # killed by devpool after its time limit
     CRASHED = "crashed"  # the worker process died under the test (signal, os._exit)
-    INFRA = "infra"  # could not run: no lease in time, unsatisfiable request, worker failed to start
+    INFRA = (
+        "infra"  # could not run: no lease in time, unsatisfiable request, worker failed to start
+    )
     SKIPPED = "skipped"
     FLAKY = "flaky"  # failed, then passed on a rerun
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from devpool.inventory import Inventory
+from devpool.inventory import Inventory, format_ids
 from devpool.markers import Request
 
 DEFAULT_ESTIMATE = 1.0  # seconds assumed for a test with no duration history
@@ -54,7 +54,7 @@ def unsatisfiable_reason(request: Request, inventory: Inventory, backend: str) -
     if request.device_count > have:
         return (
             f"needs {request.device_count} {inventory.platform.name} devices; "
-            f"the pool has {have} ({inventory.describe()})"
+            f"the pool has {have} ({inventory.platform.name}:{format_ids(inventory.devices)})"
         )
     return None
 

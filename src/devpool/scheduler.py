@@ -48,14 +48,16 @@ class Running:
 class Pool:
     """What the policy may hand out now."""
 
-    free: set[int]  # not used by running jobs nor held by other runs (idle workers' devices included)
+    free: set[
+        int
+    ]  # not used by running jobs nor held by other runs (idle workers' devices included)
     idle: list[IdleWorker]
     running: Sequence[Running]
     slots: int  # jobs that may still start (max-parallel)
     cpu_slots: int  # CPU-only jobs that may still start
 
     def take(self, job: Job, isolate: bool) -> Placement | None:
-        """Choose devices for job (warm worker first, aligned blocks next), or None if it won't fit."""
+        """Choose devices (warm worker first, aligned blocks next); None if the job won't fit."""
         k = job.devices_needed
         if self.slots <= 0 or (k == 0 and self.cpu_slots <= 0) or k > len(self.free):
             return None

@@ -88,7 +88,9 @@ class WorkerSession:
             print(f"devpool worker: error tearing down fixtures: {exc!r}", file=sys.stderr)
         return True
 
-    def _run(self, session: pytest.Session, setup_state: Any, item: pytest.Item, index: int) -> None:
+    def _run(
+        self, session: pytest.Session, setup_state: Any, item: pytest.Item, index: int
+    ) -> None:
         # The controller picks the order, so the item pytest would run next is only a guess
         # (the next one in collection order keeps module fixtures warm). Before each item,
         # tear down whatever the guess left standing that this item does not share.

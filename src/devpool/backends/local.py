@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import selectors
@@ -51,17 +52,13 @@ class Worker:
 
     def signal_group(self, signum: int) -> None:
         """Signal the worker's whole process group (the test's own children included)."""
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def close(self) -> None:
         for fd in (self.fd_in, self.fd_out):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
 
 class LocalBackend:
@@ -74,7 +71,9 @@ class LocalBackend:
         self.selector = selectors.DefaultSelector()
         self._next_key = 0
 
-    def start(self, devices: tuple[int, ...], lease: Lease | None, env: Mapping[str, str]) -> Worker:
+    def start(
+        self, devices: tuple[int, ...], lease: Lease | None, env: Mapping[str, str]
+    ) -> Worker:
         """Spawn a worker for these devices; the lease fds are inherited so it outlives neither."""
         self._next_key += 1
         key = self._next_key
@@ -127,6 +126,21 @@ class LocalBackend:
             results.append((worker, messages, eof))
         return results
 
+    def drain(self, worker: Worker) -> list[protocol.Message]:
+        """Whatever an exited worker still had in its pipe; stops watching that pipe."""
+        chunks = []
+        while True:
+            try:
+                data = os.read(worker.fd_out, 1 << 16)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            chunks.append(data)
+        if worker.fd_out in self.selector.get_map():
+            self.selector.unregister(worker.fd_out)
+        return worker.reader.feed(b"".join(chunks))
+
     def reap(self, worker: Worker, wait: float = 5.0) -> int | None:
         """The worker's exit status once its event pipe closed (negative: killed by a signal)."""
         try:
@@ -135,6 +149,8 @@ class LocalBackend:
             worker.signal_group(signal.SIGKILL)
             code = worker.process.wait()
         worker.exited = True
+        if worker.fd_out in self.selector.get_map():
+            self.selector.unregister(worker.fd_out)
         worker.close()
         return code
 

@@ -34,18 +34,19 @@ def log_path(log_dir: Path, nodeid: str, attempt: int) -> Path:
     return log_dir / f"{name}{suffix}.log"
 
 
-def write_test_log(path: Path, header: Sequence[str], reports: Sequence[pytest.TestReport],
-                   extra: str = "") -> None:
+def write_test_log(
+    path: Path, header: Sequence[str], reports: Sequence[pytest.TestReport], extra: str = ""
+) -> None:
     """Everything known about one test's run: header, failure text, captured output, extras."""
     parts = list(header)
     for report in reports:
-        if report.failed or report.sections:
-            parts.append(f"---- {report.when}: {report.outcome} ----")
         if report.failed and report.longrepr is not None:
+            parts.append(f"---- {report.when}: {report.outcome} ----")
             parts.append(report.longreprtext)
-        for title, content in report.sections:
-            parts.append(f"---- {title} ----")
-            parts.append(content)
+    # Each phase's report repeats the sections captured before it: the last one has them all.
+    for title, content in reports[-1].sections if reports else ():
+        parts.append(f"---- {title} ----")
+        parts.append(content.rstrip("\n"))
     if extra:
         parts.append(extra)
     path.write_text("\n".join(parts) + "\n", encoding="utf-8", errors="replace")

@@ -1,0 +1,737 @@
+"""The controller: the user's pytest process. Owns the plan, the leases and the event loop.
+
+It reacts to worker events and replays every report into pytest's own hooks, so the
+terminal, --junitxml, -x, --lf and other plugins see one ordinary entry per test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from devpool.backends.local import LocalBackend, Worker
+from devpool.config import Settings
+from devpool.inventory import Inventory, format_ids
+from devpool.leases import Blocked, Holder, Lease, LockDir, describe_blockers
+from devpool.markers import Request, request_for
+from devpool.outcomes import Outcome
+from devpool.plan import Job, Plan, build_plan
+from devpool.policies import Backfill
+from devpool.report.terminal import Trouble, log_path, print_summary, write_test_log
+from devpool.scheduler import IdleWorker, Placement, Scheduler
+
+FOREIGN_RETRY = 0.5  # seconds before retrying a device another run held
+STACKS_WAIT = 0.5  # seconds given to faulthandler to write the stacks before SIGTERM
+TICK = 1.0  # longest sleep of the event loop when nothing is due
+
+Phase = Literal["setup", "call", "teardown"]
+Status = Literal["passed", "failed", "skipped"]
+
+
+@dataclass(eq=False)
+class Slot:
+    """The controller's view of one worker: its job, its running test, its fate."""
+
+    worker: Worker
+    job: Job | None = None
+    test: str | None = None  # node id running now
+    test_started: float = 0.0
+    job_started: float = 0.0
+    deadline: float | None = None
+    phases: list[pytest.TestReport] = field(default_factory=list)
+    failed: bool = False
+    kill_stage: int = 0  # 0 alive, 1 stacks asked, 2 SIGTERM sent, 3 SIGKILL sent
+    kill_at: float = 0.0
+    stopping: bool = False
+
+    @property
+    def key(self) -> int:
+        return self.worker.key
+
+
+def run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+class Controller:
+    """The pytest plugin registered in the process the user started."""
+
+    def __init__(
+        self, config: pytest.Config, settings: Settings, inventory: Inventory, lock_dir: LockDir
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.inventory = inventory
+        self.lock_dir = lock_dir
+        self.run_id = run_id()
+        self.run_dir = settings.run_dir or config.rootpath / ".devpool" / "runs" / self.run_id
+        self.log_dir = self.run_dir / "logs"
+        self.requests: dict[str, Request] = {}
+        self.deselected: list[tuple[str, str]] = []
+        self.troubles: list[Trouble] = []
+        self.items: dict[str, pytest.Item] = {}
+        devices = len(inventory.devices)
+        self.max_parallel = settings.max_parallel or max(devices, settings.cpu_slots)
+
+    # ---- pytest hooks -------------------------------------------------------------------
+
+    def pytest_report_header(self) -> list[str]:
+        return [
+            f"devpool: {self.inventory.describe()} from {self.inventory.source}; "
+            f"max-parallel {self.max_parallel}, cpu slots {self.settings.cpu_slots}",
+            f"devpool: lock dir {self.lock_dir.path}; logs {self.log_dir}",
+        ]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        platform = self.inventory.platform
+        keep: list[pytest.Item] = []
+        dropped: list[pytest.Item] = []
+        for item in items:
+            request = request_for(item, self.settings.platforms)
+            if request.platforms is not None and not (
+                platform.name in request.platforms or platform.kind in request.platforms
+            ):
+                listed = ", ".join(request.platforms)
+                self.deselected.append(
+                    (item.nodeid, f"platform {platform.name} not in platforms([{listed}])")
+                )
+                dropped.append(item)
+                continue
+            self.requests[item.nodeid] = request
+            keep.append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        if session.config.option.collectonly:
+            return None
+        if session.testsfailed and not session.config.option.continue_on_collection_errors:
+            raise session.Interrupted(
+                f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''}"
+                " during collection"
+            )
+        self.items = {item.nodeid: item for item in session.items}
+        plan = build_plan(self._jobs(session.items), self.inventory)
+        if self.settings.plan:
+            self._print_plan(plan)
+            return True
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.showfspath = False  # reports arrive interleaved across files
+        with _sigterm_as_interrupt():
+            Loop(self, session, plan).run()
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
+        return True
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport, config: pytest.Config
+    ) -> tuple[str, str, tuple[str, Mapping[str, bool]]] | None:
+        outcome = getattr(report, "devpool_outcome", None)
+        if outcome in (Outcome.TIMEOUT, Outcome.CRASHED, Outcome.INFRA) and report.failed:
+            word = str(outcome).upper()
+            return outcome, word[0], (word, {"red": True})
+        return None
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.deselected:
+            terminalreporter.write_sep("-", f"devpool: {len(self.deselected)} deselected")
+            for nodeid, reason in self.deselected:
+                terminalreporter.write_line(f"{nodeid}: {reason}")
+        print_summary(terminalreporter, self.troubles, self.config.invocation_params.dir)
+
+    # ---- helpers --------------------------------------------------------------------------
+
+    def _jobs(self, items: list[pytest.Item]) -> list[Job]:
+        jobs = []
+        for index, item in enumerate(items):
+            request = self.requests.get(item.nodeid) or request_for(item, self.settings.platforms)
+            if request.timeout is None and self.settings.test_timeout is not None:
+                request = Request(
+                    request.device_count,
+                    request.platforms,
+                    request.nodes,
+                    request.isolate,
+                    self.settings.test_timeout,
+                )
+            jobs.append(Job(index, item.nodeid, item.location, request, index))
+        return jobs
+
+    def _print_plan(self, plan: Plan) -> None:
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        write = terminal.write_line if terminal is not None else print
+        write(f"devpool plan: {len(plan.jobs)} jobs on {self.inventory.describe()}")
+        for order, job in enumerate(plan.jobs, 1):
+            write(f"{order:5}  {job.request.describe():28}  {job.nodeid}")
+        for job, reason in plan.unsatisfiable:
+            action = "skip" if self.settings.skip_unsatisfiable else "fail"
+            write(f"{action:>5}  {job.request.describe():28}  {job.nodeid}: {reason}")
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """A CI step timeout sends SIGTERM: end the run as Ctrl-C would, workers and leases freed."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Loop:
+    """One run of the event loop: schedule, start, watch, replay, until every job ended."""
+
+    def __init__(self, controller: Controller, session: pytest.Session, plan: Plan) -> None:
+        self.c = controller
+        self.session = session
+        self.hook = session.config.hook
+        self.plan = plan
+        settings = controller.settings
+        self.platform = controller.inventory.platform
+        self.scheduler = Scheduler(
+            controller.inventory.devices,
+            Backfill(),
+            controller.max_parallel,
+            settings.cpu_slots,
+            isolate_all=settings.isolation == "job",
+        )
+        config = session.config
+        self.backend = LocalBackend(
+            config.invocation_params.args, config.invocation_params.dir, controller.log_dir
+        )
+        self.slots: dict[int, Slot] = {}
+        self.idle: dict[int, Slot] = {}
+        self.starting: dict[int, tuple[Placement, set[int]]] = {}  # job id → waiting on retirees
+        self.foreign: dict[int, Blocked] = {}
+        self.retry_at: dict[int, float] = {}
+        self.blocked_since: dict[int, float] = {}
+        self.stopped = False
+
+    # ---- main loop ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        now = time.monotonic()
+        for job in self.plan.jobs:
+            job.queued_at = now
+            self.scheduler.add(job)
+        for job, reason in self.plan.unsatisfiable:
+            if self.c.settings.skip_unsatisfiable:
+                self._synthesize(job, Outcome.SKIPPED, reason, (), 0.0)
+            else:
+                self._synthesize(job, Outcome.INFRA, reason, (), 0.0)
+        try:
+            while self.slots or self.starting or (len(self.scheduler.queue) and not self.stopped):
+                now = time.monotonic()
+                self._escalate_timeouts(now)
+                if not self.stopped:
+                    self._probe_foreign(now)
+                    self._start(now)
+                    self._expire_lease_waits(now)
+                for worker, messages, eof in self.backend.poll(self._sleep(now)):
+                    slot = self.slots[worker.key]
+                    for message in messages:
+                        self._on_message(slot, message)
+                    if eof:
+                        self._on_exit(slot)
+                self._check_exits()
+                if not self.stopped and (self.session.shouldfail or self.session.shouldstop):
+                    self._stop_dispatch()
+                if not self.scheduler.queue and not self.starting:
+                    self._retire_all_idle()
+        finally:
+            self._shutdown()
+
+    def _sleep(self, now: float) -> float:
+        due = [now + TICK]
+        for slot in self.slots.values():
+            if slot.kill_stage:
+                due.append(slot.kill_at)
+            elif slot.deadline is not None:
+                due.append(slot.deadline)
+        if self.foreign:
+            due.append(min(self.retry_at.values(), default=now + FOREIGN_RETRY))
+        return max(0.0, min(due) - now)
+
+    # ---- starting jobs --------------------------------------------------------------------
+
+    def _start(self, now: float) -> None:
+        while True:
+            unavailable = [d for d, at in self.retry_at.items() if at > now]
+            unavailable += self._retiring_devices()
+            idle = [IdleWorker(s.key, s.worker.devices) for s in self.idle.values()]
+            placements = self.scheduler.schedule(now, unavailable, idle)
+            if not placements:
+                return
+            retried = False
+            for placement in placements:
+                if not self._launch(placement, now):
+                    retried = True
+            if not retried:
+                return
+
+    def _launch(self, placement: Placement, now: float) -> bool:
+        """Start one placement; False when a device turned out to be held by another run."""
+        job = placement.job
+        if placement.reuse is not None:
+            slot = self.idle.pop(placement.reuse)
+            self._assign(slot, job, now)
+            return True
+        if placement.retire:
+            for key in placement.retire:
+                self._retire(self.idle.pop(key))
+            self.starting[job.id] = (placement, set(placement.retire))
+            return True
+        return self._spawn(placement, now)
+
+    def _spawn(self, placement: Placement, now: float) -> bool:
+        job = placement.job
+        lease: Lease | None = None
+        if placement.devices:
+            holder = Holder.for_this_process(self.c.run_id, job.nodeid)
+            got = self.c.lock_dir.try_acquire(self.platform.name, placement.devices, holder)
+            if not isinstance(got, Lease):
+                self.scheduler.unplace(job)
+                self._mark_foreign(got, now)
+                return False
+            lease = got
+            for device in placement.devices:
+                self.foreign.pop(device, None)
+                self.retry_at.pop(device, None)
+        worker = self.backend.start(placement.devices, lease, self._env(placement.devices))
+        if lease is not None:
+            lease.set_job(job.nodeid, worker.pid)
+        slot = Slot(worker)
+        self.slots[worker.key] = slot
+        self._assign(slot, job, now)
+        return True
+
+    def _assign(self, slot: Slot, job: Job, now: float) -> None:
+        slot.job = job
+        slot.job_started = now
+        slot.failed = False
+        self.blocked_since.pop(job.devices_needed, None)
+        if slot.worker.lease is not None and slot.worker.lease.holder.job != job.nodeid:
+            slot.worker.lease.set_job(job.nodeid, slot.worker.pid)
+        if not slot.worker.send({"op": "run", "job": job.id, "nodeids": [job.nodeid]}):
+            slot.worker.signal_group(signal.SIGKILL)  # its exit is handled as a crash
+
+    def _env(self, devices: tuple[int, ...]) -> dict[str, str]:
+        env = dict(os.environ)
+        ids = ",".join(str(d) for d in devices)
+        env["DEVPOOL_DEVICES"] = ids
+        env["DEVPOOL_PLATFORM"] = self.platform.name
+        env["DEVPOOL_RUN_ID"] = self.c.run_id
+        if self.platform.visible_env:
+            # A CPU-only test sees no device at all: a stray device use fails loudly
+            # instead of silently sharing a card another test holds.
+            env[self.platform.visible_env] = ids
+        if self.platform.kind == "cuda":
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # ids are nvidia-smi's order
+        return env
+
+    # ---- devices held by other runs -------------------------------------------------------
+
+    def _retiring_devices(self) -> list[int]:
+        """Devices of workers told to stop: theirs until the process has exited."""
+        return [d for s in self.slots.values() if s.stopping for d in s.worker.devices]
+
+    def _mark_foreign(self, blocked: list[Blocked], now: float) -> None:
+        changed = False
+        for entry in blocked:
+            old = self.foreign.get(entry.device)
+            if old is None or old.holder != entry.holder:
+                changed = True
+            self.foreign[entry.device] = entry
+            self.retry_at[entry.device] = now + FOREIGN_RETRY
+        if changed:
+            self._say(
+                "waiting for devices held by other runs: "
+                + describe_blockers(self.platform.name, list(self.foreign.values()))
+            )
+
+    def _probe_foreign(self, now: float) -> None:
+        """Forget devices that other runs released, so waits are charged to them only while true."""
+        for device in [d for d, at in self.retry_at.items() if at <= now]:
+            holder = Holder.for_this_process(self.c.run_id, "probe")
+            got = self.c.lock_dir.try_acquire(self.platform.name, [device], holder)
+            if isinstance(got, Lease):
+                got.release()
+                self.foreign.pop(device, None)
+                self.retry_at.pop(device, None)
+            else:
+                self._mark_foreign(got, now)
+
+    def _expire_lease_waits(self, now: float) -> None:
+        """Jobs blocked by other runs' leases end `infra` after --devpool-lease-timeout."""
+        busy = {d for run in self.scheduler.running.values() for d in run.devices}
+        busy.update(self._retiring_devices())
+        free = len(set(self.c.inventory.devices) - busy - set(self.foreign))
+        for head in self.scheduler.queue.heads():
+            k = head.devices_needed
+            if k == 0 or k <= free or not self.foreign:
+                self.blocked_since.pop(k, None)
+                continue
+            since = self.blocked_since.setdefault(k, now)
+            if now - since < self.c.settings.lease_timeout:
+                continue
+            self.scheduler.queue.pop(k)
+            waited = now - since
+            head.foreign_wait = waited
+            reason = (
+                f"no lease on {k} {self.platform.name} device{'s' if k != 1 else ''} within "
+                f"--devpool-lease-timeout {self.c.settings.lease_timeout:g}s "
+                f"(waited {waited:.0f}s): "
+                + describe_blockers(self.platform.name, list(self.foreign.values()))
+            )
+            self._synthesize(head, Outcome.INFRA, reason, (), 0.0)
+
+    # ---- worker events --------------------------------------------------------------------
+
+    def _on_message(self, slot: Slot, message: dict[str, Any]) -> None:
+        event = message.get("ev")
+        if event == "start":
+            slot.test = message["nodeid"]
+            slot.test_started = time.monotonic()
+            slot.phases = []
+            timeout = slot.job.request.timeout if slot.job else None
+            slot.deadline = slot.test_started + timeout if timeout else None
+            self.hook.pytest_runtest_logstart(nodeid=slot.test, location=tuple(message["location"]))
+        elif event == "report":
+            report = self.hook.pytest_report_from_serializable(
+                config=self.session.config, data=message["data"]
+            )
+            self._annotate(report, slot)
+            slot.phases.append(report)
+            if report.failed:
+                slot.failed = True
+            self.hook.pytest_runtest_logreport(report=report)
+        elif event == "finish":
+            self._finished_test(slot)
+            self.hook.pytest_runtest_logfinish(
+                nodeid=message["nodeid"], location=tuple(message["location"])
+            )
+        elif event == "missing":
+            job = slot.job
+            if job is not None:
+                self._synthesize(
+                    job,
+                    Outcome.INFRA,
+                    f"the worker did not collect {job.nodeid} (see {slot.worker.log})",
+                    slot.worker.devices,
+                    0.0,
+                )
+                slot.failed = True
+        elif event == "done":
+            self._job_done(slot)
+
+    def _annotate(self, report: pytest.TestReport, slot: Slot) -> None:
+        report.devpool_devices = list(slot.worker.devices)  # type: ignore[attr-defined]
+        report.devpool_platform = self.platform.name  # type: ignore[attr-defined]
+        if slot.job is not None:
+            report.devpool_attempt = slot.job.attempt  # type: ignore[attr-defined]
+            report.devpool_queue_wait = slot.job_started - slot.job.queued_at  # type: ignore[attr-defined]
+
+    def _finished_test(self, slot: Slot) -> None:
+        job = slot.job
+        if job is not None and any(r.failed for r in slot.phases):
+            failed_call = any(r.failed and r.when == "call" for r in slot.phases)
+            outcome = Outcome.FAILED if failed_call else Outcome.ERROR
+            duration = sum(r.duration for r in slot.phases)
+            log = log_path(self.c.log_dir, job.nodeid, job.attempt)
+            write_test_log(log, self._log_header(job, slot.worker, outcome), slot.phases)
+            self.c.troubles.append(
+                Trouble(
+                    job.nodeid,
+                    outcome,
+                    self._where(slot.worker.devices),
+                    duration,
+                    f"{outcome.value} (worker log {slot.worker.log.name})",
+                    log,
+                )
+            )
+        slot.test = None
+        slot.deadline = None
+        slot.phases = []
+
+    def _job_done(self, slot: Slot) -> None:
+        job = slot.job
+        slot.job = None
+        if job is None:
+            return
+        self.scheduler.finish(job)
+        isolate = job.request.isolate or self.c.settings.isolation == "job"
+        if isolate or slot.failed:
+            self._retire(slot)  # a failed test may have left the device in a bad state
+        else:
+            self.idle[slot.key] = slot
+
+    def _check_exits(self) -> None:
+        """Workers that died without their pipe closing (a forked child kept it open)."""
+        for slot in list(self.slots.values()):
+            if slot.worker.process.poll() is not None and not slot.worker.exited:
+                for message in self.backend.drain(slot.worker):
+                    self._on_message(slot, message)
+                self._on_exit(slot)
+
+    def _on_exit(self, slot: Slot) -> None:
+        worker = slot.worker
+        if worker.exited:
+            return
+        code = self.backend.reap(worker)
+        worker.signal_group(signal.SIGKILL)  # nothing the test started may outlive it
+        if worker.lease is not None:
+            worker.lease.release()
+        self.slots.pop(worker.key, None)
+        self.idle.pop(worker.key, None)
+        job = slot.job
+        if slot.test is not None and job is not None:
+            self._lost_test(slot, code)
+        elif job is not None and not slot.stopping:
+            self.scheduler.finish(job)
+            self._worker_failed(job, worker, code)
+        elif job is not None:
+            self.scheduler.finish(job)
+        self._retiree_gone(worker.key)
+
+    def _lost_test(self, slot: Slot, code: int | None) -> None:
+        """The worker died under a test: a timeout we enforced, or a crash."""
+        job = slot.job
+        assert job is not None and slot.test is not None
+        worker = slot.worker
+        duration = time.monotonic() - slot.test_started
+        how = _describe_exit(code)
+        extra = ""
+        if slot.kill_stage:
+            outcome = Outcome.TIMEOUT
+            limit = job.request.timeout or 0.0
+            detail = f"exceeded its {limit:g}s limit; stacks dumped, then {how}"
+            stacks = _read(worker.stacks)
+            extra = "---- stacks at the timeout (faulthandler) ----\n" + (
+                stacks or "(the process wrote no stacks)"
+            )
+        else:
+            outcome = Outcome.CRASHED
+            detail = f"worker pid {worker.pid} {how} while running the test"
+        extra += "\n---- worker log (tail) ----\n" + "\n".join(_tail_text(worker.log, 60))
+        self._synthesize(job, outcome, detail, worker.devices, duration, slot=slot, extra=extra)
+        self.scheduler.finish(job)
+        slot.job = None
+
+    def _worker_failed(self, job: Job, worker: Worker, code: int | None) -> None:
+        """A worker died before it ran its test (e.g. a conftest that fails to import)."""
+        if job.attempt < 2:
+            job.attempt += 1
+            job.queued_at = time.monotonic()
+            self.scheduler.add(job)
+            return
+        reason = (
+            f"worker pid {worker.pid} {_describe_exit(code)} before running the test; "
+            f"see {worker.log}"
+        )
+        self._synthesize(
+            job,
+            Outcome.INFRA,
+            reason,
+            worker.devices,
+            0.0,
+            extra="---- worker log (tail) ----\n" + "\n".join(_tail_text(worker.log, 60)),
+        )
+
+    # ---- ending processes -----------------------------------------------------------------
+
+    def _escalate_timeouts(self, now: float) -> None:
+        for slot in self.slots.values():
+            if slot.kill_stage == 0 and slot.deadline is not None and now >= slot.deadline:
+                slot.kill_stage, slot.kill_at = 1, now + STACKS_WAIT
+                with suppress(ProcessLookupError):
+                    os.kill(slot.worker.pid, signal.SIGUSR1)
+            elif slot.kill_stage == 1 and now >= slot.kill_at:
+                slot.kill_stage, slot.kill_at = 2, now + self.c.settings.timeout_grace
+                slot.worker.signal_group(signal.SIGTERM)
+            elif slot.kill_stage == 2 and now >= slot.kill_at:
+                slot.kill_stage, slot.kill_at = 3, now + TICK
+                slot.worker.signal_group(signal.SIGKILL)
+
+    def _retire(self, slot: Slot) -> None:
+        slot.stopping = True
+        if not slot.worker.send({"op": "stop"}):
+            slot.worker.signal_group(signal.SIGKILL)
+
+    def _retiree_gone(self, key: int) -> None:
+        for job_id, (placement, waiting) in list(self.starting.items()):
+            waiting.discard(key)
+            if not waiting:
+                del self.starting[job_id]
+                self._spawn(placement, time.monotonic())
+
+    def _retire_all_idle(self) -> None:
+        for key in list(self.idle):
+            self._retire(self.idle.pop(key))
+
+    def _stop_dispatch(self) -> None:
+        """-x / --maxfail reached: start nothing new, let running tests finish."""
+        self.stopped = True
+        while len(self.scheduler.queue):
+            self.scheduler.queue.pop(self.scheduler.queue.heads()[0].devices_needed)
+        for job_id, (placement, _) in list(self.starting.items()):
+            self.scheduler.finish(placement.job)
+            del self.starting[job_id]
+
+    def _shutdown(self) -> None:
+        """Always: end every worker (their whole process groups) and free every lease."""
+        slots = list(self.slots.values())
+        for slot in slots:
+            if not slot.stopping:
+                self._retire(slot)
+        deadline = time.monotonic() + 2.0
+        for slot in slots:
+            try:
+                slot.worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - timeout or interrupted: escalate below
+                slot.worker.signal_group(signal.SIGTERM)
+        for slot in slots:
+            try:
+                slot.worker.process.wait(timeout=1.0)
+            except Exception:  # noqa: BLE001
+                slot.worker.signal_group(signal.SIGKILL)
+                slot.worker.process.wait()
+            slot.worker.signal_group(signal.SIGKILL)
+            slot.worker.close()
+            if slot.worker.lease is not None:
+                slot.worker.lease.release()
+        self.slots.clear()
+        self.backend.close()
+
+    # ---- reports devpool writes itself ----------------------------------------------------
+
+    def _synthesize(
+        self,
+        job: Job,
+        outcome: Outcome,
+        detail: str,
+        devices: tuple[int, ...],
+        duration: float,
+        slot: Slot | None = None,
+        extra: str = "",
+    ) -> None:
+        """Report an ending pytest could not see (timeout, crash, infra, skip) as real reports."""
+        item = self.c.items.get(job.nodeid)
+        keywords = {name: 1 for name in item.keywords} if item is not None else {}
+        seen = {r.when: r for r in slot.phases} if slot is not None else {}
+        started = slot is not None and slot.test is not None
+        if not started:
+            self.hook.pytest_runtest_logstart(nodeid=job.nodeid, location=job.location)
+        phases: list[tuple[Phase, Status, Any]]
+        when: Phase
+        if outcome is Outcome.SKIPPED:
+            longrepr: Any = (job.location[0], (job.location[1] or 0) + 1, f"Skipped: {detail}")
+            phases = [("setup", "skipped", longrepr), ("teardown", "passed", None)]
+        else:
+            if "setup" not in seen:
+                when = "setup"
+            elif seen["setup"].passed and "call" not in seen:
+                when = "call"
+            else:
+                when = "teardown"
+            text = f"[devpool] {outcome.value.upper()}: {detail}"
+            if extra:
+                text += "\n" + extra
+            phases = [(when, "failed", text)]
+            if when != "teardown":
+                phases.append(("teardown", "passed", None))
+        reports = list(seen.values())
+        for when, status, longrepr in phases:
+            report = pytest.TestReport(
+                job.nodeid,
+                job.location,
+                keywords,
+                status,
+                longrepr,
+                when,
+                duration=duration if status == "failed" else 0.0,
+            )
+            report.devpool_outcome = outcome.value  # type: ignore[attr-defined]
+            report.devpool_devices = list(devices)  # type: ignore[attr-defined]
+            report.devpool_platform = self.platform.name  # type: ignore[attr-defined]
+            report.devpool_attempt = job.attempt  # type: ignore[attr-defined]
+            reports.append(report)
+            self.hook.pytest_runtest_logreport(report=report)
+        if outcome.gates:
+            log = log_path(self.c.log_dir, job.nodeid, job.attempt)
+            self.c.log_dir.mkdir(parents=True, exist_ok=True)
+            write_test_log(
+                log, self._log_header(job, slot.worker if slot else None, outcome), reports
+            )
+            where = self._where(devices) if devices or not job.devices_needed else "not started"
+            self.c.troubles.append(Trouble(job.nodeid, outcome, where, duration, detail, log))
+        if slot is not None:
+            slot.test = None
+            slot.deadline = None
+            slot.phases = []
+        self.hook.pytest_runtest_logfinish(nodeid=job.nodeid, location=job.location)
+
+    def _log_header(self, job: Job, worker: Worker | None, outcome: Outcome) -> list[str]:
+        lines = [
+            f"test:     {job.nodeid}",
+            f"outcome:  {outcome.value}",
+            f"request:  {job.request.describe()}",
+            f"attempt:  {job.attempt}",
+        ]
+        if worker is not None:
+            lines += [
+                f"devices:  {self._where(worker.devices)}",
+                f"worker:   pid {worker.pid}, log {worker.log}",
+            ]
+        return lines
+
+    def _where(self, devices: tuple[int, ...]) -> str:
+        return f"{self.platform.name}:{format_ids(devices)}" if devices else "cpu"
+
+    def _say(self, text: str) -> None:
+        terminal = self.session.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.write_line(f"devpool: {text}")
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "vanished"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (signal {-code})"
+    return f"exited with code {code}"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _tail_text(path: Path, lines: int) -> list[str]:
+    return _read(path).splitlines()[-lines:]

@@ -1,0 +1,69 @@
+"""pytest hooks and options; decides whether this process is the controller or a worker."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from devpool.config import add_options, read_table, settings_from
+from devpool.errors import DevpoolError
+from devpool.inventory import resolve_inventory
+from devpool.leases import LockDir
+from devpool.markers import MARKERS
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def _pyproject(config: pytest.Config) -> Path:
+    if config.inipath is not None and config.inipath.name == "pyproject.toml":
+        return config.inipath
+    return config.rootpath / "pyproject.toml"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    for text in MARKERS.values():
+        config.addinivalue_line("markers", text)
+    worker_spec = config.getoption("devpool_worker")
+    if worker_spec:
+        from devpool.worker import WorkerSession
+
+        config.pluginmanager.register(WorkerSession(config, worker_spec), "devpool-worker")
+        return
+    try:
+        _configure_controller(config)
+    except DevpoolError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _configure_controller(config: pytest.Config) -> None:
+    pyproject = _pyproject(config)
+    settings = settings_from(vars(config.option), read_table(pyproject), str(pyproject))
+    if settings.devices is None:
+        return  # devpool stays out of the way: plain pytest, markers registered
+    if getattr(config.option, "numprocesses", None):
+        raise DevpoolError("--devices and -n (pytest-xdist) both start workers; drop -n")
+    inventory = resolve_inventory(settings.devices, settings.platforms, os.environ)
+    lock_dir = LockDir(settings.lock_dir)
+    from devpool.controller import Controller
+
+    config.pluginmanager.register(
+        Controller(config, settings, inventory, lock_dir), "devpool-controller"
+    )
+
+
+@pytest.fixture
+def devpool_devices() -> list[int]:
+    """The physical ids of the devices this test holds (empty for a CPU-only test)."""
+    ids = os.environ.get("DEVPOOL_DEVICES", "")
+    return [int(part) for part in ids.split(",") if part]
+
+
+@pytest.fixture
+def devpool_platform() -> str | None:
+    """The platform name of this session's devices, e.g. 'cuda' or 'sim'; None outside devpool."""
+    return os.environ.get("DEVPOOL_PLATFORM") or None
