@@ -364,7 +364,8 @@ class Loop:
                 changed = True
             self.foreign[entry.device] = entry
             self.retry_at[entry.device] = now + FOREIGN_RETRY
-        if changed:
+        ours = [b for b in self.foreign.values() if b.holder and b.holder.session == self.c.run_id]
+        if changed and not ours:
             self._say(
                 "waiting for devices held by other runs: "
                 + describe_blockers(self.platform.name, list(self.foreign.values()))

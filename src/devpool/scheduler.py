@@ -67,6 +67,10 @@ class Pool:
             self.cpu_slots -= 1
         self.free.difference_update(placement.devices)
         gone = {placement.reuse, *placement.retire}
+        for worker in self.idle:
+            if worker.key in placement.retire:
+                # A retiring worker holds all its devices until it has exited.
+                self.free.difference_update(worker.devices)
         self.idle = [w for w in self.idle if w.key not in gone]
         return placement
 
