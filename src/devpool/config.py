@@ -88,6 +88,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("plan", _flag, "print the jobs and their planned order, run nothing", flag=True),
     Option("isolation", _isolation, "'worker': reuse warm workers; 'job': fresh process each"),
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
+    Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 TABLE_KEYS = frozenset(_BY_NAME) | {"devices", "platforms"}
@@ -135,6 +136,7 @@ class Settings:
     plan: bool = False
     isolation: str = "worker"
     run_dir: Path | None = None
+    run_record: Path | None = None
 
 
 def read_table(pyproject: Path | None) -> dict[str, Any]:
@@ -179,7 +181,7 @@ def settings_from(options: Mapping[str, Any], table: Mapping[str, Any], where: s
             values[option.name.replace("-", "_")] = option.convert(raw)
         except ValueError as exc:
             raise DevpoolError(f"{source} must be {exc}, got {raw!r}") from None
-    for key in ("lock_dir", "run_dir"):
+    for key in ("lock_dir", "run_dir", "run_record"):
         if key in values:
             values[key] = Path(values[key]).expanduser()
     return Settings(**values)

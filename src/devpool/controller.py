@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import pytest
 
@@ -25,7 +25,8 @@ from devpool.markers import Request, request_for
 from devpool.outcomes import Outcome
 from devpool.plan import Job, Plan, build_plan
 from devpool.policies import Backfill
-from devpool.report.terminal import Trouble, log_path, print_summary, write_test_log
+from devpool.record import RecordWriter, host_name
+from devpool.report.terminal import Trouble, log_path, print_summary, tail, write_test_log
 from devpool.scheduler import IdleWorker, Placement, Scheduler
 
 FOREIGN_RETRY = 0.5  # seconds before retrying a device another run held
@@ -36,6 +37,12 @@ Phase = Literal["setup", "call", "teardown"]
 Status = Literal["passed", "failed", "skipped"]
 
 
+class Listener(Protocol):
+    """Anything that follows the run live (GitHub groups, progress display): gets each event."""
+
+    def event(self, event_type: str, fields: Mapping[str, Any]) -> None: ...
+
+
 @dataclass(eq=False)
 class Slot:
     """The controller's view of one worker: its job, its running test, its fate."""
@@ -44,6 +51,7 @@ class Slot:
     job: Job | None = None
     test: str | None = None  # node id running now
     test_started: float = 0.0
+    test_wall: float = 0.0  # time.time() at the test's start, for the record
     job_started: float = 0.0
     deadline: float | None = None
     phases: list[pytest.TestReport] = field(default_factory=list)
@@ -80,6 +88,51 @@ class Controller:
         self.items: dict[str, pytest.Item] = {}
         devices = len(inventory.devices)
         self.max_parallel = settings.max_parallel or max(devices, settings.cpu_slots)
+        self.host = host_name()
+        self.record_path = settings.run_record or self.run_dir / "record.jsonl"
+        self.record: RecordWriter | None = None
+        self.listeners: list[Listener] = []
+
+    def emit(self, event_type: str, **fields: Any) -> None:
+        """One run event: to the record (written at once) and to every live listener."""
+        if self.record is not None:
+            self.record.write(event_type, **fields)
+        for listener in self.listeners:
+            listener.event(event_type, fields)
+
+    def _start_record(self, session: pytest.Session, plan: Plan) -> None:
+        self.record = RecordWriter(self.record_path)
+        inventory = self.inventory
+        options = {
+            name: str(value) if isinstance(value, Path) else value
+            for name, value in vars(self.settings).items()
+            if name not in ("platforms", "devices")
+        }
+        self.emit(
+            "session_start",
+            run_id=self.run_id,
+            host=self.host,
+            pid=os.getpid(),
+            args=list(session.config.invocation_params.args),
+            cwd=str(session.config.invocation_params.dir),
+            platform=inventory.platform.name,
+            kind=inventory.platform.kind,
+            devices=list(inventory.devices),
+            source=inventory.source,
+            options=options,
+            tests=len(plan.jobs) + len(plan.unsatisfiable),
+            log_dir=str(self.log_dir),
+        )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.record is None:
+            return
+        counts: dict[str, int] = {}
+        for trouble in self.troubles:
+            counts[trouble.outcome.value] = counts.get(trouble.outcome.value, 0) + 1
+        self.emit("session_end", exitstatus=int(exitstatus), troubles=counts)
+        self.record.close()
 
     # ---- pytest hooks -------------------------------------------------------------------
 
@@ -129,6 +182,7 @@ class Controller:
             self._print_plan(plan)
             return True
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._start_record(session, plan)
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
             terminal.showfspath = False  # reports arrive interleaved across files
@@ -156,6 +210,8 @@ class Controller:
             for nodeid, reason in self.deselected:
                 terminalreporter.write_line(f"{nodeid}: {reason}")
         print_summary(terminalreporter, self.troubles, self.config.invocation_params.dir)
+        if self.record is not None:
+            terminalreporter.write_line(f"devpool: run record {self.record_path}")
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -315,6 +371,13 @@ class Loop:
                 self._mark_foreign(got, now)
                 return False
             lease = got
+            self.c.emit(
+                "lease",
+                job=job.id,
+                nodeid=job.nodeid,
+                devices=list(placement.devices),
+                wait=round(job.foreign_wait, 3),
+            )
             for device in placement.devices:
                 self.foreign.pop(device, None)
                 self.retry_at.pop(device, None)
@@ -329,6 +392,18 @@ class Loop:
     def _assign(self, slot: Slot, job: Job, now: float) -> None:
         slot.job = job
         slot.job_started = now
+        job.waited = now - job.queued_at
+        self.c.emit(
+            "job_start",
+            job=job.id,
+            nodeid=job.nodeid,
+            devices=list(slot.worker.devices),
+            host=self.c.host,
+            worker_pid=slot.worker.pid,
+            queue_wait=round(job.waited, 3),
+            attempt=job.attempt,
+            log=str(slot.worker.log),
+        )
         slot.failed = False
         self.blocked_since.pop(job.devices_needed, None)
         if slot.worker.lease is not None and slot.worker.lease.holder.job != job.nodeid:
@@ -414,6 +489,7 @@ class Loop:
         if event == "start":
             slot.test = message["nodeid"]
             slot.test_started = time.monotonic()
+            slot.test_wall = time.time()
             slot.phases = []
             timeout = slot.job.request.timeout if slot.job else None
             slot.deadline = slot.test_started + timeout if timeout else None
@@ -427,6 +503,13 @@ class Loop:
             if report.failed:
                 slot.failed = True
             self.hook.pytest_runtest_logreport(report=report)
+            self.c.emit(
+                "report",
+                nodeid=report.nodeid,
+                when=report.when,
+                outcome=report.outcome,
+                duration=round(report.duration, 4),
+            )
         elif event == "finish":
             self._finished_test(slot)
             self.hook.pytest_runtest_logfinish(
@@ -455,21 +538,15 @@ class Loop:
 
     def _finished_test(self, slot: Slot) -> None:
         job = slot.job
-        if job is not None and any(r.failed for r in slot.phases):
-            failed_call = any(r.failed and r.when == "call" for r in slot.phases)
-            outcome = Outcome.FAILED if failed_call else Outcome.ERROR
-            duration = sum(r.duration for r in slot.phases)
-            log = log_path(self.c.log_dir, job.nodeid, job.attempt)
-            write_test_log(log, self._log_header(job, slot.worker, outcome), slot.phases)
-            self.c.troubles.append(
-                Trouble(
-                    job.nodeid,
-                    outcome,
-                    self._where(slot.worker.devices),
-                    duration,
-                    f"{outcome.value} (worker log {slot.worker.log.name})",
-                    log,
-                )
+        if job is not None:
+            outcome = _outcome_of(slot.phases)
+            log = None
+            if outcome.gates:
+                log = log_path(self.c.log_dir, job.nodeid, job.attempt)
+                write_test_log(log, self._log_header(job, slot.worker, outcome), slot.phases)
+            detail = f"{outcome.value} (worker log {slot.worker.log.name})" if log else ""
+            self._conclude(
+                job, outcome, slot.worker, slot.worker.devices, detail, log, slot.test_wall
             )
         slot.test = None
         slot.deadline = None
@@ -522,19 +599,19 @@ class Loop:
         worker = slot.worker
         duration = time.monotonic() - slot.test_started
         how = _describe_exit(code)
-        extra = ""
+        # The worker log first, so that the stacks (for a timeout) end the log and its tail.
+        extra = "---- worker log (tail) ----\n" + "\n".join(_tail_text(worker.log, 60))
         if slot.kill_stage:
             outcome = Outcome.TIMEOUT
             limit = job.request.timeout or 0.0
             detail = f"exceeded its {limit:g}s limit; stacks dumped, then {how}"
             stacks = _read(worker.stacks)
-            extra = "---- stacks at the timeout (faulthandler) ----\n" + (
+            extra += "\n---- stacks at the timeout (faulthandler) ----\n" + (
                 stacks or "(the process wrote no stacks)"
             )
         else:
             outcome = Outcome.CRASHED
             detail = f"worker pid {worker.pid} {how} while running the test"
-        extra += "\n---- worker log (tail) ----\n" + "\n".join(_tail_text(worker.log, 60))
         self._synthesize(job, outcome, detail, worker.devices, duration, slot=slot, extra=extra)
         self.scheduler.finish(job)
         slot.job = None
@@ -678,19 +755,55 @@ class Loop:
             report.devpool_attempt = job.attempt  # type: ignore[attr-defined]
             reports.append(report)
             self.hook.pytest_runtest_logreport(report=report)
+        log = None
         if outcome.gates:
             log = log_path(self.c.log_dir, job.nodeid, job.attempt)
             self.c.log_dir.mkdir(parents=True, exist_ok=True)
             write_test_log(
                 log, self._log_header(job, slot.worker if slot else None, outcome), reports
             )
-            where = self._where(devices) if devices or not job.devices_needed else "not started"
-            self.c.troubles.append(Trouble(job.nodeid, outcome, where, duration, detail, log))
+        worker = slot.worker if slot is not None else None
+        began = slot.test_wall if slot is not None and slot.test is not None else time.time()
+        self._conclude(job, outcome, worker, devices, detail, log, began)
         if slot is not None:
             slot.test = None
             slot.deadline = None
             slot.phases = []
         self.hook.pytest_runtest_logfinish(nodeid=job.nodeid, location=job.location)
+
+    def _conclude(
+        self,
+        job: Job,
+        outcome: Outcome,
+        worker: Worker | None,
+        devices: tuple[int, ...],
+        detail: str,
+        log: Path | None,
+        started: float,
+    ) -> None:
+        """The one place a job's ending is recorded: summary entry and run record line."""
+        end = time.time()
+        lines = tail(log) if log is not None else []
+        if outcome.gates and log is not None:
+            where = self._where(devices) if devices or not job.devices_needed else "not started"
+            self.c.troubles.append(Trouble(job.nodeid, outcome, where, end - started, detail, log))
+        self.c.emit(
+            "job_end",
+            job=job.id,
+            nodeid=job.nodeid,
+            outcome=outcome.value,
+            devices=list(devices),
+            host=self.c.host,
+            worker_pid=worker.pid if worker is not None else None,
+            start=round(started, 3),
+            end=round(end, 3),
+            run_time=round(end - started, 3),
+            queue_wait=round(job.waited, 3),
+            attempt=job.attempt,
+            log=str(log) if log is not None else "",
+            detail=detail,
+            tail=lines,
+        )
 
     def _log_header(self, job: Job, worker: Worker | None, outcome: Outcome) -> list[str]:
         lines = [
@@ -713,6 +826,17 @@ class Loop:
         terminal = self.session.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
             terminal.write_line(f"devpool: {text}")
+
+
+def _outcome_of(phases: list[pytest.TestReport]) -> Outcome:
+    """A finished test's outcome from its phase reports, as pytest's own summary would count it."""
+    if any(r.failed for r in phases):
+        return (
+            Outcome.FAILED if any(r.failed and r.when == "call" for r in phases) else Outcome.ERROR
+        )
+    if any(r.skipped for r in phases):
+        return Outcome.SKIPPED
+    return Outcome.PASSED
 
 
 def _describe_exit(code: int | None) -> str:

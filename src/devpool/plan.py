@@ -24,6 +24,7 @@ class Job:
     attempt: int = 1
     queued_at: float = 0.0
     foreign_wait: float = 0.0  # seconds spent blocked on devices held by other runs
+    waited: float = 0.0  # queue wait of the current attempt, from queued to started
 
     @property
     def devices_needed(self) -> int:

@@ -1,0 +1,244 @@
+"""The run record: JSON lines with a versioned schema, written as things happen.
+
+Each line is one event. A controller killed at any moment leaves every line it had
+written; a record without a `session_end` line is a run that was cut. The reader takes
+a damaged file up to the damage and says, in one sentence, where and what was lost.
+
+Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
+  session_start  run_id, host, pid, args, cwd, platform, kind, devices, options, tests
+  lease          job, nodeid, devices, holder_pid, wait (seconds blocked on other runs)
+  job_start      job, nodeid, devices, host, worker_pid, queue_wait, attempt, log
+  report         nodeid, when, outcome, duration
+  job_end        job, nodeid, outcome, devices, host, start, end, run_time, queue_wait,
+                 attempt, log, detail, tail (last lines of the log, for tests that did not pass)
+  session_end    exitstatus, duration, counts (outcome → tests)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from devpool.errors import DevpoolError
+
+SCHEMA_VERSION = 1
+
+
+class RecordWriter:
+    """Appends events to the record and flushes each line, so a SIGKILL loses nothing written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = open(path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def write(self, event_type: str, **fields: Any) -> None:
+        if self._file is None:
+            return
+        event = {"v": SCHEMA_VERSION, "type": event_type, "time": round(time.time(), 3), **fields}
+        self._file.write(json.dumps(event, default=str, ensure_ascii=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+@dataclass
+class JobRun:
+    """One attempt of one job, as the record tells it."""
+
+    job: int
+    nodeid: str
+    devices: list[int]
+    attempt: int = 1
+    start: float | None = None
+    end: float | None = None
+    queue_wait: float = 0.0
+    outcome: str | None = None  # None while running (or when the run was cut)
+    detail: str = ""
+    log: str = ""
+    host: str = ""
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def run_time(self) -> float:
+        if self.start is None or self.end is None:
+            return 0.0
+        return self.end - self.start
+
+
+@dataclass
+class RunRecord:
+    """Everything a record says about one run, including how much of it survived."""
+
+    path: Path
+    start: Mapping[str, Any] = field(default_factory=dict)
+    end: Mapping[str, Any] | None = None
+    jobs: list[JobRun] = field(default_factory=list)
+    damage: str | None = None  # one sentence when the file was cut or corrupt
+    last_time: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.end is not None
+
+    @property
+    def platform(self) -> str:
+        return str(self.start.get("platform", "?"))
+
+    @property
+    def devices(self) -> list[int]:
+        return [int(d) for d in self.start.get("devices", [])]
+
+    @property
+    def total_tests(self) -> int:
+        return int(self.start.get("tests", 0))
+
+    def finished_jobs(self) -> list[JobRun]:
+        return [job for job in self.jobs if job.outcome is not None]
+
+    def final_attempts(self) -> list[JobRun]:
+        """The last finished attempt of each test: what the run's verdict rests on."""
+        last: dict[str, JobRun] = {}
+        for job in self.finished_jobs():
+            last[job.nodeid] = job
+        return list(last.values())
+
+    def counts(self) -> Counter[str]:
+        return Counter(job.outcome or "running" for job in self.final_attempts())
+
+    def duration(self) -> float:
+        begin = float(self.start.get("time", 0.0))
+        if self.end is not None:
+            return float(self.end.get("time", begin)) - begin
+        return max(0.0, self.last_time - begin)
+
+    def cut_sentence(self) -> str | None:
+        """'killed after 42 m: 812 of 1,100 tests ran' for a run that never ended, else None."""
+        if self.finished:
+            return None
+        ran = len(self.final_attempts())
+        minutes = self.duration() / 60
+        took = f"{minutes:.0f} m" if minutes >= 1 else f"{self.duration():.0f} s"
+        return (
+            f"the run did not finish (killed or still running after {took}): "
+            f"{ran:,} of {self.total_tests:,} tests ran"
+        )
+
+
+def read_record(path: Path) -> RunRecord:
+    """Read a record up to any damage; DevpoolError only when nothing at all can be read."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DevpoolError(f"cannot read run record {path}: {exc.strerror or exc}") from None
+    record = RunRecord(path)
+    open_jobs: dict[int, JobRun] = {}
+    lines = raw.split(b"\n")
+    complete = raw.endswith(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        cut = number == len(lines) and not complete
+        event = _parse(line)
+        problem = _problem(event, cut)
+        if problem is not None:
+            if number == 1 or not record.start:
+                raise DevpoolError(f"{path} is not a devpool run record: line {number} {problem}")
+            record.damage = (
+                f"{path}: line {number} {problem}; showing the {number - 1} lines before it"
+                f" ({len([x for x in lines[number:] if x.strip()])} later lines not read)"
+            )
+            break
+        assert event is not None
+        _apply(record, open_jobs, event)
+    if not record.start:
+        raise DevpoolError(f"{path} is empty: no session_start line")
+    return record
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        event = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _problem(event: dict[str, Any] | None, cut: bool) -> str | None:
+    if event is None:
+        return "is cut off mid-line (the writer was killed)" if cut else "is not JSON"
+    version = event.get("v")
+    if version != SCHEMA_VERSION:
+        return (
+            f"has schema version {version!r}, this devpool reads version {SCHEMA_VERSION}"
+            " (upgrade devpool to read it)"
+        )
+    if not isinstance(event.get("type"), str):
+        return "has no event type"
+    return None
+
+
+def _apply(record: RunRecord, open_jobs: dict[int, JobRun], event: dict[str, Any]) -> None:
+    kind = event["type"]
+    record.last_time = max(record.last_time, float(event.get("time", 0.0)))
+    if kind == "session_start":
+        record.start = event
+    elif kind == "session_end":
+        record.end = event
+    elif kind == "job_start":
+        run = JobRun(
+            job=int(event["job"]),
+            nodeid=str(event["nodeid"]),
+            devices=list(event.get("devices", [])),
+            attempt=int(event.get("attempt", 1)),
+            start=float(event["time"]),
+            queue_wait=float(event.get("queue_wait", 0.0)),
+            log=str(event.get("log", "")),
+            host=str(event.get("host", "")),
+        )
+        open_jobs[run.job] = run
+        record.jobs.append(run)
+    elif kind == "job_end":
+        started = open_jobs.pop(int(event["job"]), None)
+        run = started if started is not None else _unstarted(event)
+        if run not in record.jobs:
+            record.jobs.append(run)
+        run.end = float(event.get("end", event["time"]))
+        run.start = float(event.get("start", run.start or run.end))
+        run.outcome = str(event["outcome"])
+        run.detail = str(event.get("detail", ""))
+        run.log = str(event.get("log", run.log))
+        run.tail = [str(line) for line in event.get("tail", [])]
+        run.devices = list(event.get("devices", run.devices))
+
+
+def _unstarted(event: Mapping[str, Any]) -> JobRun:
+    """A job that ended without starting (infra before any lease, skipped as unsatisfiable)."""
+    return JobRun(
+        job=int(event["job"]),
+        nodeid=str(event["nodeid"]),
+        devices=list(event.get("devices", [])),
+        attempt=int(event.get("attempt", 1)),
+        queue_wait=float(event.get("queue_wait", 0.0)),
+    )
+
+
+def latest_record(root: Path) -> Path | None:
+    """The newest record under a .devpool/runs folder, for `devpool report` with no argument."""
+    runs = root / ".devpool" / "runs"
+    candidates: Iterable[Path] = runs.glob("*/record.jsonl") if runs.is_dir() else []
+    newest = max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+    return newest
+
+
+def host_name() -> str:
+    return os.uname().nodename
