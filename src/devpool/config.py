@@ -89,6 +89,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("isolation", _isolation, "'worker': reuse warm workers; 'job': fresh process each"),
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
     Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
+    Option("github", _flag, "GitHub Actions output (default: when GITHUB_ACTIONS=true)", flag=True),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 TABLE_KEYS = frozenset(_BY_NAME) | {"devices", "platforms"}
@@ -111,6 +112,13 @@ def add_options(parser: pytest.Parser) -> None:
             )
         else:
             group.addoption(option.cli, dest=option.dest, default=None, help=option.help)
+    group.addoption(
+        "--devpool-no-github",
+        dest="devpool_github",
+        action="store_false",
+        default=None,
+        help="no GitHub Actions output, even under GitHub Actions",
+    )
     # The worker role: how a child pytest finds its controller. Not for users.
     group.addoption(
         "--devpool-worker",
@@ -137,6 +145,7 @@ class Settings:
     isolation: str = "worker"
     run_dir: Path | None = None
     run_record: Path | None = None
+    github: bool | None = None
 
 
 def read_table(pyproject: Path | None) -> dict[str, Any]:

@@ -25,7 +25,9 @@ from devpool.markers import Request, request_for
 from devpool.outcomes import Outcome
 from devpool.plan import Job, Plan, build_plan
 from devpool.policies import Backfill
-from devpool.record import RecordWriter, host_name
+from devpool.record import RecordWriter, host_name, read_record
+from devpool.report import github
+from devpool.report.github import GitHubLog
 from devpool.report.terminal import Trouble, log_path, print_summary, tail, write_test_log
 from devpool.scheduler import IdleWorker, Placement, Scheduler
 
@@ -92,6 +94,7 @@ class Controller:
         self.record_path = settings.run_record or self.run_dir / "record.jsonl"
         self.record: RecordWriter | None = None
         self.listeners: list[Listener] = []
+        self.github: GitHubLog | None = None
 
     def emit(self, event_type: str, **fields: Any) -> None:
         """One run event: to the record (written at once) and to every live listener."""
@@ -133,6 +136,9 @@ class Controller:
             counts[trouble.outcome.value] = counts.get(trouble.outcome.value, 0) + 1
         self.emit("session_end", exitstatus=int(exitstatus), troubles=counts)
         self.record.close()
+        # Under `devpool run` the parent writes the step summary, also when this process dies.
+        if self.github is not None and not os.environ.get("DEVPOOL_SUMMARY_BY_PARENT"):
+            github.write_step_summary(read_record(self.record_path))
 
     # ---- pytest hooks -------------------------------------------------------------------
 
@@ -177,6 +183,10 @@ class Controller:
                 " during collection"
             )
         self.items = {item.nodeid: item for item in session.items}
+        if github.enabled(self.settings.github, os.environ):
+            locations = {nodeid: item.location for nodeid, item in self.items.items()}
+            self.github = GitHubLog(self.inventory.platform.name, locations)
+            self.listeners.append(self.github)
         plan = build_plan(self._jobs(session.items), self.inventory)
         if self.settings.plan:
             self._print_plan(plan)
@@ -209,7 +219,14 @@ class Controller:
             terminalreporter.write_sep("-", f"devpool: {len(self.deselected)} deselected")
             for nodeid, reason in self.deselected:
                 terminalreporter.write_line(f"{nodeid}: {reason}")
+        if self.github is not None:
+            for line in self.github.groups():
+                terminalreporter.write_line(line)
+        # The summary stays outside every group: it is what a reader of a collapsed log sees.
         print_summary(terminalreporter, self.troubles, self.config.invocation_params.dir)
+        if self.github is not None:
+            for line in self.github.annotations():
+                terminalreporter.write_line(line)
         if self.record is not None:
             terminalreporter.write_line(f"devpool: run record {self.record_path}")
 
@@ -530,11 +547,23 @@ class Loop:
             self._job_done(slot)
 
     def _annotate(self, report: pytest.TestReport, slot: Slot) -> None:
-        report.devpool_devices = list(slot.worker.devices)  # type: ignore[attr-defined]
-        report.devpool_platform = self.platform.name  # type: ignore[attr-defined]
-        if slot.job is not None:
-            report.devpool_attempt = slot.job.attempt  # type: ignore[attr-defined]
-            report.devpool_queue_wait = slot.job_started - slot.job.queued_at  # type: ignore[attr-defined]
+        if report.when == "teardown" and slot.job is not None:
+            outcome = _outcome_of([*slot.phases, report])
+            self._properties(report, slot.job, slot.worker.devices, outcome)
+
+    def _properties(
+        self, report: pytest.TestReport, job: Job, devices: tuple[int, ...], outcome: Outcome
+    ) -> None:
+        """devpool's facts on the report closing a test; --junitxml writes them as properties."""
+        report.user_properties = [
+            *report.user_properties,
+            ("devpool.outcome", outcome.value),
+            ("devpool.devices", self._where(devices)),
+            ("devpool.platform", self.platform.name),
+            ("devpool.host", self.c.host),
+            ("devpool.queue_wait", f"{job.waited:.3f}"),
+            ("devpool.attempt", str(job.attempt)),
+        ]
 
     def _finished_test(self, slot: Slot) -> None:
         job = slot.job
@@ -750,9 +779,8 @@ class Loop:
                 duration=duration if status == "failed" else 0.0,
             )
             report.devpool_outcome = outcome.value  # type: ignore[attr-defined]
-            report.devpool_devices = list(devices)  # type: ignore[attr-defined]
-            report.devpool_platform = self.platform.name  # type: ignore[attr-defined]
-            report.devpool_attempt = job.attempt  # type: ignore[attr-defined]
+            if when == "teardown":
+                self._properties(report, job, devices, outcome)
             reports.append(report)
             self.hook.pytest_runtest_logreport(report=report)
         log = None

@@ -1,0 +1,47 @@
+"""The run as JSON with a versioned schema, for dashboards and scripts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from devpool.record import RunRecord
+from devpool.report.summary import device_use, totals, verdict
+
+REPORT_SCHEMA = "devpool-report/1"
+
+
+def render_json(record: RunRecord) -> str:
+    """Every attempt with its devices and times, the totals, and how the run ended."""
+    duration = record.duration()
+    data: dict[str, Any] = {
+        "schema": REPORT_SCHEMA,
+        "run_id": record.start.get("run_id"),
+        "platform": record.platform,
+        "devices": record.devices,
+        "finished": record.finished,
+        "exitstatus": record.end.get("exitstatus") if record.end else None,
+        "verdict": verdict(record),
+        "damage": record.damage,
+        "duration": round(duration, 3),
+        "totals": dict(totals(record)),
+        "utilisation": {str(u.device): round(u.share(duration), 4) for u in device_use(record)},
+        "jobs": [
+            {
+                "nodeid": job.nodeid,
+                "outcome": job.outcome,
+                "devices": job.devices,
+                "attempt": job.attempt,
+                "start": job.start,
+                "end": job.end,
+                "run_time": round(job.run_time, 3),
+                "queue_wait": round(job.queue_wait, 3),
+                "host": job.host,
+                "detail": job.detail,
+                "log": job.log,
+                "tail": job.tail,
+            }
+            for job in record.jobs
+        ],
+    }
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"

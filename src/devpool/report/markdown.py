@@ -1,0 +1,66 @@
+"""The run as Markdown: fit for GITHUB_STEP_SUMMARY (collapsible sections, plain tables)."""
+
+from __future__ import annotations
+
+import html
+import re
+
+from devpool.record import RunRecord
+from devpool.report.summary import device_use, totals, troubles, verdict
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def clean(text: str) -> str:
+    """Test output as safe text: ANSI codes stripped, HTML escaped."""
+    return html.escape(_ANSI.sub("", text), quote=False)
+
+
+def render_markdown(record: RunRecord) -> str:
+    """Totals per outcome, the tests that did not pass with their tails, device utilisation."""
+    start = record.start
+    lines = [
+        f"## devpool: {clean(verdict(record))}",
+        "",
+        f"Run `{start.get('run_id', '?')}` on {record.platform} "
+        f"({len(record.devices)} devices), {record.duration():.1f} s.",
+        "",
+    ]
+    if record.damage:
+        lines += [f"> **Record damaged:** {clean(record.damage)}", ""]
+    lines += ["| outcome | tests |", "| --- | ---: |"]
+    lines += [f"| {name} | {count} |" for name, count in totals(record)]
+    lines.append("")
+    bad = troubles(record)
+    if bad:
+        lines += [f"### {len(bad)} did not pass", ""]
+        for job in bad:
+            where = f"{record.platform}:{','.join(map(str, job.devices))}" if job.devices else "cpu"
+            lines += [
+                "<details>",
+                f"<summary><b>{job.outcome.upper() if job.outcome else '?'}</b> "
+                f"<code>{clean(job.nodeid)}</code> [{where}] {job.run_time:.2f}s — "
+                f"{clean(job.detail)}</summary>",
+                "",
+                f"log: `{clean(job.log)}`",
+                "",
+                "<pre>",
+                *[clean(line) for line in job.tail],
+                "</pre>",
+                "</details>",
+                "",
+            ]
+    use = device_use(record)
+    if use:
+        duration = record.duration()
+        lines += [
+            "<details><summary>Device utilisation</summary>",
+            "",
+            "| device | busy | jobs |",
+            "| --- | ---: | ---: |",
+        ]
+        lines += [
+            f"| {record.platform}:{u.device} | {u.share(duration):.0%} | {u.jobs} |" for u in use
+        ]
+        lines += ["", "</details>", ""]
+    return "\n".join(lines) + "\n"
