@@ -10,7 +10,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -19,6 +19,7 @@ import pytest
 
 from devpool.backends.local import LocalBackend, Worker
 from devpool.config import Settings
+from devpool.errors import DevpoolError
 from devpool.inventory import Inventory, format_ids
 from devpool.leases import Blocked, Holder, Lease, LockDir, describe_blockers
 from devpool.markers import Request, request_for
@@ -26,7 +27,7 @@ from devpool.outcomes import Outcome
 from devpool.plan import Job, Plan, build_plan
 from devpool.policies import Backfill
 from devpool.record import RecordWriter, host_name, read_record
-from devpool.report import github
+from devpool.report import github, progress
 from devpool.report.github import GitHubLog
 from devpool.report.terminal import Trouble, log_path, print_summary, tail, write_test_log
 from devpool.scheduler import IdleWorker, Placement, Scheduler
@@ -157,7 +158,10 @@ class Controller:
         keep: list[pytest.Item] = []
         dropped: list[pytest.Item] = []
         for item in items:
-            request = request_for(item, self.settings.platforms)
+            try:
+                request = request_for(item, self.settings.platforms)
+            except DevpoolError as exc:
+                raise pytest.UsageError(str(exc)) from None
             if request.platforms is not None and not (
                 platform.name in request.platforms or platform.kind in request.platforms
             ):
@@ -196,8 +200,13 @@ class Controller:
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
             terminal.showfspath = False  # reports arrive interleaved across files
-        with _sigterm_as_interrupt():
-            Loop(self, session, plan).run()
+        loop = Loop(self, session, plan)
+        live = None
+        if terminal is not None and progress.wanted(self.config.option):
+            live = progress.LiveProgress(terminal._tw)
+        with _sigterm_as_interrupt(), live or nullcontext():
+            loop.live = live
+            loop.run()
         if session.shouldfail:
             raise session.Failed(session.shouldfail)
         if session.shouldstop:
@@ -300,6 +309,8 @@ class Loop:
         self.retry_at: dict[int, float] = {}
         self.blocked_since: dict[int, float] = {}
         self.stopped = False
+        self.live: progress.LiveProgress | None = None
+        self.ended: dict[str, int] = {}
 
     # ---- main loop ------------------------------------------------------------------------
 
@@ -332,11 +343,36 @@ class Loop:
                     self._stop_dispatch()
                 if not self.scheduler.queue and not self.starting:
                     self._retire_all_idle()
+                if self.live is not None:
+                    self.live.update(self._snapshot())
         finally:
             self._shutdown()
 
+    def _snapshot(self) -> progress.Snapshot:
+        now = time.monotonic()
+        running = [
+            progress.RunningJob(
+                slot.test, self._where(slot.worker.devices), now - slot.test_started
+            )
+            for slot in self.slots.values()
+            if slot.test is not None
+        ]
+        busy = {d for run in self.scheduler.running.values() for d in run.devices}
+        waiting = ""
+        if self.foreign:
+            waiting = describe_blockers(self.platform.name, list(self.foreign.values()))
+        return progress.Snapshot(
+            devices_total=len(self.c.inventory.devices),
+            devices_busy=len(busy),
+            queued=len(self.scheduler.queue) + len(self.starting),
+            running=running,
+            done=sum(self.ended.values()),
+            waiting_on=waiting,
+            counts=self.ended,
+        )
+
     def _sleep(self, now: float) -> float:
-        due = [now + TICK]
+        due = [now + (progress.REFRESH if self.live is not None else TICK)]
         for slot in self.slots.values():
             if slot.kill_stage:
                 due.append(slot.kill_at)
@@ -515,6 +551,9 @@ class Loop:
             report = self.hook.pytest_report_from_serializable(
                 config=self.session.config, data=message["data"]
             )
+            if isinstance(report.longrepr, list):
+                # A skip's (path, line, reason) tuple comes back from JSON as a list.
+                report.longrepr = tuple(report.longrepr)
             self._annotate(report, slot)
             slot.phases.append(report)
             if report.failed:
@@ -811,6 +850,7 @@ class Loop:
     ) -> None:
         """The one place a job's ending is recorded: summary entry and run record line."""
         end = time.time()
+        self.ended[outcome.value] = self.ended.get(outcome.value, 0) + 1
         lines = tail(log) if log is not None else []
         if outcome.gates and log is not None:
             where = self._where(devices) if devices or not job.devices_needed else "not started"

@@ -1,0 +1,428 @@
+"""A run record as one self-contained HTML page: header, device timeline, tests that did not pass.
+
+The page is inline CSS and SVG only (no script, no font, no network), so it can be attached
+to a CI run and opened anywhere. Every text that comes from the record is escaped here, once:
+node ids carry brackets and quotes, and test output carries anything at all.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from devpool.outcomes import Outcome
+from devpool.record import JobRun, RunRecord
+
+# Bar colors by outcome; "running" is a job the record never saw end (a cut run).
+OUTCOME_COLORS: dict[str, str] = {
+    Outcome.PASSED.value: "#2ea043",
+    Outcome.FAILED.value: "#d1242f",
+    Outcome.ERROR.value: "#a40e26",
+    Outcome.TIMEOUT.value: "#f08c00",
+    Outcome.CRASHED.value: "#8250df",
+    Outcome.INFRA.value: "#8c959f",
+    Outcome.SKIPPED.value: "#d0d7de",
+    Outcome.FLAKY.value: "#e3b341",
+    "running": "#54aeff",
+}
+UNFINISHED = "running"
+_QUIET = frozenset({Outcome.PASSED.value, Outcome.SKIPPED.value})
+
+LABEL_WIDTH = 96
+PLOT_WIDTH = 1180
+ROW_HEIGHT = 20
+BAR_HEIGHT = 14
+AXIS_HEIGHT = 26
+GROUP_GAP = 10
+MIN_BAR_WIDTH = 2.0
+
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class _Bar:
+    """One attempt of one job, placed on the time axis (seconds since session start)."""
+
+    run: JobRun
+    begin: float
+    finish: float
+    outcome: str  # an Outcome value, or UNFINISHED
+
+
+def render_html(record: RunRecord) -> str:
+    """The whole report for one run record, as a self-contained HTML document."""
+    origin = _origin(record)
+    bars = _bars(record, origin)
+    span = max([record.duration(), *(bar.finish for bar in bars), 1e-3])
+    title = f"devpool run {record.start.get('run_id', record.path.name)}"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_esc(title)}</title>",
+        f"<style>{_CSS}</style>",
+        "</head><body>",
+        _header(record, origin, title),
+        _legend(),
+        _timeline(record, bars, span),
+        _troubles(record),
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+# ---- data ----------------------------------------------------------------------------------
+
+
+def _origin(record: RunRecord) -> float:
+    """Time zero of the axis: the session start, or the first job if the start has no time."""
+    if "time" in record.start:
+        return float(record.start["time"])
+    starts = [run.start for run in record.jobs if run.start is not None]
+    return min(starts, default=0.0)
+
+
+def _bars(record: RunRecord, origin: float) -> list[_Bar]:
+    """Every attempt that ran for some time; one still running at the cut ends at the cut."""
+    cut_at = record.duration() if record.finished else max(record.last_time - origin, 0.0)
+    bars = []
+    for run in record.jobs:
+        if run.start is None:
+            continue  # never held anything: infra before a lease, or unsatisfiable
+        begin = run.start - origin
+        finish = run.end - origin if run.end is not None else max(cut_at, begin)
+        bars.append(_Bar(run, begin, max(finish, begin), run.outcome or UNFINISHED))
+    return bars
+
+
+def _device_ids(record: RunRecord, bars: Iterable[_Bar]) -> list[int]:
+    ids = set(record.devices)
+    for bar in bars:
+        ids.update(_ints(bar.run.devices))
+    return sorted(ids)
+
+
+def _ints(values: Iterable[object]) -> list[int]:
+    out = []
+    for value in values:
+        try:
+            out.append(int(str(value)))
+        except ValueError:
+            continue
+    return out
+
+
+def _lanes(bars: Sequence[_Bar]) -> list[list[_Bar]]:
+    """Stack overlapping bars into as few lanes as needed (first lane that is free)."""
+    lanes: list[list[_Bar]] = []
+    for bar in sorted(bars, key=lambda b: (b.begin, b.finish)):
+        for lane in lanes:
+            if lane[-1].finish <= bar.begin:
+                lane.append(bar)
+                break
+        else:
+            lanes.append([bar])
+    return lanes
+
+
+def _troubled(record: RunRecord) -> list[JobRun]:
+    """Final attempts that did not pass, then jobs the cut left running."""
+    done = [run for run in record.final_attempts() if run.outcome not in _QUIET]
+    return done + [run for run in record.jobs if run.outcome is None]
+
+
+# ---- header --------------------------------------------------------------------------------
+
+
+def _header(record: RunRecord, origin: float, title: str) -> str:
+    devices = record.devices
+    where = f"{record.platform}:{_ranges(devices)}" if devices else record.platform
+    plural = "" if len(devices) == 1 else "s"
+    started = datetime.datetime.fromtimestamp(origin, tz=datetime.timezone.utc)
+    facts = [
+        ("platform", f"{where} ({len(devices)} device{plural})"),
+        ("host", str(record.start.get("host", "?"))),
+        ("started", started.strftime("%Y-%m-%d %H:%M:%S UTC")),
+        ("duration", _duration(record.duration())),
+    ]
+    if record.end is not None and "exitstatus" in record.end:
+        facts.append(("exit status", str(record.end["exitstatus"])))
+    lines = [f'<header><h1>{_esc(title)}</h1><dl class="facts">']
+    lines += [f"<dt>{_esc(name)}</dt><dd>{_esc(value)}</dd>" for name, value in facts]
+    lines.append("</dl>")
+    cut = record.cut_sentence()
+    if cut is None:
+        lines.append('<p class="status finished">The run finished.</p>')
+    else:
+        lines.append(f'<p class="status cut">{_esc(cut)}</p>')
+    if record.damage:
+        lines.append(f'<p class="status damage">{_esc(record.damage)}</p>')
+    lines.append(_totals(record))
+    lines.append("</header>")
+    return "\n".join(lines)
+
+
+def _totals(record: RunRecord) -> str:
+    counts = record.counts()
+    running = sum(1 for run in record.jobs if run.outcome is None)
+    order = [outcome.value for outcome in Outcome] + sorted(set(counts) - set(OUTCOME_COLORS))
+    chips = [
+        f'<span class="count outcome-{_esc(name)}" data-outcome="{_esc(name)}">'
+        f"{counts[name]:,} {_esc(name)}</span>"
+        for name in order
+        if counts[name]
+    ]
+    if running:
+        chips.append(
+            f'<span class="count outcome-{UNFINISHED}" data-outcome="{UNFINISHED}">'
+            f"{running:,} running when cut</span>"
+        )
+    total = f"{record.total_tests:,} tests planned"
+    return f'<p class="totals">{" ".join(chips) or "no test finished"} <span>— {total}</span></p>'
+
+
+def _legend() -> str:
+    items = [
+        f'<span class="key"><i class="swatch outcome-{name}"></i>{name}</span>'
+        for name in OUTCOME_COLORS
+    ]
+    return f'<p class="legend">{"".join(items)}</p>'
+
+
+# ---- timeline ------------------------------------------------------------------------------
+
+
+def _timeline(record: RunRecord, bars: Sequence[_Bar], span: float) -> str:
+    scale = PLOT_WIDTH / span
+    on_devices = [bar for bar in bars if bar.run.devices]
+    cpu_lanes = _lanes([bar for bar in bars if not bar.run.devices])
+    device_ids = _device_ids(record, on_devices)
+    rows_height = ROW_HEIGHT * (len(device_ids) + len(cpu_lanes))
+    height = AXIS_HEIGHT + rows_height + (GROUP_GAP if cpu_lanes else 0) + 8
+    width = LABEL_WIDTH + PLOT_WIDTH + 16
+    out = [
+        '<section class="timeline"><h2>Timeline</h2>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="device timeline">',
+    ]
+    out.append(_axis(span, scale, height))
+    y = AXIS_HEIGHT
+    for device in device_ids:
+        mine = [bar for bar in on_devices if device in _ints(bar.run.devices)]
+        label = f"{record.platform}:{device}"
+        out.append(f'<g class="device-row" data-device="{device}">')
+        out.append(_row(label, y, mine, scale, record.platform, device))
+        out.append("</g>")
+        y += ROW_HEIGHT
+    if cpu_lanes:
+        y += GROUP_GAP
+        out.append('<g class="cpu-group">')
+        for number, lane in enumerate(cpu_lanes):
+            label = "cpu" if number == 0 else f"cpu {number + 1}"
+            out.append(f'<g class="cpu-row" data-lane="{number}">')
+            out.append(_row(label, y, lane, scale, record.platform, None))
+            out.append("</g>")
+            y += ROW_HEIGHT
+        out.append("</g>")
+    out.append("</svg></section>")
+    return "\n".join(out)
+
+
+def _axis(span: float, scale: float, height: float) -> str:
+    step = _tick_step(span)
+    out = ['<g class="axis">']
+    count = int(span / step + 1e-9)
+    for index in range(count + 1):
+        seconds = index * step
+        x = LABEL_WIDTH + seconds * scale
+        out.append(
+            f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{AXIS_HEIGHT - 6}" '
+            f'y2="{height - 4}"/>'
+            f'<text class="tick" x="{x:.1f}" y="{AXIS_HEIGHT - 10}">{_esc(_clock(seconds))}</text>'
+        )
+    out.append(
+        f'<text class="axis-name" x="{LABEL_WIDTH - 20}" y="{AXIS_HEIGHT - 10}">since start</text>'
+    )
+    out.append("</g>")
+    return "".join(out)
+
+
+def _tick_step(span: float) -> float:
+    """A 1-2-5 step that cuts the span into about eight to twelve ticks."""
+    raw = span / 10
+    power = 10 ** math.floor(math.log10(raw))
+    for factor in (1, 2, 5, 10):
+        if raw <= factor * power:
+            return float(factor * power)
+    return float(10 * power)
+
+
+def _row(
+    label: str, y: float, bars: Sequence[_Bar], scale: float, platform: str, device: int | None
+) -> str:
+    middle = y + ROW_HEIGHT / 2
+    out = [
+        f'<text class="row-label" x="{LABEL_WIDTH - 8}" y="{middle + 4:.1f}">{_esc(label)}</text>',
+        f'<rect class="track" x="{LABEL_WIDTH}" y="{y + 2:.1f}" width="{PLOT_WIDTH}" '
+        f'height="{ROW_HEIGHT - 4}"/>',
+    ]
+    for bar in bars:
+        x = LABEL_WIDTH + bar.begin * scale
+        width = max((bar.finish - bar.begin) * scale, MIN_BAR_WIDTH)
+        where = "" if device is None else f' data-device="{device}"'
+        out.append(
+            f'<rect class="bar outcome-{_esc(bar.outcome)}"{where} '
+            f'data-nodeid="{_esc(bar.run.nodeid)}" data-attempt="{bar.run.attempt}" '
+            f'data-outcome="{_esc(bar.outcome)}" x="{x:.2f}" '
+            f'y="{middle - BAR_HEIGHT / 2:.1f}" width="{width:.2f}" height="{BAR_HEIGHT}">'
+            f"<title>{_esc(_tooltip(bar, platform))}</title></rect>"
+        )
+    return "\n".join(out)
+
+
+def _tooltip(bar: _Bar, platform: str) -> str:
+    run = bar.run
+    devices = f"{platform}:{_ranges(_ints(run.devices))}" if run.devices else "cpu"
+    took = _duration(bar.finish - bar.begin)
+    if bar.outcome == UNFINISHED:
+        took += " (still running when the run was cut)"
+    lines = [
+        run.nodeid,
+        f"devices: {devices}",
+        f"duration: {took}",
+        f"queue wait: {_duration(run.queue_wait)}",
+        f"attempt: {run.attempt}",
+        f"outcome: {bar.outcome}",
+        f"started: +{_duration(bar.begin)}",
+    ]
+    if run.host:
+        lines.append(f"host: {run.host}")
+    if run.detail:
+        lines.append(f"detail: {run.detail}")
+    return "\n".join(lines)
+
+
+# ---- tests that did not pass ---------------------------------------------------------------
+
+
+def _troubles(record: RunRecord) -> str:
+    runs = _troubled(record)
+    if not runs:
+        passed = record.counts()[Outcome.PASSED.value]
+        return f'<section class="troubles"><h2>All {passed:,} tests passed</h2></section>'
+    out = [
+        f'<section class="troubles"><h2>Tests that did not pass ({len(runs):,})</h2>',
+        "<table><thead><tr><th>test</th><th>outcome</th><th>devices</th><th>attempt</th>"
+        "<th>duration</th><th>detail</th><th>log</th></tr></thead><tbody>",
+    ]
+    for run in runs:
+        outcome = run.outcome or UNFINISHED
+        devices = f"{record.platform}:{_ranges(_ints(run.devices))}" if run.devices else "cpu"
+        took = _duration(run.run_time) if run.end is not None else "—"
+        out.append(
+            f'<tr class="trouble outcome-{_esc(outcome)}" data-nodeid="{_esc(run.nodeid)}">'
+            f'<td class="nodeid">{_esc(run.nodeid)}</td>'
+            f'<td><span class="count outcome-{_esc(outcome)}">{_esc(outcome)}</span></td>'
+            f"<td>{_esc(devices)}</td><td>{run.attempt}</td><td>{_esc(took)}</td>"
+            f'<td class="detail">{_esc(run.detail)}</td>'
+            f'<td class="log"><code>{_esc(run.log)}</code></td></tr>'
+        )
+        if run.tail:
+            out.append(
+                f'<tr class="tail-row"><td colspan="7"><pre class="tail">'
+                f"{_esc(chr(10).join(run.tail))}</pre></td></tr>"
+            )
+    out.append("</tbody></table></section>")
+    return "\n".join(out)
+
+
+# ---- formatting ----------------------------------------------------------------------------
+
+
+def _esc(value: object) -> str:
+    """Text safe anywhere in the page: ANSI and control codes gone, markup and quotes escaped."""
+    text = _ANSI.sub("", str(value)).replace("\r\n", "\n")
+    text = _CONTROL.sub("", text)
+    # Lone surrogates (from JSON "\udc80") cannot be written as UTF-8; show them as U+FFFD.
+    text = _SURROGATE.sub("\ufffd", text)
+    return html.escape(text, quote=True)
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 5] → '0-3,5'."""
+    parts: list[str] = []
+    ordered = sorted(set(ids))
+    index = 0
+    while index < len(ordered):
+        end = index
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        first, last = ordered[index], ordered[end]
+        parts.append(str(first) if first == last else f"{first}-{last}")
+        index = end + 1
+    return ",".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} m {rest:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} m"
+
+
+def _clock(seconds: float) -> str:
+    """Axis labels: '2.5 s' under two minutes, then 'm:ss', then 'h:mm:ss'."""
+    if seconds < 120:
+        return f"{seconds:g} s"
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _outcome_css() -> str:
+    rules = []
+    for name, color in OUTCOME_COLORS.items():
+        rules.append(
+            f".bar.outcome-{name},.swatch.outcome-{name}{{fill:{color};background:{color}}}"
+        )
+        rules.append(f".count.outcome-{name}{{border-color:{color}}}")
+    return "".join(rules)
+
+
+_CSS = (
+    "body{font:14px/1.4 system-ui,-apple-system,'Segoe UI',sans-serif;color:#1f2328;"
+    "margin:16px 24px;background:#fff}"
+    "h1{font-size:20px;margin:0 0 6px}h2{font-size:16px;margin:18px 0 6px}"
+    ".facts{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}"
+    ".facts dt{color:#656d76}.facts dd{margin:0}"
+    ".status{margin:8px 0;padding:6px 10px;border-radius:4px}"
+    ".finished{background:#dafbe1}.cut{background:#ffebe9;font-weight:600}"
+    ".damage{background:#fff8c5}"
+    ".count{display:inline-block;border-left:10px solid #ccc;padding:1px 8px;margin:2px 4px 2px 0;"
+    "background:#f6f8fa;border-radius:3px}"
+    ".legend .key{margin-right:14px;white-space:nowrap}"
+    ".swatch{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px;"
+    "border-radius:2px}"
+    "svg text{font:12px system-ui,sans-serif;fill:#1f2328}"
+    ".row-label,.axis-name{text-anchor:end}.axis-name{fill:#656d76}"
+    ".tick{text-anchor:middle;fill:#656d76}.grid{stroke:#d8dee4;stroke-width:1}"
+    ".track{fill:#f3f4f6}"
+    ".bar{fill:#57606a;stroke:#fff;stroke-width:0.5}.bar:hover{stroke:#1f2328;stroke-width:1.5}"
+    ".bar.outcome-running{stroke:#0969da;stroke-dasharray:3 2}"
+    "table{border-collapse:collapse;width:100%}"
+    "th,td{text-align:left;vertical-align:top;padding:4px 8px;border-bottom:1px solid #d8dee4}"
+    ".nodeid{font-family:ui-monospace,monospace;word-break:break-all}"
+    "pre.tail{margin:0;max-height:24em;overflow:auto;background:#f6f8fa;padding:8px;"
+    "font:12px/1.35 ui-monospace,monospace;white-space:pre-wrap;word-break:break-all}"
+) + _outcome_css()

@@ -1,0 +1,126 @@
+"""Live progress on a terminal: devices busy/free, jobs queued/running/done, leases waited on.
+
+Only on an interactive terminal outside CI: a CI log gets no redraws, so no flicker.
+pytest's own terminal output is routed through the live console so the two never
+overwrite each other.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+REFRESH = 0.25  # seconds between redraws
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    nodeid: str
+    where: str
+    elapsed: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the controller's loop knows at one moment."""
+
+    devices_total: int
+    devices_busy: int
+    queued: int
+    running: Sequence[RunningJob]
+    done: int
+    waiting_on: str = ""  # who holds the devices we wait for, when another run does
+    counts: Mapping[str, int] = field(default_factory=dict)
+
+
+def wanted(config_option: Any, environ: Mapping[str, str] | None = None) -> bool:
+    """Live progress only on a real terminal, never in CI or when output is piped."""
+    env = os.environ if environ is None else environ
+    if env.get("CI") or env.get("GITHUB_ACTIONS") or env.get("TERM") == "dumb":
+        return False
+    if getattr(config_option, "verbose", 0) < 0:
+        return False
+    return sys.stdout.isatty()
+
+
+def render(snapshot: Snapshot) -> Any:
+    """The live panel as a rich renderable."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table.grid(padding=(0, 2))
+    counts = ", ".join(f"{n} {k}" for k, n in snapshot.counts.items() if n)
+    table.add_row(
+        Text(
+            f"devices {snapshot.devices_busy}/{snapshot.devices_total} busy · "
+            f"queued {snapshot.queued} · running {len(snapshot.running)} · "
+            f"done {snapshot.done}" + (f" ({counts})" if counts else ""),
+            style="bold",
+        )
+    )
+    for job in sorted(snapshot.running, key=lambda j: -j.elapsed)[:8]:
+        table.add_row(Text(f"  {job.elapsed:6.1f}s  [{job.where}]  {job.nodeid}"))
+    if len(snapshot.running) > 8:
+        table.add_row(Text(f"  … and {len(snapshot.running) - 8} more"))
+    if snapshot.waiting_on:
+        table.add_row(Text(f"  waiting for {snapshot.waiting_on}", style="yellow"))
+    return table
+
+
+class LiveProgress:
+    """A rich Live display fed by snapshots from the controller's event loop."""
+
+    def __init__(self, terminal_writer: Any) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self._tw = terminal_writer
+        self._original = terminal_writer._file
+        console = Console(file=self._original)
+        self._live = Live(console=console, auto_refresh=False, transient=True)
+        self._proxy = _LineProxy(console)
+        self._last = 0.0
+
+    def __enter__(self) -> LiveProgress:
+        self._live.start()
+        self._tw._file = self._proxy  # pytest's lines go above the live panel
+        return self
+
+    def update(self, snapshot: Snapshot, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last >= REFRESH:
+            self._last = now
+            self._live.update(render(snapshot), refresh=True)
+
+    def __exit__(self, *exc: object) -> None:
+        self._live.stop()
+        self._tw._file = self._original
+        self._original.write(self._proxy.pending)
+        self._original.flush()
+
+
+class _LineProxy:
+    """pytest's terminal file while the panel is live: whole lines go above the panel."""
+
+    def __init__(self, console: Any) -> None:
+        self._console = console
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        from rich.text import Text
+
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self._console.print(Text.from_ansi(line))
+        return len(text)
+
+    def flush(self) -> None:
+        """Partial lines (progress dots) wait for their newline; the panel shows progress."""
+
+    def isatty(self) -> bool:
+        return True
