@@ -148,11 +148,17 @@ def test_take_for_an_isolated_job_skips_warm_workers() -> None:
     assert placement.devices == (2, 3)  # the first aligned cold block
 
 
+def chosen(free: set[int], k: int) -> tuple[int, ...]:
+    placement = pool(free=free).take(job(0, k), isolate=False)
+    assert placement is not None
+    return placement.devices
+
+
 def test_take_prefers_an_aligned_block_of_consecutive_ids() -> None:
-    assert pool(free={1, 2, 3, 4, 5}).take(job(0, 2), False).devices == (2, 3)  # type: ignore[union-attr]
-    assert pool(free={1, 2, 3, 4, 6}).take(job(0, 4), False).devices == (1, 2, 3, 4)  # type: ignore[union-attr]
-    assert pool(free={0, 2, 4, 6}).take(job(0, 2), False).devices == (0, 2)  # type: ignore[union-attr]
-    assert pool(free={4, 5, 6, 7, 0}).take(job(0, 4), False).devices == (4, 5, 6, 7)  # type: ignore[union-attr]
+    assert chosen({1, 2, 3, 4, 5}, 2) == (2, 3)  # aligned to 2, not (1, 2)
+    assert chosen({4, 5, 6, 7, 0}, 4) == (4, 5, 6, 7)
+    assert chosen({1, 2, 3, 4, 6}, 4) == (1, 2, 3, 4)  # no aligned block: any consecutive run
+    assert chosen({0, 2, 4, 6}, 2) == (0, 2)  # nothing consecutive: the lowest ids
 
 
 def test_take_retires_idle_workers_only_when_cold_devices_do_not_suffice() -> None:
@@ -360,39 +366,42 @@ def test_fifo_starts_in_collection_order_not_priority() -> None:
     assert [j.id for j in scheduler.queue] == [2]
 
 
-# --- Known defects (strict xfail: these flip to XPASS when the policy is fixed) -----------------
+# --- EASY reservation: regressions found in review ------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Backfill drains a size's heap past the head: lower-priority jobs of that size "
-    "are placed before a higher-priority reserved job of another size is considered",
-)
 def test_backfill_does_not_let_lower_priority_same_size_jobs_jump_the_reservation() -> None:
     scheduler = Scheduler(EIGHT, Backfill(), max_parallel=8, cpu_slots=1)
     running(scheduler, job(0, 4, estimate=10.0))  # ends at t=10
-    scheduler.add(job(1, 1, estimate=100.0))  # 100 device-seconds: first
-    scheduler.add(job(2, 6, estimate=15.0))  # 90: second; 7 devices free at t=10
-    for i in (3, 4, 5):
-        scheduler.add(job(i, 1, estimate=50.0))  # 50 each: last, may use 1 spare device
+    jobs = [
+        job(1, 1, estimate=100.0),  # 100 device-seconds: first
+        job(2, 6, estimate=15.0),  # 90: second, reserved for t=10 (7 free then, 1 spare)
+        *(job(i, 1, estimate=50.0) for i in (3, 4, 5)),  # 50 each: only one may take the spare
+    ]
 
-    started = simulate(scheduler, [])
+    started = simulate(scheduler, [(0.0, j) for j in jobs])
 
-    assert started[2][0] == 10.0  # EASY promise; actually starts at t=50
+    assert started[2][0] == 10.0  # the EASY promise
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Backfill's reservation ignores jobs placed earlier in the same pass, finds too "
-    "few devices, assumes no promise can be made (shadow=inf) and backfills without limit",
-)
 def test_backfill_reservation_counts_jobs_placed_in_the_same_pass() -> None:
     scheduler = Scheduler(EIGHT, Backfill(), max_parallel=8, cpu_slots=1)
-    scheduler.add(job(0, 1, estimate=100.0))  # 100 device-seconds, runs to t=100
-    scheduler.add(job(1, 4, estimate=20.0))  # 80, runs to t=20
-    scheduler.add(job(2, 6, estimate=12.0))  # 72: should be reserved for t=20 (7 free, 1 spare)
-    scheduler.add(job(3, 2, estimate=30.0))  # 60: 2 > 1 spare, ends after t=20
+    jobs = [
+        job(0, 1, estimate=100.0),  # 100 device-seconds, runs to t=100
+        job(1, 4, estimate=20.0),  # 80, runs to t=20
+        job(2, 6, estimate=12.0),  # 72: should be reserved for t=20 (7 free then, 1 spare)
+        job(3, 2, estimate=30.0),  # 60: needs 2 > 1 spare and ends after t=20
+    ]
 
-    started = simulate(scheduler, [])
+    started = simulate(scheduler, [(0.0, j) for j in jobs])
 
-    assert started[2][0] == 20.0  # actually t=30: job 3 took two of the reserved devices
+    assert started[2][0] == 20.0  # job 3 must not take two of the reserved devices
+
+
+def test_backfill_looks_past_a_long_job_for_a_short_one_of_the_same_size() -> None:
+    scheduler = Scheduler(EIGHT, Backfill(), max_parallel=8, cpu_slots=1)
+    running(scheduler, job(0, 6, estimate=10.0))
+    scheduler.add(job(1, 8, estimate=10.0))  # reserved for t=10, no spare
+    scheduler.add(job(2, 1, estimate=30.0))  # may not backfill
+    scheduler.add(job(3, 1, estimate=3.0))  # t=1..4: may
+
+    assert ids(scheduler.schedule(1.0)) == [3]

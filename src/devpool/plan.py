@@ -25,6 +25,16 @@ class Job:
     queued_at: float = 0.0
     foreign_wait: float = 0.0  # seconds spent blocked on devices held by other runs
     waited: float = 0.0  # queue wait of the current attempt, from queued to started
+    display: str = ""  # the id reports carry: the node id, or with a repeat suffix
+    retries_failed: int = 0  # reruns spent on failed/error/timeout attempts
+    retries_infra: int = 0  # reruns spent on crashed/infra attempts
+    # How often this test (all its repeats) has run on each device: reruns and repeats
+    # prefer the devices it has used least, to tell a bad device from a bad test.
+    device_uses: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.display:
+            self.display = self.nodeid
 
     @property
     def devices_needed(self) -> int:

@@ -6,9 +6,10 @@ same object drives the real controller, the benchmarks and the unit tests.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from devpool.plan import Job
@@ -55,6 +56,7 @@ class Pool:
     running: Sequence[Running]
     slots: int  # jobs that may still start (max-parallel)
     cpu_slots: int  # CPU-only jobs that may still start
+    closed: set[int] = field(default_factory=set)  # sizes a policy stopped looking at
 
     def take(self, job: Job, isolate: bool) -> Placement | None:
         """Choose devices (warm worker first, aligned blocks next); None if the job won't fit."""
@@ -62,6 +64,8 @@ class Pool:
         if self.slots <= 0 or (k == 0 and self.cpu_slots <= 0) or k > len(self.free):
             return None
         placement = self._choose(job, k, isolate)
+        if len(placement.devices) != k:
+            return None
         self.slots -= 1
         if k == 0:
             self.cpu_slots -= 1
@@ -75,11 +79,13 @@ class Pool:
         return placement
 
     def _choose(self, job: Job, k: int, isolate: bool) -> Placement:
+        if job.device_uses and k:
+            return self._least_used(job, k, isolate)
         if not isolate:
             for worker in self.idle:
                 if len(worker.devices) == k and self.free.issuperset(worker.devices):
                     return Placement(job, worker.devices, reuse=worker.key)
-        warm = {d for w in self.idle for d in w.devices}
+        warm = {d for w in self.idle if self.free.issuperset(w.devices) for d in w.devices}
         cold = sorted(self.free - warm)
         if k == 0:
             return Placement(job, ())
@@ -95,6 +101,20 @@ class Pool:
                 chosen.extend(worker.devices)
                 retire.append(worker.key)
         return Placement(job, tuple(sorted(chosen)[:k]), retire=tuple(retire))
+
+    def _least_used(self, job: Job, k: int, isolate: bool) -> Placement:
+        """For a rerun or repeat: the devices this test has run on least, warm or not."""
+        uses = job.device_uses
+        chosen = tuple(sorted(sorted(self.free, key=lambda d: (uses.get(d, 0), d))[:k]))
+        retire = []
+        for worker in self.idle:
+            if set(worker.devices) & set(chosen):
+                if worker.devices == chosen and not isolate:
+                    return Placement(job, chosen, reuse=worker.key)
+                if not self.free.issuperset(worker.devices):
+                    continue
+                retire.append(worker.key)
+        return Placement(job, chosen, retire=tuple(retire))
 
 
 def _aligned(devices: Sequence[int], k: int) -> tuple[int, ...]:
@@ -112,47 +132,60 @@ def _aligned(devices: Sequence[int], k: int) -> tuple[int, ...]:
 
 
 class Queue:
-    """Pending jobs, one priority heap per device count, so a pass costs O(sizes), not O(jobs)."""
+    """Pending jobs: one list per device count, each kept in priority order.
+
+    Policies walk the lists merged (`in_order`) and stop early, so a pass costs what it
+    looks at, not the whole queue.
+    """
 
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
-        self._heaps: dict[int, list[tuple[tuple[float, int, int], int, Job]]] = {}
+        self._lists: dict[int, list[tuple[tuple[float, int, int], int, Job]]] = {}
         self._count = 0
         for job in jobs:
             self.push(job)
 
     def push(self, job: Job) -> None:
-        heap = self._heaps.setdefault(job.devices_needed, [])
-        heapq.heappush(heap, (job.priority(), job.id, job))
+        entries = self._lists.setdefault(job.devices_needed, [])
+        bisect.insort(entries, (job.priority(), job.id, job))
         self._count += 1
 
     def peek(self, size: int) -> Job:
-        return self._heaps[size][0][2]
+        return self._lists[size][0][2]
 
     def pop(self, size: int) -> Job:
         self._count -= 1
-        return heapq.heappop(self._heaps[size])[2]
+        return self._lists[size].pop(0)[2]
 
     def pop_job(self, job: Job) -> None:
-        """Remove one job wherever it is in its heap (O(n); for policies that skip around)."""
-        heap = self._heaps[job.devices_needed]
-        heap[:] = [entry for entry in heap if entry[2] is not job]
-        heapq.heapify(heap)
+        """Remove one job wherever it stands in its list."""
+        entries = self._lists[job.devices_needed]
+        index = bisect.bisect_left(entries, (job.priority(), job.id))
+        if index >= len(entries) or entries[index][2] is not job:
+            index = next(i for i, entry in enumerate(entries) if entry[2] is job)
+        del entries[index]
         self._count -= 1
 
     def of_size_count(self, size: int) -> int:
-        return len(self._heaps.get(size, ()))
+        return len(self._lists.get(size, ()))
+
+    def sizes(self) -> list[int]:
+        return [size for size, entries in self._lists.items() if entries]
+
+    def of_size(self, size: int) -> Iterator[Job]:
+        """Jobs of one size, best priority first (a snapshot: safe to pop while walking)."""
+        return (entry[2] for entry in list(self._lists.get(size, ())))
 
     def heads(self) -> list[Job]:
         """The first job of every size, best priority first."""
-        heads = [heap[0][2] for heap in self._heaps.values() if heap]
+        heads = [entries[0][2] for entries in self._lists.values() if entries]
         return sorted(heads, key=Job.priority)
 
     def __len__(self) -> int:
         return self._count
 
     def __iter__(self) -> Iterator[Job]:
-        entries = sorted(entry for heap in self._heaps.values() for entry in heap)
-        return (entry[2] for entry in entries)
+        merged = heapq.merge(*(list(entries) for entries in self._lists.values()))
+        return (entry[2] for entry in merged)
 
 
 class Policy(Protocol):

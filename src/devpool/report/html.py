@@ -157,7 +157,9 @@ def _header(record: RunRecord, origin: float, title: str) -> str:
     lines.append("</dl>")
     cut = record.cut_sentence()
     if cut is None:
-        lines.append('<p class="status finished">The run finished.</p>')
+        status = (record.end or {}).get("exitstatus", 0)
+        tone = "finished" if status == 0 else "finished failing"
+        lines.append(f'<p class="status {tone}">The run finished.</p>')
     else:
         lines.append(f'<p class="status cut">{_esc(cut)}</p>')
     if record.damage:
@@ -407,7 +409,8 @@ _CSS = (
     ".facts{display:grid;grid-template-columns:max-content auto;gap:2px 12px;margin:0}"
     ".facts dt{color:#656d76}.facts dd{margin:0}"
     ".status{margin:8px 0;padding:6px 10px;border-radius:4px}"
-    ".finished{background:#dafbe1}.cut{background:#ffebe9;font-weight:600}"
+    ".finished{background:#dafbe1}.failing{background:#ffebe9}"
+    ".cut{background:#ffebe9;font-weight:600}"
     ".damage{background:#fff8c5}"
     ".count{display:inline-block;border-left:10px solid #ccc;padding:1px 8px;margin:2px 4px 2px 0;"
     "background:#f6f8fa;border-radius:3px}"
