@@ -11,7 +11,7 @@ Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
   report         nodeid, when, outcome, duration
   job_end        job, nodeid, outcome, devices, host, start, end, run_time, queue_wait,
                  attempt, log, detail, tail (last lines of the log, for tests that did not pass)
-  session_end    exitstatus, duration, counts (outcome → tests)
+  session_end    exitstatus, troubles (outcome → tests that did not pass)
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import IO, Any
 from devpool.errors import DevpoolError
 
 SCHEMA_VERSION = 1
+_GATING_NAMES = frozenset({"failed", "error", "timeout", "crashed", "infra"})
 
 
 class RecordWriter:
@@ -36,7 +37,10 @@ class RecordWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        # backslashreplace: a lone surrogate (say, a non-UTF-8 argv entry) must not kill the run.
+        self._file: IO[str] | None = open(  # noqa: SIM115 - open for the whole run
+            path, "a", encoding="utf-8", errors="backslashreplace"
+        )
 
     def write(self, event_type: str, **fields: Any) -> None:
         if self._file is None:
@@ -59,10 +63,12 @@ class JobRun:
     nodeid: str
     devices: list[int]
     attempt: int = 1
-    start: float | None = None
+    start: float | None = None  # devices held from (the lease, or the job's start)
     end: float | None = None
+    test_time: float = 0.0  # the test's own run time, without worker start-up
     queue_wait: float = 0.0
     outcome: str | None = None  # None while running (or when the run was cut)
+    gating: bool = False  # whether this ending fails the run
     detail: str = ""
     log: str = ""
     host: str = ""
@@ -159,7 +165,14 @@ def read_record(path: Path) -> RunRecord:
             )
             break
         assert event is not None
-        _apply(record, open_jobs, event)
+        try:
+            _apply(record, open_jobs, event)
+        except (KeyError, ValueError, TypeError) as exc:
+            record.damage = (
+                f"{path}: line {number} is a {event['type']} event with a missing or bad field"
+                f" ({exc!r}); showing the {number - 1} lines before it"
+            )
+            break
     if not record.start:
         raise DevpoolError(f"{path} is empty: no session_start line")
     return record
@@ -198,7 +211,7 @@ def _apply(record: RunRecord, open_jobs: dict[int, JobRun], event: dict[str, Any
         run = JobRun(
             job=int(event["job"]),
             nodeid=str(event["nodeid"]),
-            devices=list(event.get("devices", [])),
+            devices=[int(d) for d in event.get("devices", [])],
             attempt=int(event.get("attempt", 1)),
             start=float(event["time"]),
             queue_wait=float(event.get("queue_wait", 0.0)),
@@ -210,15 +223,18 @@ def _apply(record: RunRecord, open_jobs: dict[int, JobRun], event: dict[str, Any
     elif kind == "job_end":
         started = open_jobs.pop(int(event["job"]), None)
         run = started if started is not None else _unstarted(event)
-        if run not in record.jobs:
+        if started is None:
             record.jobs.append(run)
         run.end = float(event.get("end", event["time"]))
-        run.start = float(event.get("start", run.start or run.end))
+        if run.start is None:
+            run.start = float(event.get("start", run.end))
+        run.test_time = float(event.get("run_time", run.end - run.start))
         run.outcome = str(event["outcome"])
+        run.gating = bool(event.get("gating", run.outcome in _GATING_NAMES))
         run.detail = str(event.get("detail", ""))
         run.log = str(event.get("log", run.log))
         run.tail = [str(line) for line in event.get("tail", [])]
-        run.devices = list(event.get("devices", run.devices))
+        run.devices = [int(d) for d in event.get("devices", run.devices)]
 
 
 def _unstarted(event: Mapping[str, Any]) -> JobRun:
@@ -226,7 +242,7 @@ def _unstarted(event: Mapping[str, Any]) -> JobRun:
     return JobRun(
         job=int(event["job"]),
         nodeid=str(event["nodeid"]),
-        devices=list(event.get("devices", [])),
+        devices=[int(d) for d in event.get("devices", [])],
         attempt=int(event.get("attempt", 1)),
         queue_wait=float(event.get("queue_wait", 0.0)),
     )

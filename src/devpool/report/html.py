@@ -325,7 +325,7 @@ def _troubles(record: RunRecord) -> str:
     for run in runs:
         outcome = run.outcome or UNFINISHED
         devices = f"{record.platform}:{_ranges(_ints(run.devices))}" if run.devices else "cpu"
-        took = _duration(run.run_time) if run.end is not None else "—"
+        took = _duration(run.test_time) if run.end is not None else "—"
         out.append(
             f'<tr class="trouble outcome-{_esc(outcome)}" data-nodeid="{_esc(run.nodeid)}">'
             f'<td class="nodeid">{_esc(run.nodeid)}</td>'

@@ -39,7 +39,7 @@ def render_markdown(record: RunRecord) -> str:
             lines += [
                 "<details>",
                 f"<summary><b>{job.outcome.upper() if job.outcome else '?'}</b> "
-                f"<code>{clean(job.nodeid)}</code> [{where}] {job.run_time:.2f}s — "
+                f"<code>{clean(job.nodeid)}</code> [{where}] {job.test_time:.2f}s — "
                 f"{clean(job.detail)}</summary>",
                 "",
                 f"log: `{clean(job.log)}`",

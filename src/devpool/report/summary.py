@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from devpool.outcomes import GATING, Outcome
+from devpool.outcomes import Outcome
 from devpool.record import JobRun, RunRecord
 
 ORDER = [o.value for o in Outcome]
@@ -32,8 +32,7 @@ def totals(record: RunRecord) -> list[tuple[str, int]]:
 
 def troubles(record: RunRecord) -> list[JobRun]:
     """The final attempt of every test that did not pass, in the order they ended."""
-    gating = {o.value for o in GATING}
-    return [job for job in record.final_attempts() if job.outcome in gating]
+    return [job for job in record.final_attempts() if job.gating]
 
 
 def device_use(record: RunRecord) -> list[DeviceUse]:

@@ -21,7 +21,7 @@ def render_text(record: RunRecord, tail_lines: int = 50) -> str:
         where = f"{record.platform}:{','.join(map(str, job.devices))}" if job.devices else "cpu"
         out.append(
             f"{(job.outcome or '?').upper():8} {job.nodeid}  [{where}]  "
-            f"{job.run_time:.2f}s  {job.detail}"
+            f"{job.test_time:.2f}s  {job.detail}"
         )
         if job.log:
             out.append(f"  log: {job.log}")
