@@ -41,6 +41,22 @@ def _seconds(value: object) -> float:
     return number
 
 
+def _count(value: object) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        number = -1
+    if isinstance(value, bool) or number < 0:
+        raise ValueError("a whole number ≥ 0")
+    return number
+
+
+def _flaky_result(value: object) -> str:
+    if value not in ("pass", "fail"):
+        raise ValueError("'pass' (flaky tests do not gate) or 'fail' (they do)")
+    return str(value)
+
+
 def _flag(value: object) -> bool:
     if isinstance(value, bool):
         return value
@@ -87,6 +103,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("skip-unsatisfiable", _flag, "skip tests needing more than the pool has", flag=True),
     Option("plan", _flag, "print the jobs and their planned order, run nothing", flag=True),
     Option("isolation", _isolation, "'worker': reuse warm workers; 'job': fresh process each"),
+    Option("reruns", _count, "retry a failed/error/timeout test this many times, fresh worker"),
+    Option("reruns-infra", _count, "retry a crashed/infra test this many times (default 1)"),
+    Option("flaky-result", _flaky_result, "'pass' or 'fail': does a flaky test gate the run"),
+    Option("repeat", _positive_int, "run each selected test this many times, across devices"),
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
     Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
     Option("github", _flag, "GitHub Actions output (default: when GITHUB_ACTIONS=true)", flag=True),
@@ -144,6 +164,10 @@ class Settings:
     plan: bool = False
     isolation: str = "worker"
     run_dir: Path | None = None
+    reruns: int = 0
+    reruns_infra: int = 1
+    flaky_result: str = "pass"
+    repeat: int = 1
     run_record: Path | None = None
     github: bool | None = None
 

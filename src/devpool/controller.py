@@ -20,6 +20,7 @@ import pytest
 from devpool.backends.local import LocalBackend, Worker
 from devpool.config import Settings
 from devpool.errors import DevpoolError
+from devpool.fairshare import Waiter, WaitingRoom, fair_limit
 from devpool.inventory import Inventory, format_ids
 from devpool.leases import Blocked, Holder, Lease, LockDir, describe_blockers
 from devpool.markers import Request, request_for
@@ -29,12 +30,21 @@ from devpool.policies import Backfill
 from devpool.record import RecordWriter, host_name, read_record
 from devpool.report import github, progress
 from devpool.report.github import GitHubLog
-from devpool.report.terminal import Trouble, log_path, print_summary, tail, write_test_log
+from devpool.report.junit import Attempt, fold_attempts
+from devpool.report.terminal import (
+    Trouble,
+    log_path,
+    print_repeats,
+    print_summary,
+    tail,
+    write_test_log,
+)
 from devpool.scheduler import IdleWorker, Placement, Scheduler
 
 FOREIGN_RETRY = 0.5  # seconds before retrying a device another run held
 STACKS_WAIT = 0.5  # seconds given to faulthandler to write the stacks before SIGTERM
 TICK = 1.0  # longest sleep of the event loop when nothing is due
+RERUN = "rerun"  # a failed attempt that will be retried: shown, never counted as a failure
 
 Phase = Literal["setup", "call", "teardown"]
 Status = Literal["passed", "failed", "skipped"]
@@ -59,6 +69,7 @@ class Slot:
     deadline: float | None = None
     phases: list[pytest.TestReport] = field(default_factory=list)
     failed: bool = False
+    retry: bool = False  # the running test failed and will be run again
     kill_stage: int = 0  # 0 alive, 1 stacks asked, 2 SIGTERM sent, 3 SIGKILL sent
     kill_at: float = 0.0
     stopping: bool = False
@@ -88,6 +99,8 @@ class Controller:
         self.requests: dict[str, Request] = {}
         self.deselected: list[tuple[str, str]] = []
         self.troubles: list[Trouble] = []
+        self.repeats: dict[str, list[tuple[Outcome, str]]] = {}
+        self.retried: dict[str, list[Attempt]] = {}  # display id → attempts run again
         self.items: dict[str, pytest.Item] = {}
         devices = len(inventory.devices)
         self.max_parallel = settings.max_parallel or max(devices, settings.cpu_slots)
@@ -130,6 +143,10 @@ class Controller:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        xmlpath = getattr(self.config.option, "xmlpath", None)
+        if xmlpath and self.retried and os.path.exists(xmlpath):
+            prefix = getattr(self.config.option, "junitprefix", None)
+            fold_attempts(Path(xmlpath), _junit_keys(self.retried, prefix))
         if self.record is None:
             return
         counts: dict[str, int] = {}
@@ -200,6 +217,10 @@ class Controller:
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
             terminal.showfspath = False  # reports arrive interleaved across files
+        if self.github is not None and terminal is not None:
+            # pytest prints captured test output (FAILURES, -rP) as it is: fence the whole
+            # run so no line a test printed can act as a workflow command.
+            terminal.write_line(self.github.open_fence())
         loop = Loop(self, session, plan)
         live = None
         if terminal is not None and progress.wanted(self.config.option):
@@ -221,6 +242,10 @@ class Controller:
         if outcome in (Outcome.TIMEOUT, Outcome.CRASHED, Outcome.INFRA) and report.failed:
             word = str(outcome).upper()
             return outcome, word[0], (word, {"red": True})
+        if outcome == RERUN:
+            return "rerun", "R", ("RERUN", {"yellow": True})
+        if outcome == Outcome.FLAKY and report.when == "call":
+            return "flaky", "K", ("FLAKY", {"red": report.failed, "yellow": not report.failed})
         return None
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -229,9 +254,11 @@ class Controller:
             for nodeid, reason in self.deselected:
                 terminalreporter.write_line(f"{nodeid}: {reason}")
         if self.github is not None:
+            terminalreporter.write_line(self.github.close_fence())
             for line in self.github.groups():
                 terminalreporter.write_line(line)
         # The summary stays outside every group: it is what a reader of a collapsed log sees.
+        print_repeats(terminalreporter, self.repeats)
         print_summary(terminalreporter, self.troubles, self.config.invocation_params.dir)
         if self.github is not None:
             for line in self.github.annotations():
@@ -253,7 +280,21 @@ class Controller:
                     request.isolate,
                     self.settings.test_timeout,
                 )
-            jobs.append(Job(index, item.nodeid, item.location, request, index))
+            repeat = self.settings.repeat
+            uses: dict[int, int] = {}  # shared by the repeats: spread them over the devices
+            for turn in range(1, repeat + 1):
+                display = item.nodeid if repeat == 1 else _repeat_id(item.nodeid, turn, repeat)
+                jobs.append(
+                    Job(
+                        index * repeat + turn - 1,
+                        item.nodeid,
+                        item.location,
+                        request,
+                        index,
+                        display=display,
+                        device_uses=uses,
+                    )
+                )
         return jobs
 
     def _print_plan(self, plan: Plan) -> None:
@@ -310,6 +351,10 @@ class Loop:
         self.blocked_since: dict[int, float] = {}
         self.stopped = False
         self.live: progress.LiveProgress | None = None
+        self.room = WaitingRoom(controller.lock_dir.path, controller.run_id)
+        self.limit: int | None = None  # most devices we may hold while other runs wait
+        self.shared_at = 0.0
+        self.waiting_since: float | None = None  # wall clock, while other runs block us
         self.ended: dict[str, int] = {}
 
     # ---- main loop ------------------------------------------------------------------------
@@ -330,6 +375,7 @@ class Loop:
                 self._escalate_timeouts(now)
                 if not self.stopped:
                     self._probe_foreign(now)
+                    self._share(now)
                     self._start(now)
                     self._expire_lease_waits(now)
                 for worker, messages, eof in self.backend.poll(self._sleep(now)):
@@ -384,10 +430,49 @@ class Loop:
 
     # ---- starting jobs --------------------------------------------------------------------
 
+    def _held(self) -> set[int]:
+        return {d for s in self.slots.values() if not s.stopping for d in s.worker.devices}
+
+    def _share(self, now: float) -> None:
+        """Hold no more than a fair share of the pool while other runs wait for it."""
+        if now - self.shared_at < FOREIGN_RETRY:
+            return
+        self.shared_at = now
+        mine = None
+        if self.blocked_since:
+            if self.waiting_since is None:
+                self.waiting_since = time.time() - (now - min(self.blocked_since.values()))
+            wants = min(self.blocked_since, key=lambda k: self.blocked_since[k])
+            mine = Waiter(
+                self.c.run_id,
+                os.getpid(),
+                self.c.host,
+                self.platform.name,
+                round(self.waiting_since, 3),
+                wants,
+            )
+        else:
+            self.waiting_since = None
+        self.room.wait(mine)
+        pool = len(self.c.inventory.devices)
+        self.limit = fair_limit(pool, mine, self.room.others(self.platform.name))
+        if self.limit is None:
+            return
+        held = len(self._held())
+        for key, slot in sorted(self.idle.items(), key=lambda kv: -len(kv[1].worker.devices)):
+            if held <= self.limit:
+                break
+            held -= len(slot.worker.devices)
+            self._retire(self.idle.pop(key))
+
     def _start(self, now: float) -> None:
         while True:
             unavailable = [d for d, at in self.retry_at.items() if at > now]
             unavailable += self._retiring_devices()
+            if self.limit is not None:
+                held = self._held()
+                cold = sorted(set(self.c.inventory.devices) - held - set(unavailable))
+                unavailable += cold[max(0, self.limit - len(held)) :]
             idle = [IdleWorker(s.key, s.worker.devices) for s in self.idle.values()]
             placements = self.scheduler.schedule(now, unavailable, idle)
             if not placements:
@@ -446,10 +531,12 @@ class Loop:
         slot.job = job
         slot.job_started = now
         job.waited = now - job.queued_at
+        for device in slot.worker.devices:
+            job.device_uses[device] = job.device_uses.get(device, 0) + 1
         self.c.emit(
             "job_start",
             job=job.id,
-            nodeid=job.nodeid,
+            nodeid=job.display,
             devices=list(slot.worker.devices),
             host=self.c.host,
             worker_pid=slot.worker.pid,
@@ -540,7 +627,7 @@ class Loop:
     def _on_message(self, slot: Slot, message: dict[str, Any]) -> None:
         event = message.get("ev")
         if event == "start":
-            slot.test = message["nodeid"]
+            slot.test = slot.job.display if slot.job is not None else message["nodeid"]
             slot.test_started = time.monotonic()
             slot.test_wall = time.time()
             slot.phases = []
@@ -554,10 +641,13 @@ class Loop:
             if isinstance(report.longrepr, list):
                 # A skip's (path, line, reason) tuple comes back from JSON as a list.
                 report.longrepr = tuple(report.longrepr)
-            self._annotate(report, slot)
-            slot.phases.append(report)
             if report.failed:
                 slot.failed = True
+            if slot.job is not None:
+                report.nodeid = slot.job.display
+                self._judge(report, slot, slot.job)
+            self._annotate(report, slot)
+            slot.phases.append(report)
             self.hook.pytest_runtest_logreport(report=report)
             self.c.emit(
                 "report",
@@ -567,10 +657,9 @@ class Loop:
                 duration=round(report.duration, 4),
             )
         elif event == "finish":
+            nodeid = slot.test or message["nodeid"]
             self._finished_test(slot)
-            self.hook.pytest_runtest_logfinish(
-                nodeid=message["nodeid"], location=tuple(message["location"])
-            )
+            self.hook.pytest_runtest_logfinish(nodeid=nodeid, location=tuple(message["location"]))
         elif event == "missing":
             job = slot.job
             if job is not None:
@@ -584,6 +673,41 @@ class Loop:
                 slot.failed = True
         elif event == "done":
             self._job_done(slot)
+
+    def _judge(self, report: pytest.TestReport, slot: Slot, job: Job) -> None:
+        """Rerun or flaky, decided before pytest sees the report, so it counts it right."""
+        settings = self.c.settings
+        if report.failed:
+            outcome = Outcome.FAILED if report.when == "call" else Outcome.ERROR
+            if slot.retry or self._can_retry(job, outcome):
+                slot.retry = True
+                report.outcome = RERUN  # type: ignore[assignment]
+                report.devpool_outcome = RERUN  # type: ignore[attr-defined]
+        elif report.when == "call" and report.passed and job.attempt > 1:
+            report.devpool_outcome = Outcome.FLAKY.value  # type: ignore[attr-defined]
+            if settings.flaky_result == "fail":
+                report.outcome = "failed"
+                report.longrepr = (
+                    f"[devpool] FLAKY: passed on attempt {job.attempt} after "
+                    f"{job.attempt - 1} failed attempt(s); --devpool-flaky-result fail gates it"
+                )
+
+    def _can_retry(self, job: Job, outcome: Outcome) -> bool:
+        settings = self.c.settings
+        if outcome in (Outcome.CRASHED, Outcome.INFRA):
+            return job.retries_infra < settings.reruns_infra
+        return job.retries_failed < settings.reruns
+
+    def _requeue(self, job: Job, outcome: Outcome) -> None:
+        """Run a failed attempt again, in a fresh worker, preferring other devices."""
+        self.scheduler.finish(job)
+        if outcome in (Outcome.CRASHED, Outcome.INFRA):
+            job.retries_infra += 1
+        else:
+            job.retries_failed += 1
+        job.attempt += 1
+        job.queued_at = time.monotonic()
+        self.scheduler.add(job)
 
     def _annotate(self, report: pytest.TestReport, slot: Slot) -> None:
         if report.when == "teardown" and slot.job is not None:
@@ -609,13 +733,24 @@ class Loop:
         if job is not None:
             outcome = _outcome_of(slot.phases)
             log = None
-            if outcome.gates:
-                log = log_path(self.c.log_dir, job.nodeid, job.attempt)
+            if outcome.gates or outcome is Outcome.FLAKY:
+                log = log_path(self.c.log_dir, job.display, job.attempt)
                 write_test_log(log, self._log_header(job, slot.worker, outcome), slot.phases)
             detail = f"{outcome.value} (worker log {slot.worker.log.name})" if log else ""
             self._conclude(
-                job, outcome, slot.worker, slot.worker.devices, detail, log, slot.test_wall
+                job,
+                outcome,
+                slot.worker,
+                slot.worker.devices,
+                detail,
+                log,
+                slot.test_wall,
+                retried=slot.retry,
             )
+            if slot.retry:
+                slot.job = None
+                self._requeue(job, outcome)
+        slot.retry = False
         slot.test = None
         slot.deadline = None
         slot.phases = []
@@ -623,11 +758,11 @@ class Loop:
     def _job_done(self, slot: Slot) -> None:
         job = slot.job
         slot.job = None
-        if job is None:
-            return
-        self.scheduler.finish(job)
-        isolate = job.request.isolate or self.c.settings.isolation == "job"
-        if isolate or slot.failed:
+        if job is not None:
+            self.scheduler.finish(job)
+        isolate = job is not None and job.request.isolate
+        over_share = self.limit is not None and len(self._held()) > self.limit
+        if isolate or slot.failed or over_share or self.c.settings.isolation == "job":
             self._retire(slot)  # a failed test may have left the device in a bad state
         else:
             self.idle[slot.key] = slot
@@ -680,13 +815,20 @@ class Loop:
         else:
             outcome = Outcome.CRASHED
             detail = f"worker pid {worker.pid} {how} while running the test"
-        self._synthesize(job, outcome, detail, worker.devices, duration, slot=slot, extra=extra)
-        self.scheduler.finish(job)
+        retry = self._can_retry(job, outcome)
+        self._synthesize(
+            job, outcome, detail, worker.devices, duration, slot=slot, extra=extra, retry=retry
+        )
         slot.job = None
+        if retry:
+            self._requeue(job, outcome)
+        else:
+            self.scheduler.finish(job)
 
     def _worker_failed(self, job: Job, worker: Worker, code: int | None) -> None:
         """A worker died before it ran its test (e.g. a conftest that fails to import)."""
-        if job.attempt < 2:
+        if self._can_retry(job, Outcome.INFRA):
+            job.retries_infra += 1
             job.attempt += 1
             job.queued_at = time.monotonic()
             self.scheduler.add(job)
@@ -746,6 +888,7 @@ class Loop:
 
     def _shutdown(self) -> None:
         """Always: end every worker (their whole process groups) and free every lease."""
+        self.room.wait(None)
         slots = list(self.slots.values())
         for slot in slots:
             if not slot.stopping:
@@ -780,6 +923,7 @@ class Loop:
         duration: float,
         slot: Slot | None = None,
         extra: str = "",
+        retry: bool = False,
     ) -> None:
         """Report an ending pytest could not see (timeout, crash, infra, skip) as real reports."""
         item = self.c.items.get(job.nodeid)
@@ -787,7 +931,7 @@ class Loop:
         seen = {r.when: r for r in slot.phases} if slot is not None else {}
         started = slot is not None and slot.test is not None
         if not started:
-            self.hook.pytest_runtest_logstart(nodeid=job.nodeid, location=job.location)
+            self.hook.pytest_runtest_logstart(nodeid=job.display, location=job.location)
         phases: list[tuple[Phase, Status, Any]]
         when: Phase
         if outcome is Outcome.SKIPPED:
@@ -809,7 +953,7 @@ class Loop:
         reports = list(seen.values())
         for when, status, longrepr in phases:
             report = pytest.TestReport(
-                job.nodeid,
+                job.display,
                 job.location,
                 keywords,
                 status,
@@ -818,25 +962,28 @@ class Loop:
                 duration=duration if status == "failed" else 0.0,
             )
             report.devpool_outcome = outcome.value  # type: ignore[attr-defined]
+            if retry and status == "failed":
+                report.outcome = RERUN  # type: ignore[assignment]
+                report.devpool_outcome = RERUN  # type: ignore[attr-defined]
             if when == "teardown":
                 self._properties(report, job, devices, outcome)
             reports.append(report)
             self.hook.pytest_runtest_logreport(report=report)
         log = None
         if outcome.gates:
-            log = log_path(self.c.log_dir, job.nodeid, job.attempt)
+            log = log_path(self.c.log_dir, job.display, job.attempt)
             self.c.log_dir.mkdir(parents=True, exist_ok=True)
             write_test_log(
                 log, self._log_header(job, slot.worker if slot else None, outcome), reports
             )
         worker = slot.worker if slot is not None else None
         began = slot.test_wall if slot is not None and slot.test is not None else time.time()
-        self._conclude(job, outcome, worker, devices, detail, log, began)
+        self._conclude(job, outcome, worker, devices, detail, log, began, retried=retry)
         if slot is not None:
             slot.test = None
             slot.deadline = None
             slot.phases = []
-        self.hook.pytest_runtest_logfinish(nodeid=job.nodeid, location=job.location)
+        self.hook.pytest_runtest_logfinish(nodeid=job.display, location=job.location)
 
     def _conclude(
         self,
@@ -847,19 +994,36 @@ class Loop:
         detail: str,
         log: Path | None,
         started: float,
+        retried: bool = False,
     ) -> None:
         """The one place a job's ending is recorded: summary entry and run record line."""
         end = time.time()
-        self.ended[outcome.value] = self.ended.get(outcome.value, 0) + 1
+        flaky_gates = outcome is Outcome.FLAKY and self.c.settings.flaky_result == "fail"
+        gating = (outcome.gates and not retried) or flaky_gates
         lines = tail(log) if log is not None else []
-        if outcome.gates and log is not None:
-            where = self._where(devices) if devices or not job.devices_needed else "not started"
-            self.c.troubles.append(Trouble(job.nodeid, outcome, where, end - started, detail, log))
+        where = self._where(devices) if devices or not job.devices_needed else "not started"
+        if not retried:
+            self.ended[outcome.value] = self.ended.get(outcome.value, 0) + 1
+            if log is not None and (gating or outcome is Outcome.FLAKY):
+                self.c.troubles.append(
+                    Trouble(job.display, outcome, where, end - started, detail, log, gating)
+                )
+            if self.c.settings.repeat > 1:
+                self.c.repeats.setdefault(job.nodeid, []).append((outcome, where))
+        else:
+            text = "\n".join(lines)
+            message = f"attempt {job.attempt} on {where}: {detail or outcome.value}"
+            self.c.retried.setdefault(job.display, []).append(
+                Attempt(job.attempt, outcome.value, message, text)
+            )
         self.c.emit(
             "job_end",
             job=job.id,
-            nodeid=job.nodeid,
+            nodeid=job.display,
+            test=job.nodeid,
             outcome=outcome.value,
+            retried=retried,
+            gating=gating,
             devices=list(devices),
             host=self.c.host,
             worker_pid=worker.pid if worker is not None else None,
@@ -896,12 +1060,35 @@ class Loop:
             terminal.write_line(f"devpool: {text}")
 
 
+def _junit_keys(
+    retried: Mapping[str, list[Attempt]], prefix: str | None
+) -> dict[tuple[str, str], list[Attempt]]:
+    """(classname, name) as pytest's junitxml derives them from a node id."""
+    from _pytest.junitxml import mangle_test_address
+
+    keys = {}
+    for nodeid, attempts in retried.items():
+        names = mangle_test_address(nodeid)
+        if prefix:
+            names[0] = f"{prefix}.{names[0]}"
+        keys[(".".join(names[:-1]), names[-1])] = attempts
+    return keys
+
+
+def _repeat_id(nodeid: str, turn: int, total: int) -> str:
+    """pytest-repeat's spelling: test_a[3-20], test_b[x-3-20]."""
+    if nodeid.endswith("]"):
+        return f"{nodeid[:-1]}-{turn}-{total}]"
+    return f"{nodeid}[{turn}-{total}]"
+
+
 def _outcome_of(phases: list[pytest.TestReport]) -> Outcome:
     """A finished test's outcome from its phase reports, as pytest's own summary would count it."""
-    if any(r.failed for r in phases):
-        return (
-            Outcome.FAILED if any(r.failed and r.when == "call" for r in phases) else Outcome.ERROR
-        )
+    if any(getattr(r, "devpool_outcome", None) == Outcome.FLAKY for r in phases):
+        return Outcome.FLAKY
+    failed = [r for r in phases if r.failed or getattr(r, "devpool_outcome", None) == RERUN]
+    if failed:
+        return Outcome.FAILED if any(r.when == "call" for r in failed) else Outcome.ERROR
     if any(r.skipped for r in phases):
         return Outcome.SKIPPED
     return Outcome.PASSED

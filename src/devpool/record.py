@@ -174,7 +174,9 @@ def read_record(path: Path) -> RunRecord:
             )
             break
     if not record.start:
-        raise DevpoolError(f"{path} is empty: no session_start line")
+        if not raw.strip():
+            raise DevpoolError(f"{path} is empty")
+        raise DevpoolError(f"{path} has no session_start line, so it is no whole run record")
     return record
 
 
@@ -190,11 +192,13 @@ def _problem(event: dict[str, Any] | None, cut: bool) -> str | None:
     if event is None:
         return "is cut off mid-line (the writer was killed)" if cut else "is not JSON"
     version = event.get("v")
-    if version != SCHEMA_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
         return (
-            f"has schema version {version!r}, this devpool reads version {SCHEMA_VERSION}"
-            " (upgrade devpool to read it)"
+            f"has schema version {version}, newer than the version {SCHEMA_VERSION} this "
+            "devpool reads (upgrade devpool to read it)"
         )
+    if version != SCHEMA_VERSION:
+        return f"is not a devpool record event (schema version {version!r})"
     if not isinstance(event.get("type"), str):
         return "has no event type"
     return None

@@ -61,6 +61,14 @@ class GitHubLog:
         self.platform = platform
         self.locations = locations
         self.ended: list[Mapping[str, Any]] = []
+        self._fence = secrets.token_hex(8)
+
+    def open_fence(self) -> str:
+        """Stop GitHub reading workflow commands from the output that follows."""
+        return f"::stop-commands::{self._fence}"
+
+    def close_fence(self) -> str:
+        return f"::{self._fence}::"
 
     def event(self, event_type: str, fields: Mapping[str, Any]) -> None:
         if event_type == "job_end":
@@ -94,10 +102,11 @@ class GitHubLog:
         lines = []
         for fields in self.ended:
             outcome = str(fields["outcome"])
-            if outcome not in _GATING:
+            if not fields.get("gating", outcome in _GATING):
                 continue
             nodeid = str(fields["nodeid"])
-            path, lineno, _ = self.locations.get(nodeid, (nodeid.split("::")[0], None, ""))
+            test = str(fields.get("test", nodeid))
+            path, lineno, _ = self.locations.get(test, (test.split("::")[0], None, ""))
             title = f"{outcome.upper()} {nodeid}"
             if outcome != "failed" and outcome != "error":
                 title += f" on {self._where(fields)}"

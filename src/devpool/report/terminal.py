@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,7 @@ class Trouble:
     duration: float
     detail: str  # "exit code 1", "SIGKILL (signal 9)", "killed after 5s limit", reason for infra
     log: Path
+    gating: bool = True  # False for a flaky test that passed on a rerun
 
 
 def log_path(log_dir: Path, nodeid: str, attempt: int) -> Path:
@@ -40,7 +43,8 @@ def write_test_log(
     """Everything known about one test's run: header, failure text, captured output, extras."""
     parts = list(header)
     for report in reports:
-        if report.failed and report.longrepr is not None:
+        rerun = getattr(report, "devpool_outcome", None) == "rerun"
+        if (report.failed or rerun) and report.longrepr is not None:
             parts.append(f"---- {report.when}: {report.outcome} ----")
             parts.append(report.longreprtext)
     # Each phase's report repeats the sections captured before it: the last one has them all.
@@ -65,24 +69,46 @@ def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
     return text.splitlines()[-lines:]
 
 
-def print_summary(writer: object, troubles: Sequence[Trouble], cwd: Path) -> None:
+def print_repeats(tr: Any, results: Mapping[str, Sequence[tuple[Outcome, str]]]) -> None:
+    """--devpool-repeat: each test's pass rate, and the devices its failures happened on."""
+    if not results:
+        return
+    tr.write_sep("-", "devpool: repeat results")
+    for nodeid, runs in results.items():
+        passed = sum(1 for outcome, _ in runs if outcome in (Outcome.PASSED, Outcome.FLAKY))
+        line = f"{passed}/{len(runs)} passed ({passed / len(runs):.0%})  {nodeid}"
+        failures = Counter(where for outcome, where in runs if outcome.gates)
+        if failures:
+            spread = ", ".join(f"{where} ×{n}" for where, n in failures.most_common())
+            line += f"  failed on: {spread}"
+        tr.write_line(line, red=bool(failures), green=not failures)
+
+
+def print_summary(tr: Any, troubles: Sequence[Trouble], cwd: Path) -> None:
     """The block a reader finds at the end of the log: every test that did not pass."""
-    tr = writer  # pytest's TerminalReporter
+    flaky = [t for t in troubles if not t.gating]
+    if flaky:
+        tr.write_sep("-", f"devpool: {len(flaky)} flaky (failed, then passed on a rerun)")
+        for trouble in flaky:
+            tr.write_line(
+                f"FLAKY    {trouble.nodeid}  [{trouble.devices}]  log: {trouble.log}", yellow=True
+            )
+    troubles = [t for t in troubles if t.gating]
     if not troubles:
         return
     count = len(troubles)
-    tr.write_sep("=", f"devpool: {count} test{'s' if count != 1 else ''} did not pass", red=True)  # type: ignore[attr-defined]
+    tr.write_sep("=", f"devpool: {count} test{'s' if count != 1 else ''} did not pass", red=True)
     for trouble in troubles:
         try:
             shown = trouble.log.relative_to(cwd)
         except ValueError:
             shown = trouble.log
-        tr.write_line(  # type: ignore[attr-defined]
+        tr.write_line(
             f"{trouble.outcome.value.upper():8} {trouble.nodeid}  [{trouble.devices}]  "
             f"{trouble.duration:.2f}s  {trouble.detail}",
             red=True,
             bold=True,
         )
-        tr.write_line(f"  log: {shown}")  # type: ignore[attr-defined]
+        tr.write_line(f"  log: {shown}")
         for line in tail(trouble.log):
-            tr.write_line(f"  | {line}")  # type: ignore[attr-defined]
+            tr.write_line(f"  | {line}")
