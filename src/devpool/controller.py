@@ -435,7 +435,8 @@ class Loop:
 
     def _share(self, now: float) -> None:
         """Hold no more than a fair share of the pool while other runs wait for it."""
-        if now - self.shared_at < FOREIGN_RETRY:
+        newly_blocked = bool(self.blocked_since) and self.waiting_since is None
+        if now - self.shared_at < FOREIGN_RETRY and not newly_blocked:
             return
         self.shared_at = now
         mine = None
@@ -575,7 +576,8 @@ class Loop:
         changed = False
         for entry in blocked:
             old = self.foreign.get(entry.device)
-            if old is None or old.holder != entry.holder:
+            # Say it again only when another run (not merely another test) holds it.
+            if old is None or _run_of(old) != _run_of(entry):
                 changed = True
             self.foreign[entry.device] = entry
             self.retry_at[entry.device] = now + FOREIGN_RETRY
@@ -1073,6 +1075,11 @@ def _junit_keys(
             names[0] = f"{prefix}.{names[0]}"
         keys[(".".join(names[:-1]), names[-1])] = attempts
     return keys
+
+
+def _run_of(blocked: Blocked) -> tuple[str, int] | None:
+    holder = blocked.holder
+    return (holder.session, holder.pid) if holder is not None else None
 
 
 def _repeat_id(nodeid: str, turn: int, total: int) -> str:

@@ -4,8 +4,8 @@ A run that waits for devices other runs hold says so with a small file in the lo
 folder's `waiting/` subfolder (its session, pid, platform, since when, how many devices
 its first blocked job needs). Every run reads those files and holds at most a fair
 share of the pool while others wait: ceil(pool / runs). When the longest-waiting run
-needs more than a share (an 8-device test), the others make room for it. The oldest
-waiter is never limited, so no run starves and no two runs deadlock on big jobs.
+needs more than a share (an 8-device test), the others make room for it, so no run
+starves and no two runs deadlock on big jobs.
 """
 
 from __future__ import annotations
@@ -107,10 +107,11 @@ def fair_limit(pool: int, mine: Waiter | None, others: Sequence[Waiter]) -> int 
     """Most devices this run may hold now; None when it need not hold back."""
     if not others:
         return None
+    share = math.ceil(pool / (len(others) + 1))
     oldest = min(others, key=lambda w: w.since)
     if mine is not None and mine.since <= oldest.since:
-        return None  # this run has waited longest: it takes what it can
-    share = math.ceil(pool / (len(others) + 1))
+        # This run has waited longest. Only a job bigger than a share may take more.
+        return None if mine.wants > share else share
     if oldest.wants > share:
         return max(0, pool - oldest.wants)  # make room for the big job waiting longest
     return share
