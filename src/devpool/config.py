@@ -107,12 +107,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("reruns-infra", _count, "retry a crashed/infra test this many times (default 1)"),
     Option("flaky-result", _flaky_result, "'pass' or 'fail': does a flaky test gate the run"),
     Option("repeat", _positive_int, "run each selected test this many times, across devices"),
+    Option(
+        "keep-artifacts", _flag, "keep devpool_artifacts folders of passing tests too", flag=True
+    ),
+    Option("quarantine-file", _text, "TOML file of quarantine entries keyed by node id"),
+    Option("strict-quarantine", _flag, "an expired quarantine entry is an error", flag=True),
+    Option(
+        "probe", _flag, "probe devices for foreign processes before a lease (default on)", flag=True
+    ),
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
     Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
     Option("github", _flag, "GitHub Actions output (default: when GITHUB_ACTIONS=true)", flag=True),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
-TABLE_KEYS = frozenset(_BY_NAME) | {"devices", "platforms"}
+TABLE_KEYS = frozenset(_BY_NAME) | {"devices", "platforms", "quarantine", "fatal-patterns"}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -170,6 +178,12 @@ class Settings:
     repeat: int = 1
     run_record: Path | None = None
     github: bool | None = None
+    keep_artifacts: bool = False
+    quarantine_file: Path | None = None
+    strict_quarantine: bool = False
+    probe: bool = True
+    quarantine: Mapping[str, Any] = field(default_factory=dict)
+    fatal_patterns: Mapping[str, Any] = field(default_factory=dict)
 
 
 def read_table(pyproject: Path | None) -> dict[str, Any]:
@@ -214,7 +228,12 @@ def settings_from(options: Mapping[str, Any], table: Mapping[str, Any], where: s
             values[option.name.replace("-", "_")] = option.convert(raw)
         except ValueError as exc:
             raise DevpoolError(f"{source} must be {exc}, got {raw!r}") from None
-    for key in ("lock_dir", "run_dir", "run_record"):
+    for key, name in (("quarantine", "quarantine"), ("fatal_patterns", "fatal-patterns")):
+        if name in table:
+            if not isinstance(table[name], dict):
+                raise DevpoolError(f"{where}: [tool.devpool.{name}] must be a table")
+            values[key] = table[name]
+    for key in ("lock_dir", "run_dir", "run_record", "quarantine_file"):
         if key in values:
             values[key] = Path(values[key]).expanduser()
     return Settings(**values)

@@ -6,7 +6,9 @@ terminal, --junitxml, -x, --lf and other plugins see one ordinary entry per test
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator, Mapping
@@ -17,6 +19,7 @@ from typing import Any, Literal, Protocol
 
 import pytest
 
+from devpool import probes
 from devpool.backends.local import LocalBackend, Worker
 from devpool.config import Settings
 from devpool.errors import DevpoolError
@@ -27,12 +30,15 @@ from devpool.markers import Request, request_for
 from devpool.outcomes import Outcome
 from devpool.plan import Job, Plan, build_plan
 from devpool.policies import Backfill
+from devpool.probes import FatalPatterns
+from devpool.quarantine import Entry, Quarantine, entries_from_file, entries_from_table
 from devpool.record import RecordWriter, host_name, read_record
 from devpool.report import github, progress
 from devpool.report.github import GitHubLog
 from devpool.report.junit import Attempt, fold_attempts
 from devpool.report.terminal import (
     Trouble,
+    file_name,
     log_path,
     print_repeats,
     print_summary,
@@ -42,6 +48,7 @@ from devpool.report.terminal import (
 from devpool.scheduler import IdleWorker, Placement, Scheduler
 
 FOREIGN_RETRY = 0.5  # seconds before retrying a device another run held
+BUSY_RETRY = 2.0  # seconds before probing again a device a foreign process used
 STACKS_WAIT = 0.5  # seconds given to faulthandler to write the stacks before SIGTERM
 TICK = 1.0  # longest sleep of the event loop when nothing is due
 RERUN = "rerun"  # a failed attempt that will be retried: shown, never counted as a failure
@@ -101,6 +108,17 @@ class Controller:
         self.troubles: list[Trouble] = []
         self.repeats: dict[str, list[tuple[Outcome, str]]] = {}
         self.retried: dict[str, list[Attempt]] = {}  # display id → attempts run again
+        self.quarantined: dict[str, Entry] = {}  # node id → its quarantine
+        self.quarantine_notes: list[str] = []  # expired or unmatched entries, said loudly
+        self.quarantine_failures: list[Trouble] = []
+        self.bad_devices: dict[int, str] = {}  # device → why it was retired this session
+        self.artifacts_dir = self.run_dir / "artifacts"
+        self.fatal = FatalPatterns.for_platform(
+            inventory.platform.name, inventory.platform.kind, settings.fatal_patterns
+        )
+        self.probe = (
+            probes.probe_for(inventory.platform.kind, os.environ) if settings.probe else None
+        )
         self.items: dict[str, pytest.Item] = {}
         devices = len(inventory.devices)
         self.max_parallel = settings.max_parallel or max(devices, settings.cpu_slots)
@@ -193,6 +211,35 @@ class Controller:
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
+        try:
+            self._quarantine(keep)
+        except DevpoolError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+    def _quarantine(self, items: list[pytest.Item]) -> None:
+        platform = self.inventory.platform
+        entries = entries_from_table(self.settings.quarantine, "[tool.devpool.quarantine]")
+        if self.settings.quarantine_file is not None:
+            entries += entries_from_file(self.settings.quarantine_file)
+        book = Quarantine(entries, platform.name, platform.kind)
+        for item in items:
+            entry = book.find(item)
+            if entry is not None:
+                self.quarantined[item.nodeid] = entry
+        today = dt.date.today()
+        stale = {e.key: e for e in [*entries, *self.quarantined.values()] if e.expired(today)}
+        for entry in stale.values():
+            text = (
+                f"quarantine of {entry.key} expired on {entry.until} ({entry.describe()}; "
+                f"{entry.source})"
+            )
+            if self.settings.strict_quarantine:
+                raise DevpoolError(text + "; renew or remove it (--devpool-strict-quarantine)")
+            self.quarantine_notes.append(text)
+        for entry in book.unmatched():
+            self.quarantine_notes.append(
+                f"quarantine entry {entry.key!r} ({entry.source}) matches no collected test"
+            )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
@@ -213,6 +260,8 @@ class Controller:
             self._print_plan(plan)
             return True
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        # With --devpool-repeat, progress counts every repetition.
+        session.testscollected = len(plan.jobs) + len(plan.unsatisfiable)
         self._start_record(session, plan)
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
@@ -244,11 +293,31 @@ class Controller:
             return outcome, word[0], (word, {"red": True})
         if outcome == RERUN:
             return "rerun", "R", ("RERUN", {"yellow": True})
+        if getattr(report, "devpool_quarantined", False):
+            return "quarantined", "Q", ("QUARANTINED", {"yellow": True})
         if outcome == Outcome.FLAKY and report.when == "call":
             return "flaky", "K", ("FLAKY", {"red": report.failed, "yellow": not report.failed})
         return None
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for note in self.quarantine_notes:
+            terminalreporter.write_line(f"devpool: WARNING: {note}", red=True, bold=True)
+        if self.quarantine_failures:
+            terminalreporter.write_sep(
+                "-", f"devpool: {len(self.quarantine_failures)} quarantined, failed, not gating"
+            )
+            for trouble in self.quarantine_failures:
+                entry = self.quarantined.get(trouble.nodeid.split("[")[0])
+                why = f" — {entry.describe()}" if entry else ""
+                terminalreporter.write_line(
+                    f"{trouble.outcome.value.upper():8} {trouble.nodeid}{why}  log: {trouble.log}"
+                )
+        for device, why in self.bad_devices.items():
+            terminalreporter.write_line(
+                f"devpool: device {self.inventory.platform.name}:{device} retired: {why}",
+                red=True,
+                bold=True,
+            )
         if self.deselected:
             terminalreporter.write_sep("-", f"devpool: {len(self.deselected)} deselected")
             for nodeid, reason in self.deselected:
@@ -355,6 +424,8 @@ class Loop:
         self.limit: int | None = None  # most devices we may hold while other runs wait
         self.shared_at = 0.0
         self.waiting_since: float | None = None  # wall clock, while other runs block us
+        self.busy_notes: dict[int, str] = {}  # device → the foreign processes the probe saw
+        self.probe_unknown = False
         self.ended: dict[str, int] = {}
 
     # ---- main loop ------------------------------------------------------------------------
@@ -406,7 +477,7 @@ class Loop:
         busy = {d for run in self.scheduler.running.values() for d in run.devices}
         waiting = ""
         if self.foreign:
-            waiting = describe_blockers(self.platform.name, list(self.foreign.values()))
+            waiting = self._blockers()
         return progress.Snapshot(
             devices_total=len(self.c.inventory.devices),
             devices_busy=len(busy),
@@ -510,6 +581,9 @@ class Loop:
                 self._mark_foreign(got, now)
                 return False
             lease = got
+            if not self._healthy(placement.devices, lease, now):
+                self.scheduler.unplace(job)
+                return False
             self.c.emit(
                 "lease",
                 job=job.id,
@@ -549,7 +623,14 @@ class Loop:
         self.blocked_since.pop(job.devices_needed, None)
         if slot.worker.lease is not None and slot.worker.lease.holder.job != job.nodeid:
             slot.worker.lease.set_job(job.nodeid, slot.worker.pid)
-        if not slot.worker.send({"op": "run", "job": job.id, "nodeids": [job.nodeid]}):
+        message = {
+            "op": "run",
+            "job": job.id,
+            "nodeids": [job.nodeid],
+            "display": job.display,
+            "attempt": job.attempt,
+        }
+        if not slot.worker.send(message):
             slot.worker.signal_group(signal.SIGKILL)  # its exit is handled as a crash
 
     def _env(self, devices: tuple[int, ...]) -> dict[str, str]:
@@ -558,6 +639,7 @@ class Loop:
         env["DEVPOOL_DEVICES"] = ids
         env["DEVPOOL_PLATFORM"] = self.platform.name
         env["DEVPOOL_RUN_ID"] = self.c.run_id
+        env["DEVPOOL_ARTIFACTS"] = str(self.c.artifacts_dir)
         if self.platform.visible_env:
             # A CPU-only test sees no device at all: a stray device use fails loudly
             # instead of silently sharing a card another test holds.
@@ -567,6 +649,40 @@ class Loop:
         return env
 
     # ---- devices held by other runs -------------------------------------------------------
+
+    def _healthy(self, devices: tuple[int, ...], lease: Lease, now: float) -> bool:
+        """Probe newly leased devices: a card another process computes on is never handed out."""
+        if self.c.probe is None:
+            return True
+        seen = self.c.probe(devices)
+        if seen is None:
+            if not self.probe_unknown:
+                self.probe_unknown = True
+                self._say(
+                    f"cannot tell whether {self.platform.name} devices are used by other "
+                    "processes (the probe is missing or timed out); running without that check"
+                )
+            return True
+        ours = {s.worker.pid for s in self.slots.values()}
+        busy = {d: procs for d, procs in probes.foreign(seen, ours).items() if procs}
+        if not busy:
+            return True
+        lease.release()
+        for device, procs in busy.items():
+            note = probes.describe_busy(self.platform.name, {device: procs})
+            if self.busy_notes.get(device) != note:
+                self._say(note + " (not ours): not handing it out")
+            self.busy_notes[device] = note
+            self.foreign[device] = Blocked(device, None)
+            self.retry_at[device] = now + BUSY_RETRY
+        return False
+
+    def _blockers(self) -> str:
+        """Who holds or uses the devices we wait for, in one line."""
+        leased = [b for d, b in self.foreign.items() if d not in self.busy_notes]
+        parts = [describe_blockers(self.platform.name, leased)] if leased else []
+        parts += [self.busy_notes[d] for d in sorted(self.foreign) if d in self.busy_notes]
+        return "; ".join(parts)
 
     def _retiring_devices(self) -> list[int]:
         """Devices of workers told to stop: theirs until the process has exited."""
@@ -597,6 +713,7 @@ class Loop:
                 got.release()
                 self.foreign.pop(device, None)
                 self.retry_at.pop(device, None)
+                self.busy_notes.pop(device, None)  # the probe runs again at the next lease
             else:
                 self._mark_foreign(got, now)
 
@@ -619,8 +736,7 @@ class Loop:
             reason = (
                 f"no lease on {k} {self.platform.name} device{'s' if k != 1 else ''} within "
                 f"--devpool-lease-timeout {self.c.settings.lease_timeout:g}s "
-                f"(waited {waited:.0f}s): "
-                + describe_blockers(self.platform.name, list(self.foreign.values()))
+                f"(waited {waited:.0f}s): " + self._blockers()
             )
             self._synthesize(head, Outcome.INFRA, reason, (), 0.0)
 
@@ -685,6 +801,8 @@ class Loop:
                 slot.retry = True
                 report.outcome = RERUN  # type: ignore[assignment]
                 report.devpool_outcome = RERUN  # type: ignore[attr-defined]
+            elif job.nodeid in self.c.quarantined:
+                self._excuse(report, job)
         elif report.when == "call" and report.passed and job.attempt > 1:
             report.devpool_outcome = Outcome.FLAKY.value  # type: ignore[attr-defined]
             if settings.flaky_result == "fail":
@@ -693,6 +811,13 @@ class Loop:
                     f"[devpool] FLAKY: passed on attempt {job.attempt} after "
                     f"{job.attempt - 1} failed attempt(s); --devpool-flaky-result fail gates it"
                 )
+
+    def _excuse(self, report: pytest.TestReport, job: Job) -> None:
+        """A quarantined test's failure: reported and kept, but pytest counts it as xfail."""
+        entry = self.c.quarantined[job.nodeid]
+        report.devpool_quarantined = True  # type: ignore[attr-defined]
+        report.outcome = "skipped"
+        report.wasxfail = f"quarantined: {entry.describe()}"
 
     def _can_retry(self, job: Job, outcome: Outcome) -> bool:
         settings = self.c.settings
@@ -967,6 +1092,8 @@ class Loop:
             if retry and status == "failed":
                 report.outcome = RERUN  # type: ignore[assignment]
                 report.devpool_outcome = RERUN  # type: ignore[attr-defined]
+            elif status == "failed" and job.nodeid in self.c.quarantined:
+                self._excuse(report, job)
             if when == "teardown":
                 self._properties(report, job, devices, outcome)
             reports.append(report)
@@ -1001,15 +1128,22 @@ class Loop:
         """The one place a job's ending is recorded: summary entry and run record line."""
         end = time.time()
         flaky_gates = outcome is Outcome.FLAKY and self.c.settings.flaky_result == "fail"
-        gating = (outcome.gates and not retried) or flaky_gates
+        quarantine = self.c.quarantined.get(job.nodeid)
+        gating = (outcome.gates and not retried and quarantine is None) or flaky_gates
         lines = tail(log) if log is not None else []
         where = self._where(devices) if devices or not job.devices_needed else "not started"
+        artifacts = self._artifacts(job, outcome, retried)
+        if outcome.gates and log is not None:
+            self._check_fatal(job, devices, log, worker)
         if not retried:
             self.ended[outcome.value] = self.ended.get(outcome.value, 0) + 1
+            trouble = Trouble(
+                job.display, outcome, where, end - started, detail, log or Path(), gating, artifacts
+            )
             if log is not None and (gating or outcome is Outcome.FLAKY):
-                self.c.troubles.append(
-                    Trouble(job.display, outcome, where, end - started, detail, log, gating)
-                )
+                self.c.troubles.append(trouble)
+            elif log is not None and quarantine is not None and outcome.gates:
+                self.c.quarantine_failures.append(trouble)
             if self.c.settings.repeat > 1:
                 self.c.repeats.setdefault(job.nodeid, []).append((outcome, where))
         else:
@@ -1037,7 +1171,57 @@ class Loop:
             log=str(log) if log is not None else "",
             detail=detail,
             tail=lines,
+            quarantined=quarantine.describe() if quarantine is not None else None,
+            artifacts=str(artifacts) if artifacts is not None else None,
         )
+
+    def _artifacts(self, job: Job, outcome: Outcome, retried: bool) -> Path | None:
+        """Keep a test's devpool_artifacts folder when it did not pass (or when asked to)."""
+        folder = self.c.artifacts_dir / file_name(job.display, job.attempt)
+        if not folder.is_dir():
+            return None
+        keep = outcome.gates or outcome is Outcome.FLAKY or self.c.settings.keep_artifacts
+        if keep and any(folder.iterdir()):
+            return folder
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+
+    def _check_fatal(
+        self, job: Job, devices: tuple[int, ...], log: Path, worker: Worker | None
+    ) -> None:
+        """A fatal device error in a failed test's output retires its devices for the session."""
+        if not devices:
+            return
+        text = _read(log)
+        if worker is not None:
+            text += "\n".join(_tail_text(worker.log, 200))
+        found = self.c.fatal.find(text)
+        if found is None:
+            return
+        for device in devices:
+            if device in self.c.bad_devices:
+                continue
+            why = f"fatal error {found!r} in {job.display}"
+            self.c.bad_devices[device] = why
+            self.scheduler.retire_device(device)
+            self.c.emit("device_bad", device=device, reason=why)
+            self._say(f"retiring {self.platform.name}:{device} for this session: {why}")
+        self._fail_unplaceable()
+
+    def _fail_unplaceable(self) -> None:
+        """Tests needing more devices than remain healthy end `infra`, never silently skipped."""
+        healthy = len(self.scheduler.devices)
+        for size in [k for k in self.scheduler.queue.sizes() if k > healthy]:
+            while self.scheduler.queue.of_size_count(size):
+                job = self.scheduler.queue.pop(size)
+                retired = ", ".join(
+                    f"{self.platform.name}:{d} ({why})" for d, why in self.c.bad_devices.items()
+                )
+                reason = (
+                    f"needs {size} {self.platform.name} devices; only {healthy} healthy "
+                    f"remain after retiring {retired}"
+                )
+                self._synthesize(job, Outcome.INFRA, reason, (), 0.0)
 
     def _log_header(self, job: Job, worker: Worker | None, outcome: Outcome) -> list[str]:
         lines = [
@@ -1093,7 +1277,13 @@ def _outcome_of(phases: list[pytest.TestReport]) -> Outcome:
     """A finished test's outcome from its phase reports, as pytest's own summary would count it."""
     if any(getattr(r, "devpool_outcome", None) == Outcome.FLAKY for r in phases):
         return Outcome.FLAKY
-    failed = [r for r in phases if r.failed or getattr(r, "devpool_outcome", None) == RERUN]
+    failed = [
+        r
+        for r in phases
+        if r.failed
+        or getattr(r, "devpool_outcome", None) == RERUN
+        or getattr(r, "devpool_quarantined", False)
+    ]
     if failed:
         return Outcome.FAILED if any(r.when == "call" for r in failed) else Outcome.ERROR
     if any(r.skipped for r in phases):

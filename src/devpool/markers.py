@@ -15,6 +15,7 @@ MARKERS = {
     "nodes": "nodes(n): the test needs n machines, each with device_count devices (Ray backend).",
     "isolate": "isolate: the test runs in a fresh worker process that nothing else uses.",
     "timeout": "timeout(seconds): devpool kills the test's process group after this many seconds.",
+    "quarantine": "quarantine(reason=, owner=, until='YYYY-MM-DD'): runs, reported, never gates.",
 }
 
 

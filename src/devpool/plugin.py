@@ -12,6 +12,7 @@ from devpool.errors import DevpoolError
 from devpool.inventory import resolve_inventory
 from devpool.leases import LockDir
 from devpool.markers import MARKERS
+from devpool.report.terminal import file_name
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -61,6 +62,21 @@ def devpool_devices() -> list[int]:
     """The physical ids of the devices this test holds (empty for a CPU-only test)."""
     ids = os.environ.get("DEVPOOL_DEVICES", "")
     return [int(part) for part in ids.split(",") if part]
+
+
+@pytest.fixture
+def devpool_artifacts(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A folder for this test's files; devpool keeps it when the test fails, else removes it."""
+    root = os.environ.get("DEVPOOL_ARTIFACTS")
+    if not root:
+        return tmp_path_factory.mktemp("artifacts")
+    test = os.environ.get("DEVPOOL_TEST_ID") or request.node.nodeid
+    attempt = int(os.environ.get("DEVPOOL_ATTEMPT", "1"))
+    path = Path(root) / file_name(test, attempt)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture

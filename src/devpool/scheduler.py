@@ -238,6 +238,10 @@ class Scheduler:
             self.running[placement.job.id] = Running(placement.job, placement.devices, now)
         return placements
 
+    def retire_device(self, device: int) -> None:
+        """A device went bad: nothing more is placed on it this session."""
+        self.devices = tuple(d for d in self.devices if d != device)
+
     def unplace(self, job: Job) -> None:
         """Undo a placement that could not start (a device turned out to be held elsewhere)."""
         del self.running[job.id]

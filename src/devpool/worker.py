@@ -75,6 +75,9 @@ class WorkerSession:
         for message in protocol.read_lines(self.fd_in):
             if message["op"] == "stop":
                 break
+            # Which test and attempt this is, for the devpool_artifacts fixture.
+            os.environ["DEVPOOL_TEST_ID"] = str(message.get("display", ""))
+            os.environ["DEVPOOL_ATTEMPT"] = str(message.get("attempt", 1))
             for nodeid in message["nodeids"]:
                 item = items.get(nodeid)
                 if item is None:

@@ -28,13 +28,18 @@ class Trouble:
     detail: str  # "exit code 1", "SIGKILL (signal 9)", "killed after 5s limit", reason for infra
     log: Path
     gating: bool = True  # False for a flaky test that passed on a rerun
+    artifacts: Path | None = None  # its devpool_artifacts folder, kept because it failed
+
+
+def file_name(nodeid: str, attempt: int) -> str:
+    """A name for one attempt of one test that any filesystem accepts."""
+    name = _UNSAFE.sub("_", nodeid).strip("_")[-150:]
+    return f"{name}.{attempt}" if attempt > 1 else name
 
 
 def log_path(log_dir: Path, nodeid: str, attempt: int) -> Path:
-    """A file name for one test's log that any filesystem accepts."""
-    name = _UNSAFE.sub("_", nodeid).strip("_")[-150:]
-    suffix = f".{attempt}" if attempt > 1 else ""
-    return log_dir / f"{name}{suffix}.log"
+    """Where one attempt of one test writes its log."""
+    return log_dir / f"{file_name(nodeid, attempt)}.log"
 
 
 def write_test_log(
@@ -110,5 +115,7 @@ def print_summary(tr: Any, troubles: Sequence[Trouble], cwd: Path) -> None:
             bold=True,
         )
         tr.write_line(f"  log: {shown}")
+        if trouble.artifacts is not None:
+            tr.write_line(f"  artifacts: {trouble.artifacts}")
         for line in tail(trouble.log):
             tr.write_line(f"  | {line}")

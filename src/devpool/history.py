@@ -1,0 +1,322 @@
+"""Duration history: every test's outcome and duration per run, in SQLite under .devpool/.
+
+Estimates are the p90 (nearest rank) of a test's most recent durations, counting only
+runs that ran the test to its end (passed, failed, flaky): a skip or a timeout says
+nothing about how long the test takes. `export` writes a plain JSON-lines file and
+`merge` reads one back (or another history file), so CI runners can pool timings
+without a server. The file carries its schema version; a newer one is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from devpool.errors import DevpoolError
+
+HISTORY_SCHEMA = 1
+EXPORT_FORMAT = "devpool-history"
+COUNTED_OUTCOMES = ("passed", "failed", "flaky")
+# PRAGMA application_id: tells a devpool history from any other SQLite file ("dpol").
+_APPLICATION_ID = 0x64706F6C
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+_CREATE = """
+CREATE TABLE IF NOT EXISTS results (
+    nodeid TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    duration REAL NOT NULL,
+    platform TEXT NOT NULL,
+    device_count INTEGER NOT NULL,
+    runner_class TEXT NOT NULL,
+    time REAL NOT NULL,
+    run_id TEXT NOT NULL DEFAULT '',
+    UNIQUE (nodeid, run_id, time)
+);
+CREATE INDEX IF NOT EXISTS results_by_test ON results (nodeid, time);
+"""
+_COLUMNS = "nodeid, outcome, duration, platform, device_count, runner_class, time, run_id"
+_INSERT = f"INSERT OR IGNORE INTO results ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+_COUNTED = ", ".join(f"'{name}'" for name in COUNTED_OUTCOMES)
+
+# Each test's counted rows, newest first, numbered per test.
+_RANKED = f"""
+SELECT nodeid, duration, run_id, rowid AS r,
+       ROW_NUMBER() OVER (PARTITION BY nodeid ORDER BY time DESC, rowid DESC) AS rn
+FROM results WHERE outcome IN ({_COUNTED}) {{where}}
+"""
+_LATEST = f"SELECT nodeid, duration FROM ({_RANKED}) WHERE rn <= ?"
+# The same, leaving out each test's latest run (every row of its run id, or its newest row).
+_BEFORE_LATEST = f"""
+WITH ranked AS ({_RANKED}),
+latest AS (SELECT nodeid, run_id, r FROM ranked WHERE rn = 1),
+rest AS (
+    SELECT k.nodeid, k.duration, ROW_NUMBER() OVER (PARTITION BY k.nodeid ORDER BY k.rn) AS n
+    FROM ranked k JOIN latest l ON k.nodeid = l.nodeid
+    WHERE k.r != l.r AND (l.run_id = '' OR k.run_id != l.run_id)
+)
+SELECT nodeid, duration FROM rest WHERE n <= ?
+"""
+
+
+def default_history_path(root: Path) -> Path:
+    """Where a project keeps its history: ROOT/.devpool/history.sqlite."""
+    return root / ".devpool" / "history.sqlite"
+
+
+def runner_class(platform: str, pool_size: int, environ: Mapping[str, str] = os.environ) -> str:
+    """The runner class a result is filed under: $DEVPOOL_RUNNER_CLASS or '<platform>-<pool>'."""
+    return environ.get("DEVPOOL_RUNNER_CLASS") or f"{platform}-{pool_size}"
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """One test's end in one run, as the history keeps it."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    nodeid: str
+    outcome: str
+    duration: float
+    platform: str
+    device_count: int
+    runner_class: str  # e.g. "sim-8", "cuda-8": $DEVPOOL_RUNNER_CLASS or f"{platform}-{pool size}"
+    time: float  # Unix seconds
+    run_id: str = ""
+
+    def row(self) -> tuple[Any, ...]:
+        return (
+            self.nodeid,
+            self.outcome,
+            float(self.duration),
+            self.platform,
+            int(self.device_count),
+            self.runner_class,
+            float(self.time),
+            self.run_id,
+        )
+
+
+_FIELDS = {f.name: f.type for f in fields(TestResult)}
+
+
+def p90(durations: Iterable[float]) -> float | None:
+    """The nearest-rank 90th percentile, None for no durations."""
+    ordered = sorted(durations)
+    if not ordered:
+        return None
+    return ordered[max(math.ceil(0.9 * len(ordered)) - 1, 0)]
+
+
+def _p90_by_test(rows: Iterable[tuple[str, float]]) -> dict[str, float]:
+    grouped: dict[str, list[float]] = {}
+    for nodeid, duration in rows:
+        grouped.setdefault(nodeid, []).append(duration)
+    return {nodeid: p90(values) or 0.0 for nodeid, values in grouped.items()}
+
+
+def _connect(path: Path, create: bool) -> sqlite3.Connection:
+    """An open devpool history, created when empty (if allowed); DevpoolError otherwise."""
+    try:
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif not path.is_file():
+            raise DevpoolError(f"history {path} does not exist")
+        uri = path.resolve().as_uri() + ("" if create else "?mode=ro")
+        conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
+    except (OSError, sqlite3.Error) as exc:
+        raise DevpoolError(f"cannot open history {path}: {exc}") from None
+    try:
+        application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if tables == 0 and application_id == 0 and create:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executescript(_CREATE)  # commits the transaction
+            conn.execute(f"PRAGMA application_id = {_APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {HISTORY_SCHEMA}")
+            return conn
+    except sqlite3.Error as exc:
+        conn.close()
+        raise DevpoolError(f"{path} is not a devpool history ({exc})") from None
+    if application_id != _APPLICATION_ID:
+        conn.close()
+        raise DevpoolError(f"{path} is not a devpool history (it is another program's database)")
+    if version > HISTORY_SCHEMA:
+        conn.close()
+        raise DevpoolError(
+            f"history {path} was written by a newer devpool (schema {version}); "
+            f"this one reads {HISTORY_SCHEMA}"
+        )
+    if version < 1:
+        conn.close()
+        raise DevpoolError(f"{path} is not a devpool history (it has no schema version)")
+    return conn
+
+
+class History:
+    """The duration history of one project: add results, ask estimates, move it as a file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._conn = _connect(self.path, create=True)
+
+    def __enter__(self) -> History:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def _query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[str, float]]:
+        try:
+            return [(str(n), float(d)) for n, d in self._conn.execute(sql, params)]
+        except sqlite3.Error as exc:
+            raise DevpoolError(f"{self.path} is not a devpool history ({exc})") from None
+
+    def add(self, results: Iterable[TestResult]) -> None:
+        """Append results; a result already recorded (same test, run id and time) is kept once."""
+        with self._transaction() as conn:
+            conn.executemany(_INSERT, (result.row() for result in results))
+
+    def estimate(self, nodeid: str, window: int = 20) -> float | None:
+        """p90 of the test's last `window` counted durations; None when it has none."""
+        rows = self._query(_LATEST.format(where="AND nodeid = ?"), (nodeid, window))
+        return p90(d for _, d in rows)
+
+    def estimates(self, window: int = 20) -> dict[str, float]:
+        """estimate() of every test with history, in one query."""
+        return _p90_by_test(self._query(_LATEST.format(where=""), (window,)))
+
+    def previous(self, nodeid: str, window: int = 20) -> float | None:
+        """The estimate as it was before the test's latest run (to see drift); None without one."""
+        rows = self._query(_BEFORE_LATEST.format(where="AND nodeid = ?"), (nodeid, window))
+        return p90(d for _, d in rows)
+
+    def previous_estimates(self, window: int = 20) -> dict[str, float]:
+        """previous() of every test that has one, in one query."""
+        return _p90_by_test(self._query(_BEFORE_LATEST.format(where=""), (window,)))
+
+    def results(self) -> Iterator[TestResult]:
+        """Every stored result, oldest first."""
+        sql = f"SELECT {_COLUMNS} FROM results ORDER BY time, rowid"
+        for row in self._conn.execute(sql):
+            yield TestResult(*row)
+
+    def export(self, out: Path) -> int:
+        """Write every result as JSON lines after a header line; returns the rows written."""
+        rows = list(self.results())
+        header = {"format": EXPORT_FORMAT, "schema": HISTORY_SCHEMA, "rows": len(rows)}
+        try:
+            with open(out, "w", encoding="utf-8") as file:
+                file.write(json.dumps(header) + "\n")
+                for result in rows:
+                    file.write(json.dumps(asdict(result), ensure_ascii=False) + "\n")
+        except OSError as exc:
+            raise DevpoolError(f"cannot write history export {out}: {exc.strerror or exc}") from None
+        return len(rows)
+
+    def merge(self, source: Path) -> int:
+        """Add the results of an export or another history file; returns the rows that were new."""
+        source = Path(source)
+        try:
+            with open(source, "rb") as file:
+                magic = file.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            raise DevpoolError(f"cannot read {source}: {exc.strerror or exc}") from None
+        if magic == _SQLITE_MAGIC:
+            other = _connect(source, create=False)
+            try:
+                results = [TestResult(*row) for row in other.execute(f"SELECT {_COLUMNS} FROM results")]
+            except sqlite3.Error as exc:
+                raise DevpoolError(f"{source} is not a devpool history ({exc})") from None
+            finally:
+                other.close()
+        else:
+            results = list(_read_export(source))
+        before = self._conn.total_changes
+        self.add(results)
+        return self._conn.total_changes - before
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _read_export(source: Path) -> Iterator[TestResult]:
+    try:
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DevpoolError(f"cannot read {source} as a history export: {exc}") from None
+    lines = text.splitlines()
+    header = _json_object(lines[0]) if lines else None
+    if header is None or header.get("format") != EXPORT_FORMAT:
+        raise DevpoolError(
+            f"{source} is not a devpool history export (its first line is no "
+            f'{{"format": "{EXPORT_FORMAT}", ...}} header)'
+        )
+    schema = header.get("schema")
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+        raise DevpoolError(f"{source} is not a devpool history export (schema {schema!r})")
+    if schema > HISTORY_SCHEMA:
+        raise DevpoolError(
+            f"{source} was written by a newer devpool (schema {schema}); "
+            f"this one reads {HISTORY_SCHEMA}"
+        )
+    for number, line in enumerate(lines[1:], 2):
+        if not line.strip():
+            continue
+        result = _result(_json_object(line))
+        if result is None:
+            raise DevpoolError(
+                f"{source} line {number} is not a devpool history row "
+                f"(expected an object with {', '.join(_FIELDS)})"
+            )
+        yield result
+
+
+def _json_object(line: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _result(row: dict[str, Any] | None) -> TestResult | None:
+    if row is None:
+        return None
+    try:
+        nodeid, outcome, platform, runner, run_id = (
+            row["nodeid"],
+            row["outcome"],
+            row["platform"],
+            row["runner_class"],
+            row.get("run_id", ""),
+        )
+        duration, when, count = row["duration"], row["time"], row["device_count"]
+    except KeyError:
+        return None
+    texts_ok = all(isinstance(v, str) for v in (nodeid, outcome, platform, runner, run_id))
+    numbers_ok = all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in (duration, when)
+    )
+    count_ok = isinstance(count, int) and not isinstance(count, bool) and count >= 0
+    if not (texts_ok and numbers_ok and count_ok) or duration < 0:
+        return None
+    return TestResult(nodeid, outcome, float(duration), platform, count, runner, float(when), run_id)

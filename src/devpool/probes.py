@@ -1,0 +1,240 @@
+"""Device health: who else is computing on a device, and which errors mean a device went bad.
+
+A probe answers one question before a lease starts: is any process that is not ours
+using these devices? Each platform kind has its own (NVML or nvidia-smi, npu-smi,
+rocm-smi, a controllable fake for `sim`). A probe that hangs, is missing or cannot be
+parsed answers "unknown" within its timeout; it never stalls the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+PROBE_TIMEOUT = 5.0
+
+# Errors after which a device is not to be trusted for the rest of the session.
+DEFAULT_FATAL_PATTERNS: dict[str, tuple[str, ...]] = {
+    "cuda": (
+        r"an illegal memory access was encountered",
+        r"unspecified launch failure",
+        r"uncorrectable ECC error",
+        r"\bXid\b",
+        r"CUDA error: device-side assert triggered",
+        r"GPU is lost",
+    ),
+    "rocm": (r"HIP error: an illegal memory access", r"Memory access fault by GPU"),
+    "ascend": (r"\b507018\b", r"\b507015\b", r"\bEL0004\b", r"aicore exception"),
+    "sim": (r"DEVPOOL-SIM-FATAL",),
+}
+
+
+@dataclass(frozen=True)
+class ForeignProcess:
+    pid: int
+    user: str = "?"
+    name: str = ""
+
+    def describe(self) -> str:
+        who = f"pid {self.pid} (user {self.user}"
+        return who + (f", {self.name})" if self.name else ")")
+
+
+Busy = dict[int, list[ForeignProcess]]  # device → processes seen on it
+Probe = Callable[[Sequence[int]], Busy | None]  # None: could not tell
+
+
+def _owner(pid: int) -> str:
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return "?"
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return str(uid)
+
+
+def _run(argv: list[str], timeout: float) -> str | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def nvidia_probe(devices: Sequence[int], timeout: float = PROBE_TIMEOUT) -> Busy | None:
+    """Compute processes per GPU: NVML when importable, else nvidia-smi."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            found: Busy = {}
+            for device in devices:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                found[device] = [ForeignProcess(p.pid, _owner(p.pid)) for p in procs]
+            return found
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML here: fall back to the command
+        pass
+    index = _run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout)
+    apps = _run(
+        ["nvidia-smi", "--query-compute-apps=gpu_bus_id,pid,process_name", "--format=csv,noheader"],
+        timeout,
+    )
+    if index is None or apps is None:
+        return None
+    bus_to_index = {}
+    for line in index.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            bus_to_index[parts[1].lower()] = int(parts[0])
+    busy: Busy = {device: [] for device in devices}
+    for line in apps.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[1].isdigit():
+            gpu = bus_to_index.get(parts[0].lower())
+            if gpu is not None and gpu in busy:
+                pid = int(parts[1])
+                name = parts[2] if len(parts) > 2 else ""
+                busy[gpu].append(ForeignProcess(pid, _owner(pid), name))
+    return busy
+
+
+def ascend_probe(devices: Sequence[int], timeout: float = PROBE_TIMEOUT) -> Busy | None:
+    """Processes per NPU from `npu-smi info` (its process table: NPU id, chip, pid, name)."""
+    text = _run(["npu-smi", "info"], timeout)
+    if text is None:
+        return None
+    busy: Busy = {device: [] for device in devices}
+    row = re.compile(r"^\|\s*(\d+)\s+(\d+)\s*\|\s*(\d+)\s*\|\s*(\S+)")
+    for line in text.splitlines():
+        match = row.match(line)
+        if match and int(match.group(1)) in busy:
+            pid = int(match.group(3))
+            busy[int(match.group(1))].append(ForeignProcess(pid, _owner(pid), match.group(4)))
+    return busy
+
+
+def rocm_probe(devices: Sequence[int], timeout: float = PROBE_TIMEOUT) -> Busy | None:
+    """Processes per GPU from `rocm-smi --showpidgpus`."""
+    text = _run(["rocm-smi", "--showpidgpus"], timeout)
+    if text is None:
+        return None
+    busy: Busy = {device: [] for device in devices}
+    current: int | None = None
+    for line in text.splitlines():
+        pid = re.search(r"PID (\d+) is using (\d+) DRM device", line)
+        if pid:
+            current = int(pid.group(1))
+            continue
+        ids = re.findall(r"\d+", line) if current is not None else []
+        for device in (int(i) for i in ids):
+            if device in busy and current is not None:
+                busy[device].append(ForeignProcess(current, _owner(current)))
+        current = None if ids else current
+    return busy
+
+
+def sim_probe(devices: Sequence[int], path: Path | None) -> Busy | None:
+    """The fake for `sim`: a JSON file {"3": [{"pid": 4242, "user": "ci2"}]} says who is busy."""
+    if path is None:
+        return {device: [] for device in devices}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {device: [] for device in devices}
+    except (OSError, ValueError):
+        return None
+    busy: Busy = {device: [] for device in devices}
+    for key, entries in data.items() if isinstance(data, dict) else []:
+        if str(key).isdigit() and int(key) in busy and isinstance(entries, list):
+            busy[int(key)] = [
+                ForeignProcess(
+                    int(e.get("pid", 0)), str(e.get("user", "?")), str(e.get("name", ""))
+                )
+                for e in entries
+                if isinstance(e, dict)
+            ]
+    return busy
+
+
+def probe_for(kind: str, environ: Mapping[str, str]) -> Probe:
+    """The probe of one platform kind."""
+    if kind == "cuda":
+        return nvidia_probe
+    if kind == "ascend":
+        return ascend_probe
+    if kind == "rocm":
+        return rocm_probe
+    fake = environ.get("DEVPOOL_SIM_BUSY")
+    return lambda devices: sim_probe(devices, Path(fake) if fake else None)
+
+
+def foreign(busy: Busy, ours: Iterable[int]) -> Busy:
+    """Only the processes that are not ours (our workers and their children)."""
+    mine = set(ours)
+    return {d: [p for p in procs if p.pid not in mine] for d, procs in busy.items()}
+
+
+def describe_busy(platform: str, busy: Busy) -> str:
+    """'device sim:3 busy: pid 4242 (user ci2)'."""
+    parts = [
+        f"device {platform}:{device} busy: " + ", ".join(p.describe() for p in procs)
+        for device, procs in sorted(busy.items())
+        if procs
+    ]
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class FatalPatterns:
+    """Per-platform regular expressions that retire a device for the rest of the session."""
+
+    patterns: tuple[re.Pattern[str], ...]
+
+    @classmethod
+    def for_platform(
+        cls, name: str, kind: str, table: Mapping[str, object] | None
+    ) -> FatalPatterns:
+        """[tool.devpool.fatal-patterns] `name` or `kind` = [regex, ...] replaces the defaults."""
+        chosen: object = DEFAULT_FATAL_PATTERNS.get(kind, ())
+        if table:
+            chosen = table.get(name, table.get(kind, chosen))
+        from devpool.errors import DevpoolError
+
+        if not isinstance(chosen, (list, tuple)) or not all(isinstance(p, str) for p in chosen):
+            raise DevpoolError(
+                f"[tool.devpool.fatal-patterns] {name} must be a list of regular expressions"
+            )
+        compiled = []
+        for text in chosen:
+            try:
+                compiled.append(re.compile(text))
+            except re.error as exc:
+                raise DevpoolError(
+                    f"[tool.devpool.fatal-patterns] {name}: {text!r} is not a regular "
+                    f"expression ({exc})"
+                ) from None
+        return cls(tuple(compiled))
+
+    def find(self, text: str) -> str | None:
+        """The first fatal error in text, as matched, or None."""
+        for pattern in self.patterns:
+            match = pattern.search(text)
+            if match:
+                return match.group(0)
+        return None
