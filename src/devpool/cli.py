@@ -60,6 +60,62 @@ def _run(args: argparse.Namespace) -> int:
     return run_pytest(args.pytest_args, Path(args.run_record) if args.run_record else None)
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    """Everything devpool can see on this host, one fact a line; never hangs (timeouts)."""
+    import os
+    import platform as host_platform
+
+    import pytest
+
+    from devpool import probes
+    from devpool.config import read_table, settings_from
+    from devpool.fairshare import WaitingRoom
+    from devpool.inventory import BUILTIN_PLATFORMS, detect, resolve_inventory
+
+    python = host_platform.python_version()
+    print(f"devpool {__version__}, pytest {pytest.__version__}, Python {python}")
+    table = read_table(Path.cwd() / "pyproject.toml")
+    settings = settings_from({"devpool_devices": args.devices}, table, "pyproject.toml")
+    for kind in ("cuda", "ascend", "rocm"):
+        found = detect(kind, timeout=args.timeout)
+        print(f"{kind:7} devices: {', '.join(map(str, found)) if found else 'none found'}")
+    for argv in (
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        ["npu-smi", "-v"],
+        ["rocm-smi", "--showdriverversion"],
+    ):
+        out = probes.run_tool(argv, args.timeout)
+        first = out.strip().splitlines()[0] if out and out.strip() else "not available"
+        print(f"driver ({argv[0]}): {first}")
+    for platform in BUILTIN_PLATFORMS.values():
+        env = platform.visible_env
+        if env and env in os.environ:
+            print(f"{env}={os.environ[env]!r} is set: it narrows --devices auto")
+    if settings.devices:
+        inventory = resolve_inventory(settings.devices, settings.platforms, os.environ)
+        print(f"inventory: {inventory.describe()} from {inventory.source}")
+        probe = probes.probe_for(inventory.platform.kind, os.environ)
+        seen = probe(inventory.devices)
+        if seen is None:
+            print("probe: unknown (the tool is missing or timed out)")
+        else:
+            for device, procs in sorted(seen.items()):
+                who = ", ".join(p.describe() for p in procs) or "no other process"
+                print(f"probe {inventory.platform.name}:{device}: {who}")
+    lock_dir = LockDir(Path(args.lock_dir) if args.lock_dir else settings.lock_dir)
+    states = lock_dir.status()
+    held = [s for s in states if s.held]
+    print(f"lock folder {lock_dir.path}: writable, {len(states)} lock files, {len(held)} held")
+    for state in held:
+        who = state.holder.describe() if state.holder else "an unknown holder"
+        print(f"  {state.platform}:{state.device} held by {who}")
+    room = WaitingRoom(lock_dir.path, session="doctor")
+    for platform_name in sorted({s.platform for s in states}):
+        for waiter in room.others(platform_name):
+            print(f"  run {waiter.session} (pid {waiter.pid}) waits for {waiter.wants} device(s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="devpool",
@@ -70,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     locks = commands.add_parser("locks", help="list who holds which device on this host")
     locks.add_argument("--lock-dir", help="lock folder (default: the system temp folder's)")
     locks.set_defaults(func=_locks)
+    doctor = commands.add_parser(
+        "doctor", help="platform, devices, drivers, lock folder, holders and probe results"
+    )
+    doctor.add_argument("--devices", help="also resolve and probe this --devices SPEC")
+    doctor.add_argument("--lock-dir", help="lock folder (default: devpool's)")
+    doctor.add_argument("--timeout", type=float, default=5.0, help="seconds per tool call")
+    doctor.set_defaults(func=_doctor)
     report = commands.add_parser(
         "report", help="render a run record again: text, markdown, json or an HTML timeline"
     )

@@ -245,10 +245,9 @@ class LockDir:
                 except BaseException:
                     os.close(handle.fd)
                     raise
+                # Write the record at once: a reader must never find a held, empty file.
+                _write_record(handle, holder)
                 taken[device] = handle
-            if not blocked:
-                for handle in taken.values():
-                    _write_record(handle, holder)
         except BaseException:
             _close_all(taken.values())
             raise

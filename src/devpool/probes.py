@@ -63,7 +63,7 @@ def _owner(pid: int) -> str:
         return str(uid)
 
 
-def _run(argv: list[str], timeout: float) -> str | None:
+def run_tool(argv: list[str], timeout: float) -> str | None:
     if shutil.which(argv[0]) is None:
         return None
     try:
@@ -90,8 +90,8 @@ def nvidia_probe(devices: Sequence[int], timeout: float = PROBE_TIMEOUT) -> Busy
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no NVML here: fall back to the command
         pass
-    index = _run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout)
-    apps = _run(
+    index = run_tool(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout)
+    apps = run_tool(
         ["nvidia-smi", "--query-compute-apps=gpu_bus_id,pid,process_name", "--format=csv,noheader"],
         timeout,
     )
@@ -116,7 +116,7 @@ def nvidia_probe(devices: Sequence[int], timeout: float = PROBE_TIMEOUT) -> Busy
 
 def ascend_probe(devices: Sequence[int], timeout: float = PROBE_TIMEOUT) -> Busy | None:
     """Processes per NPU from `npu-smi info` (its process table: NPU id, chip, pid, name)."""
-    text = _run(["npu-smi", "info"], timeout)
+    text = run_tool(["npu-smi", "info"], timeout)
     if text is None:
         return None
     busy: Busy = {device: [] for device in devices}
@@ -131,7 +131,7 @@ def ascend_probe(devices: Sequence[int], timeout: float = PROBE_TIMEOUT) -> Busy
 
 def rocm_probe(devices: Sequence[int], timeout: float = PROBE_TIMEOUT) -> Busy | None:
     """Processes per GPU from `rocm-smi --showpidgpus`."""
-    text = _run(["rocm-smi", "--showpidgpus"], timeout)
+    text = run_tool(["rocm-smi", "--showpidgpus"], timeout)
     if text is None:
         return None
     busy: Busy = {device: [] for device in devices}
