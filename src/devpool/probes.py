@@ -90,7 +90,9 @@ def nvidia_probe(devices: Sequence[int], timeout: float = PROBE_TIMEOUT) -> Busy
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no NVML here: fall back to the command
         pass
-    index = run_tool(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout)
+    index = run_tool(
+        ["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], timeout
+    )
     apps = run_tool(
         ["nvidia-smi", "--query-compute-apps=gpu_bus_id,pid,process_name", "--format=csv,noheader"],
         timeout,
