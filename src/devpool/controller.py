@@ -49,6 +49,9 @@ from devpool.scheduler import IdleWorker, Placement, Scheduler
 
 FOREIGN_RETRY = 0.5  # seconds before retrying a device another run held
 BUSY_RETRY = 2.0  # seconds before probing again a device a foreign process used
+BATCH_SECONDS = 1.0  # estimated work sent to a worker at once, for small tests
+BATCH_MAX = 64
+UNKNOWN_SMALL = 0.1  # seconds assumed, for batching only, of a test with no history
 STACKS_WAIT = 0.5  # seconds given to faulthandler to write the stacks before SIGTERM
 TICK = 1.0  # longest sleep of the event loop when nothing is due
 RERUN = "rerun"  # a failed attempt that will be retried: shown, never counted as a failure
@@ -68,7 +71,10 @@ class Slot:
     """The controller's view of one worker: its job, its running test, its fate."""
 
     worker: Worker
-    job: Job | None = None
+    job: Job | None = None  # the job whose test runs now (or runs next)
+    head: Job | None = None  # the job the scheduler placed: devices are its until "done"
+    batch: list[Job] = field(default_factory=list)  # sent to the worker, not started yet
+    later: list[Job] = field(default_factory=list)  # back to the queue once head is released
     test: str | None = None  # node id running now
     test_started: float = 0.0
     test_wall: float = 0.0  # time.time() at the test's start, for the record
@@ -603,8 +609,26 @@ class Loop:
         return True
 
     def _assign(self, slot: Slot, job: Job, now: float) -> None:
-        slot.job = job
+        slot.head = job
         slot.job_started = now
+        slot.failed = False
+        slot.batch = [job, *self._batch_after(job)]
+        slot.job = job
+        self._job_started(slot, job, now)
+        self.blocked_since.pop(job.devices_needed, None)
+        if slot.worker.lease is not None and slot.worker.lease.holder.job != job.nodeid:
+            slot.worker.lease.set_job(job.nodeid, slot.worker.pid)
+        message = {
+            "op": "run",
+            "job": job.id,
+            "tests": [
+                {"nodeid": j.nodeid, "display": j.display, "attempt": j.attempt} for j in slot.batch
+            ],
+        }
+        if not slot.worker.send(message):
+            slot.worker.signal_group(signal.SIGKILL)  # its exit is handled as a crash
+
+    def _job_started(self, slot: Slot, job: Job, now: float) -> None:
         job.waited = now - job.queued_at
         for device in slot.worker.devices:
             job.device_uses[device] = job.device_uses.get(device, 0) + 1
@@ -619,19 +643,27 @@ class Loop:
             attempt=job.attempt,
             log=str(slot.worker.log),
         )
-        slot.failed = False
-        self.blocked_since.pop(job.devices_needed, None)
-        if slot.worker.lease is not None and slot.worker.lease.holder.job != job.nodeid:
-            slot.worker.lease.set_job(job.nodeid, slot.worker.pid)
-        message = {
-            "op": "run",
-            "job": job.id,
-            "nodeids": [job.nodeid],
-            "display": job.display,
-            "attempt": job.attempt,
-        }
-        if not slot.worker.send(message):
-            slot.worker.signal_group(signal.SIGKILL)  # its exit is handled as a crash
+
+    def _batch_after(self, head: Job) -> list[Job]:
+        """More small jobs of the head's size for the same worker: per-test messaging stays
+        negligible. Sized from expected durations, and never more than a fair part of what is
+        left, so the end of the run stays balanced."""
+        k = head.devices_needed
+        settings = self.c.settings
+        if k > 1 or head.request.isolate or settings.isolation == "job" or self.stopped:
+            return []
+        queue = self.scheduler.queue
+        workers = max(1, settings.cpu_slots if k == 0 else len(self.scheduler.devices))
+        cap = min(BATCH_MAX, queue.of_size_count(k) // (2 * workers))
+        budget = BATCH_SECONDS - _small(head)
+        batch: list[Job] = []
+        while len(batch) < cap and queue.of_size_count(k):
+            following = queue.peek(k)
+            if following.request.isolate or _small(following) > budget:
+                break
+            batch.append(queue.pop(k))
+            budget -= _small(following)
+        return batch
 
     def _env(self, devices: tuple[int, ...]) -> dict[str, str]:
         env = dict(os.environ)
@@ -745,6 +777,7 @@ class Loop:
     def _on_message(self, slot: Slot, message: dict[str, Any]) -> None:
         event = message.get("ev")
         if event == "start":
+            self._next_in_batch(slot, message["nodeid"])
             slot.test = slot.job.display if slot.job is not None else message["nodeid"]
             slot.test_started = time.monotonic()
             slot.test_wall = time.time()
@@ -779,6 +812,7 @@ class Loop:
             self._finished_test(slot)
             self.hook.pytest_runtest_logfinish(nodeid=nodeid, location=tuple(message["location"]))
         elif event == "missing":
+            self._next_in_batch(slot, message["nodeid"])
             job = slot.job
             if job is not None:
                 self._synthesize(
@@ -790,7 +824,21 @@ class Loop:
                 )
                 slot.failed = True
         elif event == "done":
+            skipped = set(message.get("skipped", ()))
+            slot.later += [job for job in slot.batch if job.nodeid in skipped]
+            slot.batch = []
             self._job_done(slot)
+
+    def _next_in_batch(self, slot: Slot, nodeid: str) -> None:
+        """The worker started the next test of its batch: that job is now the slot's job."""
+        for index, job in enumerate(slot.batch):
+            if job.nodeid == nodeid:
+                del slot.batch[index]
+                if job is not slot.head:
+                    self._job_started(slot, job, time.monotonic())
+                slot.job = job
+                return
+        slot.job = None
 
     def _judge(self, report: pytest.TestReport, slot: Slot, job: Job) -> None:
         """Rerun or flaky, decided before pytest sees the report, so it counts it right."""
@@ -825,16 +873,23 @@ class Loop:
             return job.retries_infra < settings.reruns_infra
         return job.retries_failed < settings.reruns
 
-    def _requeue(self, job: Job, outcome: Outcome) -> None:
-        """Run a failed attempt again, in a fresh worker, preferring other devices."""
-        self.scheduler.finish(job)
+    def _prepare_retry(self, job: Job, outcome: Outcome) -> None:
+        """Count a failed attempt that will run again (in a fresh worker, other devices first)."""
         if outcome in (Outcome.CRASHED, Outcome.INFRA):
             job.retries_infra += 1
         else:
             job.retries_failed += 1
         job.attempt += 1
         job.queued_at = time.monotonic()
-        self.scheduler.add(job)
+
+    def _release_head(self, slot: Slot) -> None:
+        """The worker is done with its placement: free it, and queue what must run again."""
+        if slot.head is not None:
+            self.scheduler.finish(slot.head)
+            slot.head = None
+        for job in slot.later:
+            self.scheduler.add(job)
+        slot.later = []
 
     def _annotate(self, report: pytest.TestReport, slot: Slot) -> None:
         if report.when == "teardown" and slot.job is not None:
@@ -875,18 +930,23 @@ class Loop:
                 retried=slot.retry,
             )
             if slot.retry:
-                slot.job = None
-                self._requeue(job, outcome)
+                self._prepare_retry(job, outcome)
+                slot.later.append(job)
+            if outcome.gates or slot.retry:
+                slot.failed = True
+        if slot.failed and slot.batch:
+            # The device may be in a bad state: the rest of the batch goes to a fresh worker.
+            slot.worker.send({"op": "cancel"})
+        slot.job = None
         slot.retry = False
         slot.test = None
         slot.deadline = None
         slot.phases = []
 
     def _job_done(self, slot: Slot) -> None:
-        job = slot.job
+        job = slot.head
         slot.job = None
-        if job is not None:
-            self.scheduler.finish(job)
+        self._release_head(slot)
         isolate = job is not None and job.request.isolate
         over_share = self.limit is not None and len(self._held()) > self.limit
         if isolate or slot.failed or over_share or self.c.settings.isolation == "job":
@@ -912,14 +972,15 @@ class Loop:
             worker.lease.release()
         self.slots.pop(worker.key, None)
         self.idle.pop(worker.key, None)
-        job = slot.job
-        if slot.test is not None and job is not None:
+        if slot.test is not None and slot.job is not None:
             self._lost_test(slot, code)
-        elif job is not None and not slot.stopping:
-            self.scheduler.finish(job)
-            self._worker_failed(job, worker, code)
-        elif job is not None:
-            self.scheduler.finish(job)
+        elif slot.batch and not slot.stopping:
+            self._worker_failed(slot.batch.pop(0), slot, code)
+        # Tests the worker had not reached run again in a fresh worker.
+        slot.later += slot.batch
+        slot.batch = []
+        slot.job = None
+        self._release_head(slot)
         self._retiree_gone(worker.key)
 
     def _lost_test(self, slot: Slot, code: int | None) -> None:
@@ -948,17 +1009,15 @@ class Loop:
         )
         slot.job = None
         if retry:
-            self._requeue(job, outcome)
-        else:
-            self.scheduler.finish(job)
+            self._prepare_retry(job, outcome)
+            slot.later.append(job)
 
-    def _worker_failed(self, job: Job, worker: Worker, code: int | None) -> None:
+    def _worker_failed(self, job: Job, slot: Slot, code: int | None) -> None:
         """A worker died before it ran its test (e.g. a conftest that fails to import)."""
+        worker = slot.worker
         if self._can_retry(job, Outcome.INFRA):
-            job.retries_infra += 1
-            job.attempt += 1
-            job.queued_at = time.monotonic()
-            self.scheduler.add(job)
+            self._prepare_retry(job, Outcome.INFRA)
+            slot.later.append(job)
             return
         reason = (
             f"worker pid {worker.pid} {_describe_exit(code)} before running the test; "
@@ -1007,6 +1066,9 @@ class Loop:
     def _stop_dispatch(self) -> None:
         """-x / --maxfail reached: start nothing new, let running tests finish."""
         self.stopped = True
+        for slot in self.slots.values():
+            if slot.batch:
+                slot.worker.send({"op": "cancel"})
         while len(self.scheduler.queue):
             self.scheduler.queue.pop(self.scheduler.queue.heads()[0].devices_needed)
         for job_id, (placement, _) in list(self.starting.items()):
@@ -1259,6 +1321,11 @@ def _junit_keys(
             names[0] = f"{prefix}.{names[0]}"
         keys[(".".join(names[:-1]), names[-1])] = attempts
     return keys
+
+
+def _small(job: Job) -> float:
+    """A job's expected seconds for batching; a test with no history is taken as small."""
+    return job.estimate if job.estimate_known else UNKNOWN_SMALL
 
 
 def _run_of(blocked: Blocked) -> tuple[str, int] | None:

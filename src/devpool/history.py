@@ -229,7 +229,9 @@ class History:
                 for result in rows:
                     file.write(json.dumps(asdict(result), ensure_ascii=False) + "\n")
         except OSError as exc:
-            raise DevpoolError(f"cannot write history export {out}: {exc.strerror or exc}") from None
+            raise DevpoolError(
+                f"cannot write history export {out}: {exc.strerror or exc}"
+            ) from None
         return len(rows)
 
     def merge(self, source: Path) -> int:
@@ -243,7 +245,9 @@ class History:
         if magic == _SQLITE_MAGIC:
             other = _connect(source, create=False)
             try:
-                results = [TestResult(*row) for row in other.execute(f"SELECT {_COLUMNS} FROM results")]
+                results = [
+                    TestResult(*row) for row in other.execute(f"SELECT {_COLUMNS} FROM results")
+                ]
             except sqlite3.Error as exc:
                 raise DevpoolError(f"{source} is not a devpool history ({exc})") from None
             finally:
@@ -319,4 +323,6 @@ def _result(row: dict[str, Any] | None) -> TestResult | None:
     count_ok = isinstance(count, int) and not isinstance(count, bool) and count >= 0
     if not (texts_ok and numbers_ok and count_ok) or duration < 0:
         return None
-    return TestResult(nodeid, outcome, float(duration), platform, count, runner, float(when), run_id)
+    return TestResult(
+        nodeid, outcome, float(duration), platform, count, runner, float(when), run_id
+    )

@@ -21,6 +21,7 @@ class Job:
     request: Request
     index: int  # position in collection order; keeps ties in the order the user wrote tests
     estimate: float = DEFAULT_ESTIMATE
+    estimate_known: bool = False  # from duration history, not the default
     attempt: int = 1
     queued_at: float = 0.0
     foreign_wait: float = 0.0  # seconds spent blocked on devices held by other runs

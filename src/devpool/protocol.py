@@ -1,18 +1,21 @@
 """The controller⇄worker messages: JSON lines over a pair of pipes, one schema for both ends.
 
-controller → worker:  {"op": "run", "job": 7, "nodeids": [...]}   {"op": "stop"}
+controller → worker:  {"op": "run", "job": 7, "tests": [{"nodeid", "display", "attempt"}, ...]}
+                      {"op": "cancel"}  (skip the rest of the batch)   {"op": "stop"}
 worker → controller:  {"ev": "ready", "pid": 123, "collected": 40}
                       {"ev": "start", "nodeid": ..., "location": [...]}
                       {"ev": "report", "data": <pytest_report_to_serializable>}
                       {"ev": "finish", "nodeid": ..., "location": [...]}
                       {"ev": "missing", "nodeid": ...}       (the worker did not collect it)
-                      {"ev": "done", "job": 7}
+                      {"ev": "done", "job": 7, "skipped": [node ids not run]}
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
+from collections import deque
 from typing import Any
 
 Message = dict[str, Any]
@@ -42,11 +45,37 @@ class Reader:
         return [json.loads(line) for line in lines if line.strip()]
 
 
-def read_lines(fd: int) -> Any:
-    """Blocking generator of messages from fd, ending at EOF (the worker's command loop)."""
-    reader = Reader()
-    while True:
-        data = os.read(fd, 65536)
-        if not data:
+class Commands:
+    """The worker's end of the command pipe: blocking reads, and a peek between tests."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._reader = Reader()
+        self._queue: deque[Message] = deque()
+        self._eof = False
+
+    def _read(self, timeout: float | None) -> None:
+        if self._eof:
             return
-        yield from reader.feed(data)
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if ready:
+            data = os.read(self.fd, 65536)
+            if not data:
+                self._eof = True
+            self._queue.extend(self._reader.feed(data))
+
+    def next(self) -> Message | None:
+        """The next command, waiting for it; None once the controller has gone."""
+        while not self._queue and not self._eof:
+            self._read(None)
+        return self._queue.popleft() if self._queue else None
+
+    def pending(self) -> list[Message]:
+        """Commands that arrived already, without waiting (e.g. a cancel mid-batch)."""
+        self._read(0)
+        if self._eof and not self._queue:
+            return [{"op": "stop"}]
+        return list(self._queue)
+
+    def drop(self, op: str) -> None:
+        self._queue = deque(m for m in self._queue if m["op"] != op)

@@ -44,7 +44,9 @@ class ShardItem:
         return self.group or self.nodeid
 
 
-def shard_item(nodeid: str, request: Request, estimate: float, by_module: bool = False) -> ShardItem:
+def shard_item(
+    nodeid: str, request: Request, estimate: float, by_module: bool = False
+) -> ShardItem:
     """The one rule both `devpool shard` and `pytest --devpool-shard` use to make items.
 
     Group: the module path with by_module, else the test alone. A multi-node test counts
@@ -96,7 +98,7 @@ def assign(items: Sequence[ShardItem], shards: int) -> list[list[ShardItem]]:
 
 
 def shards_for_budget(items: Sequence[ShardItem], budget_s: float, devices_per_runner: int) -> int:
-    """The fewest shards whose slowest wall estimate fits the budget; error if a group never fits."""
+    """The fewest shards whose slowest wall estimate fits the budget; error if a group cannot."""
     groups = _groups(items)
     for _cost, key, members in groups:
         alone = wall_estimate(members, devices_per_runner)

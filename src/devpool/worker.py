@@ -72,19 +72,28 @@ class WorkerSession:
         order = {item.nodeid: index for index, item in enumerate(session.items)}
         self.send({"ev": "ready", "pid": os.getpid(), "collected": len(items)})
         setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
-        for message in protocol.read_lines(self.fd_in):
+        commands = protocol.Commands(self.fd_in)
+        while (message := commands.next()) is not None:
             if message["op"] == "stop":
                 break
-            # Which test and attempt this is, for the devpool_artifacts fixture.
-            os.environ["DEVPOOL_TEST_ID"] = str(message.get("display", ""))
-            os.environ["DEVPOOL_ATTEMPT"] = str(message.get("attempt", 1))
-            for nodeid in message["nodeids"]:
-                item = items.get(nodeid)
+            if message["op"] != "run":
+                continue  # a cancel that came after its batch had ended
+            tests = list(message["tests"])
+            while tests:
+                if any(m["op"] in ("cancel", "stop") for m in commands.pending()):
+                    break
+                test = tests.pop(0)
+                # Which test and attempt this is, for the devpool_artifacts fixture.
+                os.environ["DEVPOOL_TEST_ID"] = str(test["display"])
+                os.environ["DEVPOOL_ATTEMPT"] = str(test["attempt"])
+                item = items.get(test["nodeid"])
                 if item is None:
-                    self.send({"ev": "missing", "nodeid": nodeid})
+                    self.send({"ev": "missing", "nodeid": test["nodeid"]})
                     continue
-                self._run(session, setup_state, item, order[nodeid])
-            self.send({"ev": "done", "job": message["job"]})
+                self._run(session, setup_state, item, order[test["nodeid"]])
+            skipped = [test["nodeid"] for test in tests]
+            self.send({"ev": "done", "job": message["job"], "skipped": skipped})
+            commands.drop("cancel")
         try:
             setup_state.teardown_exact(None)
         except Exception as exc:  # noqa: BLE001 - a teardown error must not hide the run's end
