@@ -208,7 +208,16 @@ def _shard(args: argparse.Namespace) -> int:
     if args.runners is not None and args.runners < 1:
         raise DevpoolError(f"--runners must be 1 or more, got {args.runners}")
     estimates, _ = _estimates(args)
-    tests = capacity.collect(args.paths)
+    seen = capacity.collect_suite(args.paths)
+    name = args.platform or _default_platform(seen.table)
+    if name not in seen.platforms:
+        raise DevpoolError(
+            f"--platform {name!r} is not a known platform; known: "
+            f"{', '.join(sorted(seen.platforms))} (add others under [tool.devpool.platforms])"
+        )
+    # As a run does: tests whose platforms marker leaves this platform out are not sharded.
+    admitted = {name, seen.platforms[name].kind}
+    tests = [t for t in seen.tests if t.platforms is None or admitted & set(t.platforms)]
     items = [
         shards.shard_item(t.nodeid, t.request, estimates.get(t.nodeid, default), args.by_module)
         for t in tests
@@ -335,7 +344,11 @@ def _add_capacity_commands(commands: argparse._SubParsersAction[argparse.Argumen
         "capacity",
         help="count the suite's tests per device count and estimate their cost; runs nothing",
     )
-    capacity.add_argument("paths", nargs="*", help="what pytest collects (default: testpaths)")
+    capacity.add_argument(
+        "paths",
+        nargs="*",
+        help="what pytest collects (default: testpaths); after --, pytest options too",
+    )
     capacity.add_argument("--platform", help="platform to report for (default: [tool.devpool])")
     capacity.add_argument("--devices-per-runner", default="8", metavar="N")
     capacity.add_argument(
@@ -356,10 +369,15 @@ def _add_capacity_commands(commands: argparse._SubParsersAction[argparse.Argumen
     shard = commands.add_parser(
         "shard", help="split the suite across CI runners by estimated device-seconds"
     )
-    shard.add_argument("paths", nargs="*", help="what pytest collects (default: testpaths)")
+    shard.add_argument(
+        "paths",
+        nargs="*",
+        help="what pytest collects (default: testpaths); after --, pytest options too",
+    )
     size = shard.add_mutually_exclusive_group(required=True)
     size.add_argument("--runners", type=int, metavar="N", help="split into N shards")
     size.add_argument("--budget", metavar="TIME", help="fewest shards that fit, e.g. 45m")
+    shard.add_argument("--platform", help="platform the runners have (default: [tool.devpool])")
     shard.add_argument("--devices-per-runner", default="8", metavar="N")
     shard.add_argument(
         "--by-module", action="store_true", help="keep each module's tests in one shard"

@@ -115,6 +115,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "probe", _flag, "probe devices for foreign processes before a lease (default on)", flag=True
     ),
+    Option("history", _text, "duration history, SQLite (default .devpool/history.sqlite)"),
+    Option("default-estimate", _seconds, "seconds assumed for a test with no history (1.0)"),
+    Option("shard", _text, "run only shard K of N (e.g. 2/4), split by estimated cost"),
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
     Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
     Option("github", _flag, "GitHub Actions output (default: when GITHUB_ACTIONS=true)", flag=True),
@@ -179,6 +182,9 @@ class Settings:
     run_record: Path | None = None
     github: bool | None = None
     keep_artifacts: bool = False
+    history: Path | None = None
+    default_estimate: float = 1.0
+    shard: str | None = None
     quarantine_file: Path | None = None
     strict_quarantine: bool = False
     probe: bool = True
@@ -233,7 +239,7 @@ def settings_from(options: Mapping[str, Any], table: Mapping[str, Any], where: s
             if not isinstance(table[name], dict):
                 raise DevpoolError(f"{where}: [tool.devpool.{name}] must be a table")
             values[key] = table[name]
-    for key in ("lock_dir", "run_dir", "run_record", "quarantine_file"):
+    for key in ("lock_dir", "run_dir", "run_record", "quarantine_file", "history"):
         if key in values:
             values[key] = Path(values[key]).expanduser()
     return Settings(**values)

@@ -19,11 +19,12 @@ from typing import Any, Literal, Protocol
 
 import pytest
 
-from devpool import probes
+from devpool import probes, shards
 from devpool.backends.local import LocalBackend, Worker
 from devpool.config import Settings
 from devpool.errors import DevpoolError
 from devpool.fairshare import Waiter, WaitingRoom, fair_limit
+from devpool.history import History, TestResult, default_history_path, runner_class
 from devpool.inventory import Inventory, format_ids
 from devpool.leases import Blocked, Holder, Lease, LockDir, describe_blockers
 from devpool.markers import Request, request_for
@@ -54,6 +55,7 @@ BATCH_MAX = 64
 UNKNOWN_SMALL = 0.1  # seconds assumed, for batching only, of a test with no history
 STACKS_WAIT = 0.5  # seconds given to faulthandler to write the stacks before SIGTERM
 TICK = 1.0  # longest sleep of the event loop when nothing is due
+RELEASE_AFTER = 5  # passes in a row after which a quarantined test is ready to release
 RERUN = "rerun"  # a failed attempt that will be retried: shown, never counted as a failure
 
 Phase = Literal["setup", "call", "teardown"]
@@ -125,6 +127,11 @@ class Controller:
         self.probe = (
             probes.probe_for(inventory.platform.kind, os.environ) if settings.probe else None
         )
+        self.results: list[TestResult] = []  # for the duration history, at the end
+        self.estimates: dict[str, float] = {}
+        self.history_path = settings.history or default_history_path(config.rootpath)
+        self.shard = shards.parse_shard(settings.shard) if settings.shard else None
+        self.releasable: list[str] = []
         self.items: dict[str, pytest.Item] = {}
         devices = len(inventory.devices)
         self.max_parallel = settings.max_parallel or max(devices, settings.cpu_slots)
@@ -140,6 +147,32 @@ class Controller:
             self.record.write(event_type, **fields)
         for listener in self.listeners:
             listener.event(event_type, fields)
+
+    def _write_history(self) -> None:
+        if not self.results:
+            return
+        try:
+            with History(self.history_path) as history:
+                history.add(self.results)
+                self.releasable = self._ready_to_release(history)
+        except (DevpoolError, OSError) as exc:
+            self.quarantine_notes.append(f"duration history not written: {exc}")
+
+    def _ready_to_release(self, history: History) -> list[str]:
+        """Quarantined tests that passed the last RELEASE_AFTER times they ran."""
+        names = {r.nodeid for r in self.results if r.nodeid in self.quarantined}
+        if not names:
+            return []
+        recent: dict[str, list[str]] = {}
+        for result in sorted(history.results(), key=lambda r: r.time):
+            if result.nodeid in names:
+                recent.setdefault(result.nodeid, []).append(result.outcome)
+        return [
+            nodeid
+            for nodeid, outcomes in sorted(recent.items())
+            if len(outcomes) >= RELEASE_AFTER
+            and all(o == Outcome.PASSED.value for o in outcomes[-RELEASE_AFTER:])
+        ]
 
     def _start_record(self, session: pytest.Session, plan: Plan) -> None:
         self.record = RecordWriter(self.record_path)
@@ -178,6 +211,7 @@ class Controller:
             counts[trouble.outcome.value] = counts.get(trouble.outcome.value, 0) + 1
         self.emit("session_end", exitstatus=int(exitstatus), troubles=counts)
         self.record.close()
+        self._write_history()
         # Under `devpool run` the parent writes the step summary, also when this process dies.
         if self.github is not None and not os.environ.get("DEVPOOL_SUMMARY_BY_PARENT"):
             github.write_step_summary(read_record(self.record_path))
@@ -221,6 +255,37 @@ class Controller:
             self._quarantine(keep)
         except DevpoolError as exc:
             raise pytest.UsageError(str(exc)) from None
+        self.estimates = self._read_history()
+        if self.shard is not None:
+            self._keep_shard(config, items)
+
+    def _read_history(self) -> dict[str, float]:
+        """p90 durations of earlier runs; a damaged history is a warning, not a failed run."""
+        if not self.history_path.exists():
+            return {}
+        try:
+            with History(self.history_path) as history:
+                return history.estimates()
+        except DevpoolError as exc:
+            self.quarantine_notes.append(f"duration history not used: {exc}")
+            return {}
+
+    def _keep_shard(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """--devpool-shard K/N: keep the tests of shard K, split by estimated device-seconds."""
+        assert self.shard is not None
+        k, n = self.shard
+        default = self.settings.default_estimate
+        pieces = [
+            shards.shard_item(
+                item.nodeid, self.requests[item.nodeid], self.estimates.get(item.nodeid, default)
+            )
+            for item in items
+        ]
+        chosen = shards.select([item.nodeid for item in items], pieces, k, n)
+        others = [item for item in items if item.nodeid not in chosen]
+        if others:
+            config.hook.pytest_deselected(items=others)
+            items[:] = [item for item in items if item.nodeid in chosen]
 
     def _quarantine(self, items: list[pytest.Item]) -> None:
         platform = self.inventory.platform
@@ -261,7 +326,14 @@ class Controller:
             locations = {nodeid: item.location for nodeid, item in self.items.items()}
             self.github = GitHubLog(self.inventory.platform.name, locations)
             self.listeners.append(self.github)
-        plan = build_plan(self._jobs(session.items), self.inventory)
+        default = self.settings.default_estimate
+        plan = build_plan(
+            self._jobs(session.items),
+            self.inventory,
+            estimate=lambda job: self.estimates.get(job.nodeid, default),
+        )
+        for job in plan.jobs:
+            job.estimate_known = job.nodeid in self.estimates
         if self.settings.plan:
             self._print_plan(plan)
             return True
@@ -318,6 +390,11 @@ class Controller:
                 terminalreporter.write_line(
                     f"{trouble.outcome.value.upper():8} {trouble.nodeid}{why}  log: {trouble.log}"
                 )
+        for nodeid in self.releasable:
+            terminalreporter.write_line(
+                f"devpool: {nodeid} is quarantined but passed its last {RELEASE_AFTER} runs: "
+                "ready to release"
+            )
         for device, why in self.bad_devices.items():
             terminalreporter.write_line(
                 f"devpool: device {self.inventory.platform.name}:{device} retired: {why}",
@@ -1208,6 +1285,19 @@ class Loop:
                 self.c.quarantine_failures.append(trouble)
             if self.c.settings.repeat > 1:
                 self.c.repeats.setdefault(job.nodeid, []).append((outcome, where))
+            if worker is not None and outcome is not Outcome.SKIPPED:
+                self.c.results.append(
+                    TestResult(
+                        job.nodeid,
+                        outcome.value,
+                        round(end - started, 4),
+                        self.platform.name,
+                        job.devices_needed,
+                        runner_class(self.platform.name, len(self.c.inventory.devices)),
+                        end,
+                        self.c.run_id,
+                    )
+                )
         else:
             text = "\n".join(lines)
             message = f"attempt {job.attempt} on {where}: {detail or outcome.value}"

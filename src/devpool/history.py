@@ -192,8 +192,11 @@ class History:
 
     def add(self, results: Iterable[TestResult]) -> None:
         """Append results; a result already recorded (same test, run id and time) is kept once."""
-        with self._transaction() as conn:
-            conn.executemany(_INSERT, (result.row() for result in results))
+        try:
+            with self._transaction() as conn:
+                conn.executemany(_INSERT, (result.row() for result in results))
+        except sqlite3.Error as exc:  # locked past the timeout, disk full, read-only file
+            raise DevpoolError(f"cannot add to history {self.path}: {exc}") from None
 
     def estimate(self, nodeid: str, window: int = 20) -> float | None:
         """p90 of the test's last `window` counted durations; None when it has none."""
