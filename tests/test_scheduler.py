@@ -5,8 +5,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 
-import pytest
-
 from devpool.markers import Request
 from devpool.plan import Job
 from devpool.policies import Backfill, Fifo

@@ -226,7 +226,11 @@ def _shard(args: argparse.Namespace) -> int:
     split = shards.assign(items, count)
     walls = [shards.wall_estimate(shard, devices) for shard in split]
     commands = [
-        shlex.join(["python", "-m", "pytest", f"--devpool-shard={k}/{count}", *args.paths])
+        shlex.join(
+            ["python", "-m", "pytest", f"--devpool-shard={k}/{count}"]
+            + (["--devpool-shard-by-module"] if args.by_module else [])
+            + list(args.paths)
+        )
         for k in range(1, count + 1)
     ]
     if budget is not None and max(walls, default=0.0) > 0.8 * budget:

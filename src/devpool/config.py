@@ -118,6 +118,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("history", _text, "duration history, SQLite (default .devpool/history.sqlite)"),
     Option("default-estimate", _seconds, "seconds assumed for a test with no history (1.0)"),
     Option("shard", _text, "run only shard K of N (e.g. 2/4), split by estimated cost"),
+    Option("shard-by-module", _flag, "shards keep each module together", flag=True),
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
     Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
     Option("github", _flag, "GitHub Actions output (default: when GITHUB_ACTIONS=true)", flag=True),
@@ -185,6 +186,7 @@ class Settings:
     history: Path | None = None
     default_estimate: float = 1.0
     shard: str | None = None
+    shard_by_module: bool = False
     quarantine_file: Path | None = None
     strict_quarantine: bool = False
     probe: bool = True

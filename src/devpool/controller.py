@@ -277,7 +277,10 @@ class Controller:
         default = self.settings.default_estimate
         pieces = [
             shards.shard_item(
-                item.nodeid, self.requests[item.nodeid], self.estimates.get(item.nodeid, default)
+                item.nodeid,
+                self.requests[item.nodeid],
+                self.estimates.get(item.nodeid, default),
+                by_module=self.settings.shard_by_module,
             )
             for item in items
         ]
