@@ -57,6 +57,12 @@ def _flaky_result(value: object) -> str:
     return str(value)
 
 
+def _backend(value: object) -> str:
+    if value not in ("local", "ray"):
+        raise ValueError("'local' or 'ray'")
+    return str(value)
+
+
 def _flag(value: object) -> bool:
     if isinstance(value, bool):
         return value
@@ -119,6 +125,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("default-estimate", _seconds, "seconds assumed for a test with no history (1.0)"),
     Option("shard", _text, "run only shard K of N (e.g. 2/4), split by estimated cost"),
     Option("shard-by-module", _flag, "shards keep each module together", flag=True),
+    Option("backend", _backend, "where workers run: local (this host) or ray (a cluster)"),
+    Option("ray-address", _text, "Ray cluster address (default: $RAY_ADDRESS, else local)"),
+    Option("ray-ship-code", _flag, "ship the test code with Ray's runtime_env", flag=True),
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
     Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
     Option("github", _flag, "GitHub Actions output (default: when GITHUB_ACTIONS=true)", flag=True),
@@ -187,6 +196,9 @@ class Settings:
     default_estimate: float = 1.0
     shard: str | None = None
     shard_by_module: bool = False
+    backend: str = "local"
+    ray_address: str | None = None
+    ray_ship_code: bool = False
     quarantine_file: Path | None = None
     strict_quarantine: bool = False
     probe: bool = True

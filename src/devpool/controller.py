@@ -20,7 +20,9 @@ from typing import Any, Literal, Protocol
 import pytest
 
 from devpool import probes, shards
-from devpool.backends.local import LocalBackend, Worker
+from devpool.backends import Backend
+from devpool.backends import WorkerHandle as Worker
+from devpool.backends.local import LocalBackend
 from devpool.config import Settings
 from devpool.errors import DevpoolError
 from devpool.fairshare import Waiter, WaitingRoom, fair_limit
@@ -140,6 +142,15 @@ class Controller:
         self.record: RecordWriter | None = None
         self.listeners: list[Listener] = []
         self.github: GitHubLog | None = None
+
+    def make_backend(self, config: pytest.Config) -> Backend:
+        """Local child processes, or Ray actors when --devpool-backend ray."""
+        args, cwd = config.invocation_params.args, config.invocation_params.dir
+        if self.settings.backend == "ray":
+            from devpool.backends.ray import RayBackend
+
+            return RayBackend(args, cwd, self.log_dir, self.settings, self.inventory)
+        return LocalBackend(args, cwd, self.log_dir)
 
     def emit(self, event_type: str, **fields: Any) -> None:
         """One run event: to the record (written at once) and to every live listener."""
@@ -333,12 +344,22 @@ class Controller:
         plan = build_plan(
             self._jobs(session.items),
             self.inventory,
+            backend=self.settings.backend,
             estimate=lambda job: self.estimates.get(job.nodeid, default),
         )
+        backend = self.make_backend(session.config)
+        check = getattr(backend, "unsatisfiable", None)
+        if check is not None:  # the cluster's real shape: nodes, devices per node
+            for job in list(plan.jobs):
+                reason = check(job.request)
+                if reason is not None:
+                    plan.jobs.remove(job)
+                    plan.unsatisfiable.append((job, reason))
         for job in plan.jobs:
             job.estimate_known = job.nodeid in self.estimates
         if self.settings.plan:
             self._print_plan(plan)
+            backend.close()
             return True
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # With --devpool-repeat, progress counts every repetition.
@@ -351,7 +372,7 @@ class Controller:
             # pytest prints captured test output (FAILURES, -rP) as it is: fence the whole
             # run so no line a test printed can act as a workflow command.
             terminal.write_line(self.github.open_fence())
-        loop = Loop(self, session, plan)
+        loop = Loop(self, session, plan, backend)
         live = None
         if terminal is not None and progress.wanted(self.config.option):
             live = progress.LiveProgress(terminal._tw)
@@ -480,7 +501,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 class Loop:
     """One run of the event loop: schedule, start, watch, replay, until every job ended."""
 
-    def __init__(self, controller: Controller, session: pytest.Session, plan: Plan) -> None:
+    def __init__(
+        self, controller: Controller, session: pytest.Session, plan: Plan, backend: Backend
+    ) -> None:
         self.c = controller
         self.session = session
         self.hook = session.config.hook
@@ -494,10 +517,7 @@ class Loop:
             settings.cpu_slots,
             isolate_all=settings.isolation == "job",
         )
-        config = session.config
-        self.backend = LocalBackend(
-            config.invocation_params.args, config.invocation_params.dir, controller.log_dir
-        )
+        self.backend = backend
         self.slots: dict[int, Slot] = {}
         self.idle: dict[int, Slot] = {}
         self.starting: dict[int, tuple[Placement, set[int]]] = {}  # job id → waiting on retirees
@@ -659,7 +679,7 @@ class Loop:
     def _spawn(self, placement: Placement, now: float) -> bool:
         job = placement.job
         lease: Lease | None = None
-        if placement.devices:
+        if placement.devices and self.backend.local_leases:
             holder = Holder.for_this_process(self.c.run_id, job.nodeid)
             got = self.c.lock_dir.try_acquire(self.platform.name, placement.devices, holder)
             if not isinstance(got, Lease):
@@ -1037,7 +1057,7 @@ class Loop:
     def _check_exits(self) -> None:
         """Workers that died without their pipe closing (a forked child kept it open)."""
         for slot in list(self.slots.values()):
-            if slot.worker.process.poll() is not None and not slot.worker.exited:
+            if slot.worker.poll() is not None and not slot.worker.exited:
                 for message in self.backend.drain(slot.worker):
                     self._on_message(slot, message)
                 self._on_exit(slot)
@@ -1083,6 +1103,10 @@ class Loop:
         else:
             outcome = Outcome.CRASHED
             detail = f"worker pid {worker.pid} {how} while running the test"
+            lost = getattr(worker, "lost", None)
+            if lost:  # the machine went away, not the test: infra, retried elsewhere
+                outcome = Outcome.INFRA
+                detail = f"{lost} while running the test"
         retry = self._can_retry(job, outcome)
         self._synthesize(
             job, outcome, detail, worker.devices, duration, slot=slot, extra=extra, retry=retry
@@ -1165,15 +1189,15 @@ class Loop:
         deadline = time.monotonic() + 2.0
         for slot in slots:
             try:
-                slot.worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                slot.worker.wait(timeout=max(0.0, deadline - time.monotonic()))
             except Exception:  # noqa: BLE001 - timeout or interrupted: escalate below
                 slot.worker.signal_group(signal.SIGTERM)
         for slot in slots:
             try:
-                slot.worker.process.wait(timeout=1.0)
+                slot.worker.wait(timeout=1.0)
             except Exception:  # noqa: BLE001
                 slot.worker.signal_group(signal.SIGKILL)
-                slot.worker.process.wait()
+                slot.worker.wait()
             slot.worker.signal_group(signal.SIGKILL)
             slot.worker.close()
             if slot.worker.lease is not None:

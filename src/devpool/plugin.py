@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,12 @@ def _configure_controller(config: pytest.Config) -> None:
         return  # devpool stays out of the way: plain pytest, markers registered
     if getattr(config.option, "numprocesses", None):
         raise DevpoolError("--devices and -n (pytest-xdist) both start workers; drop -n")
-    inventory = resolve_inventory(settings.devices, settings.platforms, os.environ)
+    if settings.backend == "ray":
+        from devpool.backends.ray import cluster_inventory
+
+        inventory = cluster_inventory(settings.devices, settings.platforms, settings.ray_address)
+    else:
+        inventory = resolve_inventory(settings.devices, settings.platforms, os.environ)
     lock_dir = LockDir(settings.lock_dir)
     from devpool.controller import Controller
 
@@ -77,6 +83,31 @@ def devpool_artifacts(
     path = Path(root) / file_name(test, attempt)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Where this rank of a multi-node test stands: rank, world size, rank 0's address."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    peers: tuple[str, ...]  # every rank's address, by rank
+
+
+@pytest.fixture
+def devpool_node() -> NodeInfo:
+    """This rank's place in a @pytest.mark.nodes(n) test (rank 0 of 1 outside one)."""
+    env = os.environ
+    peers = tuple(p for p in env.get("DEVPOOL_NODE_PEERS", "").split(",") if p)
+    return NodeInfo(
+        rank=int(env.get("DEVPOOL_NODE_RANK", "0")),
+        world_size=int(env.get("DEVPOOL_NODE_WORLD_SIZE", "1")),
+        master_addr=env.get("DEVPOOL_NODE_MASTER_ADDR", "127.0.0.1"),
+        master_port=int(env.get("DEVPOOL_NODE_MASTER_PORT", "0")),
+        peers=peers or ("127.0.0.1",),
+    )
 
 
 @pytest.fixture

@@ -1,1 +1,64 @@
-"""Where workers run: local processes on this host, or Ray (later)."""
+"""Where workers run: child processes on this host (local), or Ray actors across a cluster.
+
+Every backend hands the controller the same two things: workers it can message, signal
+and wait for, and one poll over all their event streams. The controller never knows
+which backend it drives, except whether it must take local device leases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from devpool.leases import Lease
+from devpool.markers import Request
+from devpool.protocol import Message
+
+
+class WorkerHandle(Protocol):
+    """One worker: a pytest process bound to its devices, wherever it runs."""
+
+    key: int
+    devices: tuple[int, ...]
+    lease: Lease | None
+    log: Path  # its stdout/stderr, readable from the controller
+    exited: bool
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def stacks(self) -> Path: ...
+
+    def send(self, message: Message) -> bool: ...
+
+    def signal_group(self, signum: int) -> None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """Starts workers and multiplexes their events."""
+
+    local_leases: bool  # True: the controller leases devices on this host before start()
+
+    def start(
+        self,
+        devices: tuple[int, ...],
+        lease: Lease | None,
+        env: Mapping[str, str],
+        request: Request | None = None,
+    ) -> WorkerHandle: ...
+
+    def poll(self, timeout: float) -> list[tuple[WorkerHandle, list[Message], bool]]: ...
+
+    def drain(self, worker: WorkerHandle) -> list[Message]: ...
+
+    def reap(self, worker: WorkerHandle, wait: float = 5.0) -> int | None: ...
+
+    def close(self) -> None: ...

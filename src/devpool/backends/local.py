@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devpool import protocol
+from devpool.backends import WorkerHandle
 from devpool.leases import Lease
+from devpool.markers import Request
 from devpool.worker import stacks_file
 
 
@@ -42,6 +44,14 @@ class Worker:
     def stacks(self) -> Path:
         return stacks_file(self.log)
 
+    def poll(self) -> int | None:
+        """The exit status once the process has ended, else None."""
+        return self.process.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the process to end (subprocess.TimeoutExpired after timeout)."""
+        return self.process.wait(timeout=timeout)
+
     def send(self, message: protocol.Message) -> bool:
         """Send a command; False when the worker is already gone."""
         try:
@@ -64,6 +74,8 @@ class Worker:
 class LocalBackend:
     """Starts workers and multiplexes their event pipes."""
 
+    local_leases = True
+
     def __init__(self, args: Sequence[str], cwd: Path, log_dir: Path) -> None:
         self.args = list(args)
         self.cwd = cwd
@@ -72,7 +84,11 @@ class LocalBackend:
         self._next_key = 0
 
     def start(
-        self, devices: tuple[int, ...], lease: Lease | None, env: Mapping[str, str]
+        self,
+        devices: tuple[int, ...],
+        lease: Lease | None,
+        env: Mapping[str, str],
+        request: Request | None = None,
     ) -> Worker:
         """Spawn a worker for these devices; the lease fds are inherited so it outlives neither."""
         self._next_key += 1
@@ -104,9 +120,9 @@ class LocalBackend:
         self.selector.register(ev_read, selectors.EVENT_READ, worker)
         return worker
 
-    def poll(self, timeout: float) -> list[tuple[Worker, list[protocol.Message], bool]]:
+    def poll(self, timeout: float) -> list[tuple[WorkerHandle, list[protocol.Message], bool]]:
         """Events that arrived within timeout: (worker, messages, reached_eof)."""
-        results = []
+        results: list[tuple[WorkerHandle, list[protocol.Message], bool]] = []
         for key, _ in self.selector.select(timeout):
             worker: Worker = key.data
             chunks = []
@@ -126,8 +142,9 @@ class LocalBackend:
             results.append((worker, messages, eof))
         return results
 
-    def drain(self, worker: Worker) -> list[protocol.Message]:
+    def drain(self, worker: WorkerHandle) -> list[protocol.Message]:
         """Whatever an exited worker still had in its pipe; stops watching that pipe."""
+        assert isinstance(worker, Worker)
         chunks = []
         while True:
             try:
@@ -141,8 +158,9 @@ class LocalBackend:
             self.selector.unregister(worker.fd_out)
         return worker.reader.feed(b"".join(chunks))
 
-    def reap(self, worker: Worker, wait: float = 5.0) -> int | None:
+    def reap(self, worker: WorkerHandle, wait: float = 5.0) -> int | None:
         """The worker's exit status once its event pipe closed (negative: killed by a signal)."""
+        assert isinstance(worker, Worker)
         try:
             code = worker.process.wait(timeout=wait)
         except subprocess.TimeoutExpired:
