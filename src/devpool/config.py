@@ -89,6 +89,7 @@ class Option:
     convert: Callable[[object], Any]
     help: str
     flag: bool = False
+    negatable: bool = False  # also --devpool-no-<name>, for flags that default on (or detect)
 
     @property
     def dest(self) -> str:
@@ -119,7 +120,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("quarantine-file", _text, "TOML file of quarantine entries keyed by node id"),
     Option("strict-quarantine", _flag, "an expired quarantine entry is an error", flag=True),
     Option(
-        "probe", _flag, "probe devices for foreign processes before a lease (default on)", flag=True
+        "probe",
+        _flag,
+        "probe devices for foreign processes before a lease (default on)",
+        flag=True,
+        negatable=True,
     ),
     Option("history", _text, "duration history, SQLite (default .devpool/history.sqlite)"),
     Option("default-estimate", _seconds, "seconds assumed for a test with no history (1.0)"),
@@ -130,7 +135,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("ray-ship-code", _flag, "ship the test code with Ray's runtime_env", flag=True),
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
     Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
-    Option("github", _flag, "GitHub Actions output (default: when GITHUB_ACTIONS=true)", flag=True),
+    Option(
+        "github",
+        _flag,
+        "GitHub Actions output (default: when GITHUB_ACTIONS=true)",
+        flag=True,
+        negatable=True,
+    ),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 TABLE_KEYS = frozenset(_BY_NAME) | {"devices", "platforms", "quarantine", "fatal-patterns"}
@@ -151,15 +162,16 @@ def add_options(parser: pytest.Parser) -> None:
             group.addoption(
                 option.cli, dest=option.dest, action="store_true", default=None, help=option.help
             )
+            if option.negatable:
+                group.addoption(
+                    "--devpool-no-" + option.name,
+                    dest=option.dest,
+                    action="store_false",
+                    default=None,
+                    help=f"turn {option.cli} off",
+                )
         else:
             group.addoption(option.cli, dest=option.dest, default=None, help=option.help)
-    group.addoption(
-        "--devpool-no-github",
-        dest="devpool_github",
-        action="store_false",
-        default=None,
-        help="no GitHub Actions output, even under GitHub Actions",
-    )
     # The worker role: how a child pytest finds its controller. Not for users.
     group.addoption(
         "--devpool-worker",

@@ -564,7 +564,7 @@ class Loop:
                 self._check_exits()
                 if not self.stopped and (self.session.shouldfail or self.session.shouldstop):
                     self._stop_dispatch()
-                if not self.scheduler.queue and not self.starting:
+                if self.stopped or (not self.scheduler.queue and not self.starting):
                     self._retire_all_idle()
                 if self.live is not None:
                     self.live.update(self._snapshot())
