@@ -15,7 +15,6 @@ The timeline (optional) simulates devpool's own scheduler instead.
 from __future__ import annotations
 
 import contextlib
-import heapq
 import html
 import io
 import json
@@ -384,26 +383,17 @@ def simulate(tests: Sequence[tuple[int, float]], devices: int) -> float:
     from devpool.plan import Job
     from devpool.policies import Backfill
     from devpool.scheduler import Scheduler
+    from devpool.scheduler import simulate as run_schedule
 
     slots = max(devices, 1)
     scheduler = Scheduler(
         tuple(range(devices)), Backfill(), max_parallel=2 * slots, cpu_slots=slots
     )
-    for index, (count, seconds) in enumerate(tests):
-        job = Job(index, f"t{index}", ("", None, ""), Request(count), index, estimate=seconds)
-        scheduler.add(job)
-    ends: list[tuple[float, int, Job]] = []
-    now = 0.0
-    while True:
-        for placement in scheduler.schedule(now):
-            job = placement.job
-            heapq.heappush(ends, (now + job.estimate, job.id, job))
-        if not ends:
-            break
-        now = ends[0][0]
-        while ends and ends[0][0] <= now:
-            scheduler.finish(heapq.heappop(ends)[2])
-    return now
+    jobs = [
+        Job(index, f"t{index}", ("", None, ""), Request(count), index, estimate=seconds)
+        for index, (count, seconds) in enumerate(tests)
+    ]
+    return run_schedule(scheduler, jobs)
 
 
 def _timeline(running: Sequence[tuple[CollectedTest, float]], pool: int) -> list[TimelineRow]:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from devpool import __version__
 from devpool.errors import DevpoolError
@@ -158,6 +159,17 @@ def _positive(text: str, what: str) -> float:
     return value
 
 
+def _chosen_platform(args: argparse.Namespace, seen: Any) -> str:
+    """--platform, else the one [tool.devpool] devices names; it must be a known platform."""
+    name: str = args.platform or _default_platform(seen.table)
+    if name not in seen.platforms:
+        raise DevpoolError(
+            f"--platform {name!r} is not a known platform; known: "
+            f"{', '.join(sorted(seen.platforms))} (add others under [tool.devpool.platforms])"
+        )
+    return name
+
+
 def _capacity(args: argparse.Namespace) -> int:
     from devpool import capacity
 
@@ -167,12 +179,7 @@ def _capacity(args: argparse.Namespace) -> int:
     factor = _positive(str(args.drift_factor), "--drift-factor")
     estimates, previous = _estimates(args)
     seen = capacity.collect_suite(args.paths)
-    platform = args.platform or _default_platform(seen.table)
-    if platform not in seen.platforms:
-        raise DevpoolError(
-            f"--platform {platform!r} is not a known platform; known: "
-            f"{', '.join(sorted(seen.platforms))} (add others under [tool.devpool.platforms])"
-        )
+    platform = _chosen_platform(args, seen)
     kind = seen.platforms[platform].kind
     capacity.apply_quarantine(seen.tests, seen.quarantine, platform, kind)
     rep = capacity.report(
@@ -209,12 +216,7 @@ def _shard(args: argparse.Namespace) -> int:
         raise DevpoolError(f"--runners must be 1 or more, got {args.runners}")
     estimates, _ = _estimates(args)
     seen = capacity.collect_suite(args.paths)
-    name = args.platform or _default_platform(seen.table)
-    if name not in seen.platforms:
-        raise DevpoolError(
-            f"--platform {name!r} is not a known platform; known: "
-            f"{', '.join(sorted(seen.platforms))} (add others under [tool.devpool.platforms])"
-        )
+    name = _chosen_platform(args, seen)
     # As a run does: tests whose platforms marker leaves this platform out are not sharded.
     admitted = {name, seen.platforms[name].kind}
     tests = [t for t in seen.tests if t.platforms is None or admitted & set(t.platforms)]

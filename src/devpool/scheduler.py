@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -253,3 +253,29 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         return not self.queue and not self.running
+
+
+def simulate(
+    scheduler: Scheduler, jobs: Iterable[Job], duration: Callable[[Job], float] | None = None
+) -> float:
+    """Run jobs through the scheduler on a simulated clock, as the controller would: the makespan.
+
+    Each job lasts duration(job) (its estimate by default). Capacity reports and the
+    benchmarks use this to predict schedules without running anything.
+    """
+    last = duration or (lambda job: job.estimate)
+    for job in jobs:
+        scheduler.add(job)
+    ends: list[tuple[float, int, Job]] = []
+    now = 0.0
+    while True:
+        for placement in scheduler.schedule(now):
+            heapq.heappush(ends, (now + last(placement.job), placement.job.id, placement.job))
+        if not ends:
+            break
+        now = ends[0][0]
+        while ends and ends[0][0] <= now:
+            scheduler.finish(heapq.heappop(ends)[2])
+    if len(scheduler.queue):
+        raise RuntimeError(f"{scheduler.policy.name}: {len(scheduler.queue)} jobs never started")
+    return now
