@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,68 @@ def test_shard_leaves_out_tests_of_other_platforms(pytester: pytest.Pytester) ->
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["split"][0]["tests"] == ["test_p.py::test_any"]
+
+
+SHARD_SUITE = """
+import time
+
+import pytest
+
+SECONDS = {durations!r}
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.parametrize("i", range(len(SECONDS)))
+def test_work(i):
+    time.sleep(SECONDS[i])
+"""
+
+
+def test_shards_run_for_real_take_what_they_were_estimated(tmp_path: Path) -> None:
+    """Record durations once, split into 3 shards, run each shard on its own simulated runner:
+    every shard runs exactly its tests, and the shards' measured test time agrees with the
+    balanced estimate (each within 10% of the others, give or take scheduling noise)."""
+    durations = [0.3, 0.25, 0.2, 0.2, 0.15, 0.15, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05]
+    (tmp_path / "test_shardwork.py").write_text(SHARD_SUITE.format(durations=durations))
+    history = tmp_path / "history.sqlite"
+    common = [
+        "-p", "no:cacheprovider", *FAST, "-q", "--devices", "sim:0",
+        f"--devpool-lock-dir={tmp_path / 'locks'}", f"--devpool-history={history}",
+    ]  # fmt: skip
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "DEVPOOL_"))}
+
+    def pytest_run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", *common, *extra], cwd=tmp_path, env=environ,
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+
+    first = pytest_run(f"--devpool-run-record={tmp_path / 'all.jsonl'}")
+    assert first.returncode == 0, first.stdout + first.stderr
+
+    ran: list[set[str]] = []
+    busy: list[float] = []
+    for k in (1, 2, 3):
+        # Each CI runner starts from the same history (merged before the run, as the
+        # README says); a shard's own run must not change how the others split.
+        own = tmp_path / f"history{k}.sqlite"
+        shutil.copy(history, own)
+        record = tmp_path / f"shard{k}.jsonl"
+        done = pytest_run(
+            f"--devpool-shard={k}/3", f"--devpool-run-record={record}", f"--devpool-history={own}"
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        ends = [
+            json.loads(line)
+            for line in record.read_text().splitlines()
+            if '"type": "job_end"' in line
+        ]
+        ran.append({e["nodeid"] for e in ends})
+        busy.append(sum(e["run_time"] for e in ends))
+
+    everything = {f"test_shardwork.py::test_work[{i}]" for i in range(len(durations))}
+    assert set().union(*ran) == everything
+    assert sum(len(names) for names in ran) == len(everything)  # no test in two shards
+    # One device per runner: a shard's wall is its tests' summed time. LPT on these
+    # durations balances to 0.57/0.57/0.56 s; allow 10% plus 0.05 s of timer noise.
+    assert max(busy) - min(busy) <= 0.10 * max(busy) + 0.05, busy
