@@ -9,6 +9,7 @@ from devpool.inventory import Inventory, format_ids
 from devpool.markers import Request
 
 DEFAULT_ESTIMATE = 1.0  # seconds assumed for a test with no duration history
+ORDER_GRAIN = 0.1  # seconds: estimates below this do not reorder tests
 
 
 @dataclass(eq=False)
@@ -43,7 +44,9 @@ class Job:
 
     def priority(self) -> tuple[float, int, int]:
         """Sort key, smallest first: most device-seconds first, then the larger request."""
-        weight = max(self.request.device_count, 0.5) * self.estimate
+        # Tests shorter than ORDER_GRAIN tie, so they keep the order the user wrote them in
+        # (module fixtures stay warm); only real differences in cost reorder the suite.
+        weight = max(self.request.device_count, 0.5) * max(self.estimate, ORDER_GRAIN)
         return (-weight, -self.request.device_count, self.index)
 
 
