@@ -14,7 +14,9 @@ GUARDS = Path(tempfile.gettempdir()) / "devpool-demo-guards"
 
 
 @pytest.fixture
-def exclusive_devices(devpool_devices: list[int], devpool_platform: str | None) -> Iterator[list[int]]:
+def exclusive_devices(
+    devpool_devices: list[int], devpool_platform: str | None
+) -> Iterator[list[int]]:
     """Claim each device with an exclusive-create guard file: a second holder would fail here."""
     GUARDS.mkdir(exist_ok=True)
     claimed = []

@@ -1,6 +1,7 @@
 """Multi-device tests: all-reduce across 2 and 4 devices."""
 
 import pytest
+
 from conftest import simulate_work
 
 

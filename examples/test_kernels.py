@@ -3,6 +3,7 @@
 import os
 
 import pytest
+
 from conftest import simulate_work
 
 

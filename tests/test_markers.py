@@ -184,3 +184,11 @@ def test_requests_from_real_items_use_the_closest_marker(pytester: pytest.Pytest
     with pytest.raises(DevpoolError) as info:
         request_for(by_name["test_bad"], KNOWN)
     assert str(info.value).startswith(by_name["test_bad"].nodeid + ": ")
+
+
+def test_nodes_takes_a_peer_service_command() -> None:
+    got = request(pytest.mark.nodes(2, peer_service="python -m http.server 9000"))
+
+    assert got.nodes == 2
+    assert got.peer_service == "python -m http.server 9000"
+    assert "must be a command string" in error(pytest.mark.nodes(2, peer_service=3))

@@ -133,6 +133,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("backend", _backend, "where workers run: local (this host) or ray (a cluster)"),
     Option("ray-address", _text, "Ray cluster address (default: $RAY_ADDRESS, else local)"),
     Option("ray-ship-code", _flag, "ship the test code with Ray's runtime_env", flag=True),
+    Option("peer-service", _text, "command started on every non-zero rank of a nodes(n) test"),
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
     Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
     Option(
@@ -211,6 +212,7 @@ class Settings:
     backend: str = "local"
     ray_address: str | None = None
     ray_ship_code: bool = False
+    peer_service: str | None = None
     quarantine_file: Path | None = None
     strict_quarantine: bool = False
     probe: bool = True

@@ -13,7 +13,7 @@ import signal
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -448,14 +448,11 @@ class Controller:
         jobs = []
         for index, item in enumerate(items):
             request = self.requests.get(item.nodeid) or request_for(item, self.settings.platforms)
+            if request.nodes > 1 and not request.isolate:
+                # A multi-node test's ranks serve that test alone: never batched nor reused.
+                request = replace(request, isolate=True)
             if request.timeout is None and self.settings.test_timeout is not None:
-                request = Request(
-                    request.device_count,
-                    request.platforms,
-                    request.nodes,
-                    request.isolate,
-                    self.settings.test_timeout,
-                )
+                request = replace(request, timeout=self.settings.test_timeout)
             repeat = self.settings.repeat
             uses: dict[int, int] = {}  # shared by the repeats: spread them over the devices
             for turn in range(1, repeat + 1):
@@ -700,7 +697,9 @@ class Loop:
             for device in placement.devices:
                 self.foreign.pop(device, None)
                 self.retry_at.pop(device, None)
-        worker = self.backend.start(placement.devices, lease, self._env(placement.devices))
+        worker = self.backend.start(
+            placement.devices, lease, self._env(placement.devices), job.request
+        )
         if lease is not None:
             lease.set_job(job.nodeid, worker.pid)
         slot = Slot(worker)
@@ -1127,6 +1126,10 @@ class Loop:
             f"worker pid {worker.pid} {_describe_exit(code)} before running the test; "
             f"see {worker.log}"
         )
+        lost = getattr(worker, "lost", None)
+        if lost:
+            reason = f"{lost} before running the test; see {worker.log}"
+
         self._synthesize(
             job,
             Outcome.INFRA,
@@ -1142,8 +1145,12 @@ class Loop:
         for slot in self.slots.values():
             if slot.kill_stage == 0 and slot.deadline is not None and now >= slot.deadline:
                 slot.kill_stage, slot.kill_at = 1, now + STACKS_WAIT
-                with suppress(ProcessLookupError):
-                    os.kill(slot.worker.pid, signal.SIGUSR1)
+                dump = getattr(slot.worker, "dump_stacks", None)  # a remote worker's own way
+                if dump is not None:
+                    dump()
+                else:
+                    with suppress(ProcessLookupError):
+                        os.kill(slot.worker.pid, signal.SIGUSR1)
             elif slot.kill_stage == 1 and now >= slot.kill_at:
                 slot.kill_stage, slot.kill_at = 2, now + self.c.settings.timeout_grace
                 slot.worker.signal_group(signal.SIGTERM)
@@ -1352,6 +1359,7 @@ class Loop:
             tail=lines,
             quarantined=quarantine.describe() if quarantine is not None else None,
             artifacts=str(artifacts) if artifacts is not None else None,
+            **_ranks(worker),
         )
 
     def _artifacts(self, job: Job, outcome: Outcome, retried: bool) -> Path | None:
@@ -1438,6 +1446,12 @@ def _junit_keys(
             names[0] = f"{prefix}.{names[0]}"
         keys[(".".join(names[:-1]), names[-1])] = attempts
     return keys
+
+
+def _ranks(worker: Worker | None) -> dict[str, Any]:
+    """A multi-node worker's ranks (node, devices, log of each), for the run record."""
+    ranks = getattr(worker, "rank_info", None)
+    return {"ranks": ranks} if ranks else {}
 
 
 def _small(job: Job) -> float:

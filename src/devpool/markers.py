@@ -28,6 +28,7 @@ class Request:
     nodes: int = 1
     isolate: bool = False
     timeout: float | None = None
+    peer_service: str | None = None  # nodes(n, peer_service="cmd"): run on ranks 1..n-1
 
     def describe(self) -> str:
         """Short human form, e.g. '2 devices, isolate, timeout 30s'."""
@@ -98,8 +99,15 @@ def request_for(item: pytest.Item, known_platforms: Collection[str]) -> Request:
     if (mark := item.get_closest_marker("device_count")) is not None:
         device_count = _whole_number(nodeid, mark, 1)
     nodes = 1
+    peer_service = None
     if (mark := item.get_closest_marker("nodes")) is not None:
-        nodes = _whole_number(nodeid, mark, 1)
+        peer_service = mark.kwargs.get("peer_service")
+        if peer_service is not None and (not isinstance(peer_service, str) or not peer_service):
+            raise DevpoolError(
+                f"{nodeid}: @pytest.mark.nodes(peer_service=...) must be a command string"
+            )
+        rest = {k: v for k, v in mark.kwargs.items() if k != "peer_service"}
+        nodes = _whole_number(nodeid, pytest.Mark(mark.name, mark.args, rest), 1)
     platforms = None
     if (mark := item.get_closest_marker("platforms")) is not None:
         platforms = _platforms(nodeid, mark, known_platforms)
@@ -107,4 +115,4 @@ def request_for(item: pytest.Item, known_platforms: Collection[str]) -> Request:
     if (mark := item.get_closest_marker("timeout")) is not None:
         timeout = _timeout(nodeid, mark)
     isolate = item.get_closest_marker("isolate") is not None
-    return Request(device_count, platforms, nodes, isolate, timeout)
+    return Request(device_count, platforms, nodes, isolate, timeout, peer_service)

@@ -40,7 +40,8 @@ class Job:
 
     @property
     def devices_needed(self) -> int:
-        return self.request.device_count
+        """Every device the job holds at once: a nodes(n) test holds n × device_count."""
+        return self.request.device_count * self.request.nodes
 
     def priority(self) -> tuple[float, int, int]:
         """Sort key, smallest first: most device-seconds first, then the larger request."""

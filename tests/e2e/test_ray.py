@@ -1,0 +1,349 @@
+"""End to end on a real two-node Ray cluster on loopback: multi-node ranks, the demo suite,
+unsatisfiable requests and a node lost mid-run.
+
+One cluster serves the module (Ray starts slowly); the test that removes a node runs last
+and adds one back. Every wait polls a condition under a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Ray reads it when imported: every Ray process of these tests binds to 127.0.0.1 only.
+# Set for this process and so for every child session (and their Ray workers) too.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+try:
+    import ray  # noqa: F401
+    from ray.cluster_utils import Cluster
+except ImportError:
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("Ray is not installed (pip install -e '.[ray]')", allow_module_level=True)
+
+PLUGIN_ARGS = ("-p", "devpool.plugin", "-p", "no:cacheprovider")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+# The built-in sim platform, counted in the cluster's NPU resource.
+PYPROJECT = """
+[tool.devpool.platforms]
+sim = { kind = "sim", ray-resource = "NPU" }
+"""
+NODE_NPU = 4
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """Two Ray nodes on 127.0.0.1, 4 NPU each; stopped through its own API."""
+    started = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"NPU": NODE_NPU}}
+    )
+    try:
+        started.add_node(num_cpus=1, resources={"NPU": NODE_NPU})
+        started.wait_for_nodes()
+        yield started
+    finally:
+        started.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _no_plugin_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Workers are whole pytest starts (on Ray nodes too): other installed plugins only slow
+    # them down. The sessions and their workers inherit it.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
+def run_ray(
+    pytester: pytest.Pytester, cluster: Cluster, record: Path, *args: str
+) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        *PLUGIN_ARGS,
+        "--devpool-backend",
+        "ray",
+        "--devpool-ray-address",
+        cluster.address,
+        "--devices",
+        "sim",
+        f"--devpool-run-record={record}",
+        f"--devpool-lock-dir={pytester.path / 'locks'}",
+        *args,
+        timeout=180,
+    )
+
+
+def job_ends(record: Path) -> list[dict[str, Any]]:
+    events = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    return [e for e in events if e["type"] == "job_end"]
+
+
+def outcomes(record: Path) -> set[tuple[str, str]]:
+    return {(e["nodeid"], e["outcome"]) for e in job_ends(record) if not e["retried"]}
+
+
+def _alive(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "zombie" not in status.read_text().lower()
+    except OSError:
+        return False
+
+
+def wait_until(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_two_ranks_on_two_nodes_talk_over_tcp(pytester: pytest.Pytester, cluster: Cluster) -> None:
+    out = pytester.path / "out"
+    out.mkdir()
+    pytester.makepyprojecttoml(PYPROJECT)
+    pytester.makepyfile(
+        test_pair=f"""
+        import json, os, socket, time
+        from pathlib import Path
+        import pytest
+
+        OUT = Path({str(out)!r})
+
+        def service_file(rank):
+            return OUT / f"service-{{rank}}.pid"
+
+        @pytest.mark.nodes(2)
+        @pytest.mark.device_count(2)
+        def test_pair(devpool_node, devpool_devices):
+            # The peer service runs on every rank but rank 0, started before the test.
+            deadline = time.monotonic() + 30
+            while devpool_node.rank > 0 and not service_file(devpool_node.rank).exists():
+                assert time.monotonic() < deadline, "the peer service never started"
+                time.sleep(0.05)
+            assert not service_file(0).exists()
+            (OUT / f"rank{{devpool_node.rank}}.json").write_text(json.dumps(dict(
+                rank=os.environ["DEVPOOL_NODE_RANK"],
+                node=os.environ["DEVPOOL_RAY_NODE_ID"],
+                devices=devpool_devices,
+                world=devpool_node.world_size,
+                peers=list(devpool_node.peers),
+            )))
+            assert devpool_node.world_size == 2 and len(devpool_devices) == 2
+            address = (devpool_node.master_addr, devpool_node.master_port)
+            if devpool_node.rank == 0:
+                with socket.create_server(address) as server:
+                    server.settimeout(60)
+                    conn, _ = server.accept()
+                    with conn:
+                        assert conn.recv(64) == b"hello from rank 1"
+                        conn.sendall(b"hello from rank 0")
+            else:
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        conn = socket.create_connection(address, timeout=5)
+                        break
+                    except OSError:
+                        assert time.monotonic() < deadline, "rank 0 never listened"
+                        time.sleep(0.05)
+                with conn:
+                    conn.sendall(b"hello from rank 1")
+                    assert conn.recv(64) == b"hello from rank 0"
+                print("rank 1 got its answer")
+        """
+    )
+    record = pytester.path / "record.jsonl"
+    service = (
+        "python -c 'import os, pathlib, time; "
+        f'pathlib.Path("{out}/service-" + os.environ["DEVPOOL_NODE_RANK"] + ".pid")'
+        ".write_text(str(os.getpid())); time.sleep(600)'"
+    )
+    result = run_ray(pytester, cluster, record, "-rA", f"--devpool-peer-service={service}")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*1 passed*"])
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["rank"] for r in ranks] == ["0", "1"]
+    assert ranks[0]["node"] != ranks[1]["node"]  # STRICT_SPREAD: one node each
+    assert all(r["world"] == 2 and len(r["devices"]) == 2 for r in ranks)
+    (end,) = job_ends(record)
+    assert end["outcome"] == "passed"
+    assert [r["rank"] for r in end["ranks"]] == [0, 1]
+    assert {r["node_id"] for r in end["ranks"]} == {r["node"] for r in ranks}
+    for rank in end["ranks"]:
+        assert len(rank["devices"]) == 2 and Path(rank["log"]).is_file()
+    service_pid = int((out / "service-1.pid").read_text())
+    wait_until(lambda: not _alive(service_pid), 10, "the peer service to stop")
+    # Each rank's captured output comes back labelled with its rank.
+    result.stdout.fnmatch_lines(["*Captured stdout call*rank 1*", "rank 1 got its answer"])
+
+
+def test_failing_rank_fails_the_test_labelled(pytester: pytest.Pytester, cluster: Cluster) -> None:
+    pytester.makepyprojecttoml(PYPROJECT)
+    pytester.makepyfile(
+        test_one_bad_rank="""
+        import pytest
+
+        @pytest.mark.nodes(2)
+        @pytest.mark.device_count(1)
+        def test_rank1_fails(devpool_node):
+            assert devpool_node.rank == 0, "only rank 0 is right"
+        """
+    )
+    record = pytester.path / "record.jsonl"
+    result = run_ray(pytester, cluster, record)
+    assert result.ret == 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["*[[]rank 1[]]*only rank 0 is right*", "*1 failed*"])
+    assert "[rank 0]" not in result.stdout.str()
+    (end,) = job_ends(record)
+    assert end["outcome"] == "failed" and len(end["ranks"]) == 2
+
+
+def test_demo_suite_same_outcomes_as_local(pytester: pytest.Pytester, cluster: Cluster) -> None:
+    demo = pytester.path / "examples"
+    shutil.copytree(EXAMPLES, demo, ignore=shutil.ignore_patterns("__pycache__"))
+    # Two Ray nodes on one host both have NPU 0-3: the demo's host-wide guard files get
+    # the Ray node in their name, so that two nodes' device 0 are two devices.
+    conftest = demo / "conftest.py"
+    text = conftest.read_text()
+    node_guard = "f\"{devpool_platform}-{os.environ.get('DEVPOOL_RAY_NODE_ID', '')}-{device}\""
+    assert 'f"{devpool_platform}-{device}"' in text
+    conftest.write_text(text.replace('f"{devpool_platform}-{device}"', node_guard))
+    pytester.makepyprojecttoml(PYPROJECT)
+    local_record = pytester.path / "local.jsonl"
+    local = pytester.runpytest_subprocess(
+        *PLUGIN_ARGS,
+        "examples",
+        "--devices",
+        f"sim:0-{NODE_NPU - 1}",
+        f"--devpool-run-record={local_record}",
+        f"--devpool-lock-dir={pytester.path / 'locks'}",
+        timeout=120,
+    )
+    ray_record = pytester.path / "ray.jsonl"
+    on_ray = run_ray(pytester, cluster, ray_record, "examples")
+    assert local.ret == on_ray.ret, on_ray.stdout.str()
+    expected = outcomes(local_record)
+    assert len(expected) >= 20
+    assert outcomes(ray_record) == expected, on_ray.stdout.str()
+    # The 8-device test fits neither the 4-device pool nor any 4-NPU node.
+    assert ("examples/test_collectives.py::test_full_node_training_step", "infra") in expected
+    on_ray.stdout.fnmatch_lines(["*needs 8 NPU; cluster has 2 nodes with 4 NPU*"])
+
+
+def test_unsatisfiable_nodes_fail_fast(pytester: pytest.Pytester, cluster: Cluster) -> None:
+    pytester.makepyprojecttoml(PYPROJECT)
+    pytester.makepyfile(
+        test_big="""
+        import pytest
+
+        @pytest.mark.nodes(3)
+        @pytest.mark.device_count(2)
+        def test_three_nodes():
+            pass
+        """
+    )
+    began = time.monotonic()
+    result = run_ray(pytester, cluster, pytester.path / "record.jsonl")
+    took = time.monotonic() - began
+    assert result.ret == 1, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["*needs 3 nodes × 2 NPU; cluster has 2 nodes with 4 NPU*", "*1 infra*"]
+    )
+    assert took < 30, f"took {took:.0f}s"
+
+
+def test_devices_spec_with_ids_is_refused(pytester: pytest.Pytester, cluster: Cluster) -> None:
+    pytester.makepyprojecttoml(PYPROJECT)
+    pytester.makepyfile(test_x="def test_x(): pass")
+    result = pytester.runpytest_subprocess(
+        *PLUGIN_ARGS,
+        "--devpool-backend=ray",
+        f"--devpool-ray-address={cluster.address}",
+        "--devices=sim:0-3",
+        timeout=60,
+    )
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--devices names only the platform, e.g. --devices sim*"])
+
+
+def test_lost_node_gives_infra_then_passes_elsewhere(
+    pytester: pytest.Pytester, cluster: Cluster
+) -> None:
+    out = pytester.path / "out"
+    out.mkdir()
+    pytester.makepyprojecttoml(PYPROJECT)
+    pytester.makepyfile(
+        test_slow=f"""
+        import os, time
+        from pathlib import Path
+        import pytest
+
+        OUT = Path({str(out)!r})
+
+        def hold(name):
+            node = os.environ["DEVPOOL_RAY_NODE_ID"]
+            (OUT / f"{{name}}-{{node}}.started").write_text(node)
+            deadline = time.monotonic() + 90
+            while not (OUT / "release").exists():
+                assert time.monotonic() < deadline, "never released"
+                time.sleep(0.05)
+
+        @pytest.mark.device_count({NODE_NPU})
+        def test_a():
+            hold("a")
+
+        @pytest.mark.device_count({NODE_NPU})
+        def test_b():
+            hold("b")
+        """
+    )
+    head_id = cluster.head_node.unique_id
+    (other,) = [node for node in cluster.list_all_nodes() if node.unique_id != head_id]
+    record = pytester.path / "record.jsonl"
+    args = [
+        *PLUGIN_ARGS,
+        "--devpool-backend=ray",
+        f"--devpool-ray-address={cluster.address}",
+        "--devices=sim",
+        f"--devpool-run-record={record}",
+        f"--devpool-lock-dir={pytester.path / 'locks'}",
+        "--devpool-reruns-infra=1",
+    ]
+    with open(pytester.path / "stdout", "wb") as stdout_file:
+        process = pytester.popen([sys.executable, "-m", "pytest", *args], stdout=stdout_file)
+    try:
+        wait_until(lambda: len(list(out.glob("*.started"))) == 2, 120, "both tests to start")
+        victim = next(
+            p.name.split("-")[0] for p in out.glob("*.started") if other.node_id in p.name
+        )
+        cluster.remove_node(other)
+        wait_until(
+            lambda: record.exists() and any(e["outcome"] == "infra" for e in job_ends(record)),
+            90,
+            "the lost node's test to end infra",
+        )
+        (out / "release").write_text("")
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        cluster.add_node(num_cpus=1, resources={"NPU": NODE_NPU})  # for any test after this
+    stdout = (pytester.path / "stdout").read_text()
+    assert process.returncode == 0, stdout
+    ends = job_ends(record)
+    lost = [e for e in ends if e["outcome"] == "infra"]
+    assert [e["nodeid"] for e in lost] == [f"test_slow.py::test_{victim}"], ends
+    assert lost[0]["retried"] and "lost" in lost[0]["detail"]
+    # The rerun passes on the node that is left (attempt 2, so the controller says flaky).
+    survivor = "b" if victim == "a" else "a"
+    assert outcomes(record) == {
+        (f"test_slow.py::test_{victim}", "flaky"),
+        (f"test_slow.py::test_{survivor}", "passed"),
+    }
