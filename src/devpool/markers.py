@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -44,16 +45,18 @@ class Request:
         return ", ".join(parts)
 
 
-def _whole_number(nodeid: str, marker: pytest.Mark, minimum: int) -> int:
-    if len(marker.args) != 1 or marker.kwargs:
+def _whole_number(
+    nodeid: str, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], minimum: int
+) -> int:
+    if len(args) != 1 or kwargs:
         raise DevpoolError(
-            f"{nodeid}: @pytest.mark.{marker.name} takes exactly one whole number, "
-            f"got args={marker.args!r} kwargs={marker.kwargs!r}"
+            f"{nodeid}: @pytest.mark.{name} takes exactly one whole number, "
+            f"got args={args!r} kwargs={dict(kwargs)!r}"
         )
-    value = marker.args[0]
+    value = args[0]
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise DevpoolError(
-            f"{nodeid}: @pytest.mark.{marker.name}({value!r}) needs a whole number ≥ {minimum}, "
+            f"{nodeid}: @pytest.mark.{name}({value!r}) needs a whole number ≥ {minimum}, "
             f"got {type(value).__name__} {value!r}"
         )
     return value
@@ -97,7 +100,7 @@ def request_for(item: pytest.Item, known_platforms: Collection[str]) -> Request:
     nodeid = item.nodeid
     device_count = 0
     if (mark := item.get_closest_marker("device_count")) is not None:
-        device_count = _whole_number(nodeid, mark, 1)
+        device_count = _whole_number(nodeid, mark.name, mark.args, mark.kwargs, 1)
     nodes = 1
     peer_service = None
     if (mark := item.get_closest_marker("nodes")) is not None:
@@ -107,7 +110,7 @@ def request_for(item: pytest.Item, known_platforms: Collection[str]) -> Request:
                 f"{nodeid}: @pytest.mark.nodes(peer_service=...) must be a command string"
             )
         rest = {k: v for k, v in mark.kwargs.items() if k != "peer_service"}
-        nodes = _whole_number(nodeid, pytest.Mark(mark.name, mark.args, rest), 1)
+        nodes = _whole_number(nodeid, mark.name, mark.args, rest, 1)
     platforms = None
     if (mark := item.get_closest_marker("platforms")) is not None:
         platforms = _platforms(nodeid, mark, known_platforms)
