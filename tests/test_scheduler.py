@@ -5,6 +5,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 
+import pytest
+
+from devpool import plan
 from devpool.markers import Request
 from devpool.plan import Job
 from devpool.policies import Backfill, Fifo
@@ -381,7 +384,11 @@ def test_backfill_does_not_let_lower_priority_same_size_jobs_jump_the_reservatio
     assert started[2][0] == 10.0  # the EASY promise
 
 
-def test_backfill_reservation_counts_jobs_placed_in_the_same_pass() -> None:
+def test_backfill_reservation_counts_jobs_placed_in_the_same_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Strict device-seconds order (no tie buckets): this test is about the reservation.
+    monkeypatch.setattr(plan, "ORDER_STEP", 1.000001)
     scheduler = Scheduler(EIGHT, Backfill(), max_parallel=8, cpu_slots=1)
     jobs = [
         job(0, 1, estimate=100.0),  # 100 device-seconds, runs to t=100

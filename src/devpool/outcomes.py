@@ -34,3 +34,6 @@ DEVPOOL_STATUS: dict[str, tuple[str, str]] = {
     Outcome.CRASHED.value: ("C", "CRASHED"),
     Outcome.INFRA.value: ("I", "INFRA"),
 }
+
+# A failed attempt that will run again: shown in the terminal, never counted as a failure.
+RERUN = "rerun"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -10,6 +11,7 @@ from devpool.markers import Request
 
 DEFAULT_ESTIMATE = 1.0  # seconds assumed for a test with no duration history
 ORDER_GRAIN = 0.1  # seconds: estimates below this do not reorder tests
+ORDER_STEP = 2.0  # costs within this factor of each other count as equal when ordering
 
 
 @dataclass(eq=False)
@@ -45,10 +47,14 @@ class Job:
 
     def priority(self) -> tuple[float, int, int]:
         """Sort key, smallest first: most device-seconds first, then the larger request."""
-        # Tests shorter than ORDER_GRAIN tie, so they keep the order the user wrote them in
-        # (module fixtures stay warm); only real differences in cost reorder the suite.
-        weight = max(self.request.device_count, 0.5) * max(self.estimate, ORDER_GRAIN)
-        return (-weight, -self.request.device_count, self.index)
+        # Device-seconds within a factor of ORDER_STEP of each other tie, and ties go by
+        # request size, then by the order the user wrote the tests in. Near-equal costs
+        # thus don't interleave 1-, 2- and 4-device jobs (each switch retires warm workers
+        # and starts new ones), and short tests keep their module fixtures warm.
+        weight = self.devices_needed or 0.5
+        cost = weight * max(self.estimate, ORDER_GRAIN)
+        bucket = math.floor(math.log(cost / ORDER_GRAIN, ORDER_STEP))
+        return (-bucket, -self.devices_needed, self.index)
 
 
 @dataclass

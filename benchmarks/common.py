@@ -1,0 +1,101 @@
+"""What the wall-clock benchmarks share: the pytest command, a private suite folder, and
+timing of variants run alternately so that drift in machine load hits all of them alike."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Unrelated plugins installed next to devpool would skew start-up time; leave them out.
+PYTEST = [
+    sys.executable,
+    "-m",
+    "pytest",
+    "-q",
+    "-p",
+    "no:hypothesispytest",
+    "-p",
+    "no:benchmark",
+    "-p",
+    "no:cacheprovider",
+]
+
+
+def suite_root(root: Path, files: dict[str, str]) -> Path:
+    """Write test files into `root` with an empty pytest.ini, so no outer config applies."""
+    (root / "pytest.ini").write_text("[pytest]\n")
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return root
+
+
+def devpool_options(root: Path, devices: str, history: Path) -> list[str]:
+    """--devices plus a private lock folder and duration history: no other run interferes."""
+    return [
+        "--devices",
+        devices,
+        "--devpool-lock-dir",
+        str(root / "locks"),
+        "--devpool-history",
+        str(history),
+    ]
+
+
+def timed(argv: list[str], cwd: Path) -> float:
+    """Seconds one pytest command takes; raises if it does not pass."""
+    start = time.perf_counter()
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-2000:]
+        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}:\n{tail}")
+    return elapsed
+
+
+@dataclass
+class Variant:
+    """One command to time; `prepare` runs before each timed run (e.g. to drop history)."""
+
+    name: str
+    argv: list[str]
+    prepare: Callable[[], None] = lambda: None
+    runs: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs)
+
+
+def alternate(variants: list[Variant], cwd: Path, repeat: int) -> None:
+    """Run every variant once per repetition, in turn, `repeat` times; print each row."""
+    for _ in range(repeat):
+        for variant in variants:
+            variant.prepare()
+            variant.runs.append(timed(variant.argv, cwd))
+    for variant in variants:
+        shown = ", ".join(f"{s:.2f}" for s in variant.runs)
+        print(
+            f"  {variant.name:<30} median {variant.median:6.2f} s  "
+            f"range {min(variant.runs):.2f}–{max(variant.runs):.2f}  runs: {shown}"
+        )
+
+
+def ratio(top: Variant, bottom: Variant) -> tuple[float, float, float]:
+    """Ratio of medians, and the min and max of the per-repetition ratios."""
+    pairs = [a / b for a, b in zip(top.runs, bottom.runs, strict=True)]
+    return top.median / bottom.median, min(pairs), max(pairs)
+
+
+def show_ratio(top: Variant, bottom: Variant, target: float | None = None) -> str:
+    """'A / B = 0.93x (per run 0.88–1.02)', with the verdict when a target is given."""
+    value, low, high = ratio(top, bottom)
+    text = f"  {top.name} / {bottom.name} = {value:.2f}x (per run {low:.2f}–{high:.2f})"
+    if target is not None:
+        verdict = "met" if value <= target else f"MISSED by {value / target - 1:.0%}"
+        text += f"  target ≤ {target:.2f}x: {verdict}"
+    return text
