@@ -106,6 +106,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("lock-dir", _text, "folder of per-device lock files shared by runs on this host"),
     Option("lease-timeout", _seconds, "seconds a test waits for devices held by other runs"),
     Option("test-timeout", _seconds, "default per-test time limit in seconds (marker wins)"),
+    Option("worker-start-timeout", _seconds, "seconds a worker may take to start and collect"),
     Option("timeout-grace", _seconds, "seconds between SIGTERM and SIGKILL on a timeout"),
     Option("skip-unsatisfiable", _flag, "skip tests needing more than the pool has", flag=True),
     Option("plan", _flag, "print the jobs and their planned order, run nothing", flag=True),
@@ -194,6 +195,7 @@ class Settings:
     lease_timeout: float = 600.0
     test_timeout: float | None = None
     timeout_grace: float = 5.0
+    worker_start_timeout: float = 300.0
     skip_unsatisfiable: bool = False
     plan: bool = False
     isolation: str = "worker"

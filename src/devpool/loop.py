@@ -75,6 +75,8 @@ class Slot:
     kill_stage: int = 0  # 0 alive, 1 stacks asked, 2 SIGTERM sent, 3 SIGKILL sent
     kill_at: float = 0.0
     stopping: bool = False
+    ready_by: float | None = None  # the worker must have collected by then (None: it has)
+    stuck: str = ""  # why devpool killed a worker that never got ready
 
     @property
     def key(self) -> int:
@@ -288,7 +290,10 @@ class Loop:
         )
         if lease is not None:
             lease.set_job(job.nodeid, worker.pid)
-        slot = Slot(worker)
+        start_limit = self.c.settings.worker_start_timeout
+        if not self.backend.local_leases:  # a cluster may first wait for room, up to this
+            start_limit += self.c.settings.lease_timeout
+        slot = Slot(worker, ready_by=now + start_limit)
         self.slots[worker.key] = slot
         self._assign(slot, job, now)
         return True
@@ -461,7 +466,9 @@ class Loop:
 
     def _on_message(self, slot: Slot, message: dict[str, Any]) -> None:
         event = message.get("ev")
-        if event == "start":
+        if event == "ready":
+            slot.ready_by = None
+        elif event == "start":
             self._next_in_batch(slot, message["nodeid"])
             slot.test = slot.job.display if slot.job is not None else message["nodeid"]
             slot.test_started = time.monotonic()
@@ -708,13 +715,8 @@ class Loop:
             self._prepare_retry(job, Outcome.INFRA)
             slot.later.append(job)
             return
-        reason = (
-            f"worker pid {worker.pid} {_describe_exit(code)} before running the test; "
-            f"see {worker.log}"
-        )
-        lost = getattr(worker, "lost", None)
-        if lost:
-            reason = f"{lost} before running the test; see {worker.log}"
+        how = slot.stuck or getattr(worker, "lost", None) or _describe_exit(code)
+        reason = f"worker pid {worker.pid} {how} before running the test; see {worker.log}"
 
         self._synthesize(
             job,
@@ -729,6 +731,11 @@ class Loop:
 
     def _escalate_timeouts(self, now: float) -> None:
         for slot in self.slots.values():
+            if slot.ready_by is not None and now >= slot.ready_by and not slot.stuck:
+                # A conftest or an import that hangs must not hang the whole run.
+                limit = self.c.settings.worker_start_timeout
+                slot.stuck = f"did not finish starting (collection) within {limit:g}s"
+                slot.worker.signal_group(signal.SIGKILL)
             if slot.kill_stage == 0 and slot.deadline is not None and now >= slot.deadline:
                 slot.kill_stage, slot.kill_at = 1, now + STACKS_WAIT
                 dump = getattr(slot.worker, "dump_stacks", None)  # a remote worker's own way

@@ -705,3 +705,32 @@ def test_devpool_locks_shows_the_running_test_then_free(
     assert session.wait(30) == 0, session.output()
     line = next((row for row in _locks(lock_dir).splitlines() if "sim:0 " in row), "")
     assert line.split() == ["sim:0", "free"], line
+
+
+# ---- 12: a worker that never finishes starting -----------------------------------------------
+
+
+def test_a_worker_hanging_in_collection_ends_infra_instead_of_hanging_the_run(
+    pytester: pytest.Pytester, lock_dir: Path
+) -> None:
+    # Workers see DEVPOOL_DEVICES; the controller does not: only workers hang here.
+    pytester.makeconftest(
+        """
+        import os
+        import time
+
+        if "DEVPOOL_DEVICES" in os.environ:
+            time.sleep(60)
+        """
+    )
+    pytester.makepyfile(test_hang_collect="def test_never_reached():\n    pass\n")
+    started = time.monotonic()
+    result = run_session(
+        pytester, lock_dir, "--devices", "sim:0", "--devpool-worker-start-timeout", "2"
+    )
+    took = time.monotonic() - started
+    output = result.stdout.str()
+    assert result.ret == 1, output
+    assert "1 infra" in closing_line(result), output
+    assert "did not finish starting (collection) within 2s" in output
+    assert took < 40, f"the run took {took:.0f}s: it waited on the hung worker"
