@@ -211,3 +211,38 @@ def test_read_table_rejects_a_devpool_value_that_is_not_a_table(tmp_path: Path) 
 
     with pytest.raises(DevpoolError, match=r"\[tool.devpool\] must be a table$"):
         read_table(pyproject)
+
+
+PROFILES = {
+    "max-parallel": 8,
+    "profiles": {
+        "ci": {"reruns": 2, "max-parallel": 4, "github": True},
+        "nightly": {"repeat": 20},
+    },
+}
+
+
+def test_a_profile_lays_its_keys_over_the_table() -> None:
+    settings = settings_from({"devpool_profile": "nightly"}, PROFILES, "pyproject.toml", {})
+    assert settings.repeat == 20
+    assert settings.max_parallel == 8  # from the table, untouched by the profile
+
+
+def test_the_ci_profile_applies_by_itself_under_ci_and_the_command_line_still_wins() -> None:
+    settings = settings_from({}, PROFILES, "pyproject.toml", {"CI": "true"})
+    assert (settings.reruns, settings.max_parallel, settings.github) == (2, 4, True)
+    assert settings_from({}, PROFILES, "pyproject.toml", {}).reruns == 0
+    cli = {"devpool_max_parallel": "3"}
+    assert settings_from(cli, PROFILES, "pyproject.toml", {"CI": "true"}).max_parallel == 3
+
+
+def test_unknown_profiles_and_profile_keys_are_one_sentence_each() -> None:
+    with pytest.raises(DevpoolError, match=r"--devpool-profile 'weekly' is not in .*nightly"):
+        settings_from({"devpool_profile": "weekly"}, PROFILES, "pyproject.toml", {})
+    bad = {"profiles": {"ci": {"rerunz": 1}}}
+    with pytest.raises(
+        DevpoolError, match=r"\[tool.devpool.profiles.ci\] has unknown key 'rerunz'"
+    ):
+        settings_from({}, bad, "pyproject.toml", {"CI": "true"})
+    with pytest.raises(DevpoolError, match="one table per profile"):
+        settings_from({}, {"profiles": {"ci": 3}}, "pyproject.toml", {})

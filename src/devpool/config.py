@@ -101,6 +101,7 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
+    Option("profile", _text, "a [tool.devpool.profiles.NAME] table to apply (CI=true: 'ci')"),
     Option("max-parallel", _positive_int, "most jobs running at once (default: devices or cores)"),
     Option("cpu-slots", _positive_int, "most CPU-only tests running at once (default: cores)"),
     Option("lock-dir", _text, "folder of per-device lock files shared by runs on this host"),
@@ -146,7 +147,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
-TABLE_KEYS = frozenset(_BY_NAME) | {"devices", "platforms", "quarantine", "fatal-patterns"}
+TABLE_KEYS = frozenset(_BY_NAME) | {
+    "devices",
+    "platforms",
+    "quarantine",
+    "fatal-patterns",
+    "profiles",
+}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -189,6 +196,7 @@ class Settings:
 
     devices: str | None
     platforms: Mapping[str, Platform]
+    profile: str | None = None
     max_parallel: int | None = None
     cpu_slots: int = field(default_factory=lambda: os.cpu_count() or 1)
     lock_dir: Path = field(default_factory=default_lock_dir)
@@ -236,8 +244,46 @@ def read_table(pyproject: Path | None) -> dict[str, Any]:
     return table
 
 
-def settings_from(options: Mapping[str, Any], table: Mapping[str, Any], where: str) -> Settings:
+def _with_profile(
+    options: Mapping[str, Any], table: Mapping[str, Any], where: str, environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """[tool.devpool] with one profile's keys laid over it, as nextest's profiles are.
+
+    The profile is --devpool-profile, else `profile` in the table, else "ci" when
+    CI=true and the project defines one; none applies otherwise.
+    """
+    merged = {key: value for key, value in table.items() if key != "profiles"}
+    profiles = table.get("profiles", {})
+    if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
+        raise DevpoolError(f"{where}: [tool.devpool.profiles] must hold one table per profile")
+    name = options.get("devpool_profile") or merged.pop("profile", None)
+    if name is None and environ.get("CI") == "true" and "ci" in profiles:
+        name = "ci"
+    if name is None:
+        return merged
+    if name not in profiles:
+        known = ", ".join(sorted(profiles)) or "none defined"
+        raise DevpoolError(
+            f"--devpool-profile {name!r} is not in [tool.devpool.profiles] of {where} "
+            f"(known: {known})"
+        )
+    unknown = sorted(set(profiles[name]) - TABLE_KEYS)
+    if unknown:
+        raise DevpoolError(
+            f"{where}: [tool.devpool.profiles.{name}] has unknown key {unknown[0]!r}"
+        )
+    merged.update(profiles[name])
+    return merged
+
+
+def settings_from(
+    options: Mapping[str, Any],
+    table: Mapping[str, Any],
+    where: str,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
     """Merge command-line values (dest → value, None when not given) over [tool.devpool]."""
+    table = _with_profile(options, table, where, os.environ if environ is None else environ)
     unknown = sorted(set(table) - TABLE_KEYS)
     if unknown:
         raise DevpoolError(
