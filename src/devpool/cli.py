@@ -365,7 +365,11 @@ def _add_capacity_commands(commands: argparse._SubParsersAction[argparse.Argumen
     )
     capacity.add_argument("--format", choices=("text", "markdown", "json"), default="text")
     capacity.add_argument(
-        "--timeline", action="store_true", help="estimated makespan on 1, 2, 4, … devices"
+        "--timeline",
+        "--devpool-timeline",
+        dest="timeline",
+        action="store_true",
+        help="estimated makespan on 1, 2, 4, … devices",
     )
     capacity.add_argument("--history", help=history_help)
     capacity.add_argument("--drift-factor", default="2.0", metavar="F")
