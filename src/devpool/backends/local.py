@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from devpool import protocol
 from devpool.backends import WorkerHandle
+from devpool.backends.pipes import EventPipes
 from devpool.leases import Lease
 from devpool.markers import Request
 from devpool.worker import stacks_file
@@ -80,7 +80,7 @@ class LocalBackend:
         self.args = list(args)
         self.cwd = cwd
         self.log_dir = log_dir
-        self.selector = selectors.DefaultSelector()
+        self.pipes = EventPipes()
         self._next_key = 0
 
     def start(
@@ -117,46 +117,16 @@ class LocalBackend:
         flags = fcntl.fcntl(ev_read, fcntl.F_GETFL)
         fcntl.fcntl(ev_read, fcntl.F_SETFL, flags | os.O_NONBLOCK)
         worker = Worker(key, devices, lease, process, log, cmd_write, ev_read)
-        self.selector.register(ev_read, selectors.EVENT_READ, worker)
+        self.pipes.watch(worker)
         return worker
 
     def poll(self, timeout: float) -> list[tuple[WorkerHandle, list[protocol.Message], bool]]:
         """Events that arrived within timeout: (worker, messages, reached_eof)."""
-        results: list[tuple[WorkerHandle, list[protocol.Message], bool]] = []
-        for key, _ in self.selector.select(timeout):
-            worker: Worker = key.data
-            chunks = []
-            eof = False
-            while True:
-                try:
-                    data = os.read(worker.fd_out, 1 << 16)
-                except BlockingIOError:
-                    break
-                if not data:
-                    eof = True
-                    break
-                chunks.append(data)
-            messages = worker.reader.feed(b"".join(chunks))
-            if eof:
-                self.selector.unregister(worker.fd_out)
-            results.append((worker, messages, eof))
-        return results
+        return self.pipes.poll(timeout)
 
     def drain(self, worker: WorkerHandle) -> list[protocol.Message]:
         """Whatever an exited worker still had in its pipe; stops watching that pipe."""
-        assert isinstance(worker, Worker)
-        chunks = []
-        while True:
-            try:
-                data = os.read(worker.fd_out, 1 << 16)
-            except (BlockingIOError, OSError):
-                break
-            if not data:
-                break
-            chunks.append(data)
-        if worker.fd_out in self.selector.get_map():
-            self.selector.unregister(worker.fd_out)
-        return worker.reader.feed(b"".join(chunks))
+        return self.pipes.drain(worker)
 
     def reap(self, worker: WorkerHandle, wait: float = 5.0) -> int | None:
         """The worker's exit status once its event pipe closed (negative: killed by a signal)."""
@@ -167,10 +137,9 @@ class LocalBackend:
             worker.signal_group(signal.SIGKILL)
             code = worker.process.wait()
         worker.exited = True
-        if worker.fd_out in self.selector.get_map():
-            self.selector.unregister(worker.fd_out)
+        self.pipes.forget(worker)
         worker.close()
         return code
 
     def close(self) -> None:
-        self.selector.close()
+        self.pipes.close()

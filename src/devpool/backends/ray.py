@@ -15,7 +15,6 @@ import fcntl
 import json
 import logging
 import os
-import selectors
 import shlex
 import signal
 import socket
@@ -31,6 +30,7 @@ from typing import Any
 
 from devpool import protocol
 from devpool.backends import WorkerHandle
+from devpool.backends.pipes import EventPipes
 from devpool.config import Settings
 from devpool.errors import DevpoolError
 from devpool.inventory import Inventory, Platform
@@ -614,7 +614,7 @@ class RayBackend:
         self.settings = settings
         self.platform = inventory.platform
         self.resource = inventory.platform.ray_resource
-        self.selector = selectors.DefaultSelector()
+        self.pipes = EventPipes()
         self.workers: dict[int, RayWorker] = {}
         self._next_key = 0
         self.runtime_env: dict[str, Any] | None = None
@@ -663,7 +663,7 @@ class RayBackend:
         log.write_text(f"devpool: waiting for a Ray placement of {request.describe()}\n")
         worker = RayWorker(key, devices, max(1, request.nodes), log, read_end, lease)
         self.workers[key] = worker
-        self.selector.register(read_end, selectors.EVENT_READ, worker)
+        self.pipes.watch(worker)
         thread = threading.Thread(
             target=self._lifecycle,
             args=(worker, request, dict(env), write_end),
@@ -906,26 +906,15 @@ class RayBackend:
 
     def poll(self, timeout: float) -> list[tuple[WorkerHandle, list[protocol.Message], bool]]:
         """Events that arrived within timeout: (worker, messages, reached_eof)."""
-        results: list[tuple[WorkerHandle, list[protocol.Message], bool]] = []
-        if not self.selector.get_map():
+        if self.pipes.empty():
             time.sleep(timeout)
-            return results
-        for key, _ in self.selector.select(timeout):
-            worker: RayWorker = key.data
-            data, eof = _read_pipe(worker.fd_out)
-            messages = worker.reader.feed(data)
-            if eof:
-                self.selector.unregister(worker.fd_out)
-            results.append((worker, messages, eof))
-        return results
+            return []
+        return self.pipes.poll(timeout)
 
     def drain(self, worker: WorkerHandle) -> list[protocol.Message]:
         """Whatever an exited worker still had in its pipe; stops watching that pipe."""
         assert isinstance(worker, RayWorker)
-        data, _ = _read_pipe(worker.fd_out)
-        if worker.fd_out in self.selector.get_map():
-            self.selector.unregister(worker.fd_out)
-        return worker.reader.feed(data)
+        return self.pipes.drain(worker)
 
     def reap(self, worker: WorkerHandle, wait: float = 5.0) -> int | None:
         """The exit status once the ranks ended; actors and placement group are gone by then."""
@@ -934,8 +923,7 @@ class RayBackend:
             worker.signal_group(signal.SIGKILL)
             worker.finished.wait(wait + STOP_WAIT * 2)
         worker.exited = True
-        if worker.fd_out in self.selector.get_map():
-            self.selector.unregister(worker.fd_out)
+        self.pipes.forget(worker)
         worker.close()
         self.workers.pop(worker.key, None)
         return worker.code if worker.finished.is_set() else LOST_EXIT
@@ -959,7 +947,7 @@ class RayBackend:
                 with contextlib.suppress(Exception):
                     remove_placement_group(worker.placement_group)
         self.workers.clear()
-        self.selector.close()
+        self.pipes.close()
         with contextlib.suppress(Exception):
             ray.shutdown()
 
@@ -969,21 +957,6 @@ def _why_lost(exc: BaseException) -> str:
     if "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower()):
         return "node died"
     return "actor died"
-
-
-def _read_pipe(fd: int) -> tuple[bytes, bool]:
-    chunks = []
-    eof = False
-    while True:
-        try:
-            data = os.read(fd, 1 << 16)
-        except (BlockingIOError, OSError):
-            break
-        if not data:
-            eof = True
-            break
-        chunks.append(data)
-    return b"".join(chunks), eof
 
 
 def _read(path: Path) -> str:

@@ -1,0 +1,63 @@
+"""The controller's end of every worker's event pipe, for any backend.
+
+Each worker's events arrive as JSON lines on a non-blocking pipe (for a Ray worker, a
+local pipe its bridge thread fills). One selector watches them all.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+from typing import Any
+
+from devpool import protocol
+
+
+def read_available(fd: int) -> tuple[bytes, bool]:
+    """Everything a non-blocking fd holds now, and whether it reached end of file."""
+    chunks: list[bytes] = []
+    while True:
+        try:
+            data = os.read(fd, 1 << 16)
+        except (BlockingIOError, OSError):
+            return b"".join(chunks), False
+        if not data:
+            return b"".join(chunks), True
+        chunks.append(data)
+
+
+class EventPipes:
+    """Watches workers' event pipes; a worker has `fd_out` and a `reader` (protocol.Reader)."""
+
+    def __init__(self) -> None:
+        self.selector = selectors.DefaultSelector()
+
+    def watch(self, worker: Any) -> None:
+        self.selector.register(worker.fd_out, selectors.EVENT_READ, worker)
+
+    def forget(self, worker: Any) -> None:
+        if worker.fd_out in self.selector.get_map():
+            self.selector.unregister(worker.fd_out)
+
+    def poll(self, timeout: float) -> list[tuple[Any, list[protocol.Message], bool]]:
+        """Events that arrived within timeout: (worker, messages, reached_eof)."""
+        results = []
+        for key, _ in self.selector.select(timeout):
+            worker = key.data
+            data, eof = read_available(worker.fd_out)
+            if eof:
+                self.forget(worker)
+            results.append((worker, worker.reader.feed(data), eof))
+        return results
+
+    def drain(self, worker: Any) -> list[protocol.Message]:
+        """Whatever an exited worker still had in its pipe; stops watching that pipe."""
+        data, _ = read_available(worker.fd_out)
+        self.forget(worker)
+        return list(worker.reader.feed(data))
+
+    def empty(self) -> bool:
+        return not self.selector.get_map()
+
+    def close(self) -> None:
+        self.selector.close()
