@@ -10,7 +10,6 @@ controller does (add, schedule, finish); no process starts and no real time pass
 from __future__ import annotations
 
 import argparse
-import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from devpool.markers import Request
 from devpool.plan import Job
 from devpool.policies import Backfill, Fifo
-from devpool.scheduler import Policy, Scheduler
+from devpool.scheduler import Policy, Scheduler, simulate
 
 DEVICES = tuple(range(8))
 TARGET = 1.10  # backfill makespan ≤ 1.10 × lower bound (issue target)
@@ -74,27 +73,6 @@ def jobs_for(tests: list[Test], estimate: Callable[[Test], float]) -> list[Job]:
         )
         for i, t in enumerate(tests)
     ]
-
-
-def simulate(scheduler: Scheduler, jobs: list[Job], duration: Callable[[Job], float]) -> float:
-    """Add `jobs` at t=0, then start and finish them as the controller would; the makespan."""
-    for job in jobs:
-        scheduler.add(job)
-    ends: list[tuple[float, int, Job]] = []
-    now = 0.0
-    while True:
-        for placement in scheduler.schedule(now):
-            job = placement.job
-            heapq.heappush(ends, (now + duration(job), job.id, job))
-        if not ends:
-            break
-        now = ends[0][0]
-        while ends and ends[0][0] <= now:
-            scheduler.finish(heapq.heappop(ends)[2])
-    if len(scheduler.queue):
-        name = scheduler.policy.name
-        raise RuntimeError(f"{name}: {len(scheduler.queue)} jobs never started")
-    return now
 
 
 def makespan(policy: Policy, tests: list[Test], estimate: Callable[[Test], float]) -> float:

@@ -36,14 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import PYTEST, devpool_options, suite_root
-from makespan import simulate
 
 from devpool.history import History, TestResult
 from devpool.inventory import BUILTIN_PLATFORMS, Inventory
 from devpool.markers import Request
 from devpool.plan import Job, build_plan
 from devpool.policies import Backfill
-from devpool.scheduler import Scheduler
+from devpool.scheduler import Scheduler, simulate
 
 RSS_TARGET_MB = 200.0
 PLAN_TARGET_S = 1.0
