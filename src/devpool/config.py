@@ -137,6 +137,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("ray-ship-code", _flag, "ship the test code with Ray's runtime_env", flag=True),
     Option("peer-service", _text, "command started on every non-zero rank of a nodes(n) test"),
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
+    Option("keep-runs", _positive_int, "run folders kept under .devpool/runs (default 20)"),
     Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
     Option(
         "github",
@@ -213,6 +214,7 @@ class Settings:
     flaky_result: str = "pass"
     repeat: int = 1
     run_record: Path | None = None
+    keep_runs: int = 20
     github: bool | None = None
     keep_artifacts: bool = False
     history: Path | None = None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
+import shutil
 import signal
 import time
 from collections.abc import Iterator, Mapping
@@ -43,6 +45,7 @@ from devpool.report.terminal import (
 )
 
 RELEASE_AFTER = 5  # passes in a row after which a quarantined test is ready to release
+RUN_ID = re.compile(r"\d{8}-\d{6}-\d+")  # the folders devpool itself made under .devpool/runs
 
 
 class Listener(Protocol):
@@ -140,7 +143,20 @@ class Controller:
             and all(o == Outcome.PASSED.value for o in outcomes[-RELEASE_AFTER:])
         ]
 
+    def _prune_runs(self) -> None:
+        """Keep the newest --devpool-keep-runs run folders under .devpool/runs, not all ever."""
+        if self.settings.run_dir is not None:
+            return  # the user chose where this run goes: leave their folders alone
+        runs = self.run_dir.parent
+        old = sorted(
+            (p for p in runs.iterdir() if p.is_dir() and RUN_ID.fullmatch(p.name)),
+            key=lambda p: p.name,
+        )
+        for folder in old[: max(0, len(old) - self.settings.keep_runs)]:
+            shutil.rmtree(folder, ignore_errors=True)
+
     def _start_record(self, session: pytest.Session, plan: Plan) -> None:
+        self._prune_runs()
         self.record = RecordWriter(self.record_path)
         inventory = self.inventory
         options = {

@@ -700,3 +700,22 @@ def test_skip_and_xfail_reasons_in_short_summary(pytester: pytest.Pytester, tmp_
             "XFAIL test_reasons.py::test_xfailed - known bug",
         ]
     )
+
+
+def test_old_run_folders_are_pruned_and_other_folders_left_alone(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    runs = pytester.path / ".devpool" / "runs"
+    old = [f"20260101-00000{i}-{100 + i}" for i in range(5)]
+    for name in old:
+        (runs / name).mkdir(parents=True)
+    (runs / "keep-me").mkdir()
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+
+    result = run(pytester, tmp_path, "--devices", "sim:0", "--devpool-keep-runs", "2")
+
+    assert result.ret == 0, output(result)
+    left = sorted(p.name for p in runs.iterdir())
+    assert "keep-me" in left  # not a folder devpool made
+    assert old[-1] in left and not set(old[:-1]) & set(left)
+    assert len(left) == 3  # the newest old run, this run, and keep-me
