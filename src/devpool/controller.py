@@ -129,19 +129,9 @@ class Controller:
 
     def _ready_to_release(self, history: History) -> list[str]:
         """Quarantined tests that passed the last RELEASE_AFTER times they ran."""
-        names = {r.nodeid for r in self.results if r.nodeid in self.quarantined}
-        if not names:
-            return []
-        recent: dict[str, list[str]] = {}
-        for result in sorted(history.results(), key=lambda r: r.time):
-            if result.nodeid in names:
-                recent.setdefault(result.nodeid, []).append(result.outcome)
-        return [
-            nodeid
-            for nodeid, outcomes in sorted(recent.items())
-            if len(outcomes) >= RELEASE_AFTER
-            and all(o == Outcome.PASSED.value for o in outcomes[-RELEASE_AFTER:])
-        ]
+        names = sorted({r.nodeid for r in self.results if r.nodeid in self.quarantined})
+        passed = [Outcome.PASSED.value] * RELEASE_AFTER
+        return [n for n in names if history.recent_outcomes(n, RELEASE_AFTER) == passed]
 
     def _prune_runs(self) -> None:
         """Keep the newest --devpool-keep-runs run folders under .devpool/runs, not all ever."""

@@ -222,6 +222,11 @@ class History:
         for row in self._conn.execute(sql):
             yield TestResult(*row)
 
+    def recent_outcomes(self, nodeid: str, count: int) -> list[str]:
+        """One test's last `count` outcomes, newest first (uses the per-test index)."""
+        sql = "SELECT outcome FROM results WHERE nodeid = ? ORDER BY time DESC, rowid DESC LIMIT ?"
+        return [row[0] for row in self._conn.execute(sql, (nodeid, count))]
+
     def export(self, out: Path) -> int:
         """Write every result as JSON lines after a header line; returns the rows written."""
         rows = list(self.results())

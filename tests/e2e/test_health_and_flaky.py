@@ -709,3 +709,23 @@ def test_doctor_shows_probe_and_lock_folder(tmp_path: Path, lock: Path) -> None:
     assert "probe sim:2: pid 4242 (user ci2)" in lines, done.stdout
     assert "probe sim:0: no other process" in lines, done.stdout
     assert any(line.startswith(f"lock folder {lock}: writable") for line in lines), done.stdout
+
+
+def test_a_quarantined_test_that_kept_passing_is_ready_to_release(
+    pytester: pytest.Pytester, lock: Path
+) -> None:
+    pytester.makepyfile(
+        test_mended="""
+        import pytest
+
+        @pytest.mark.quarantine(reason="was flaky", owner="kai")
+        def test_mended():
+            pass
+        """
+    )
+    history = pytester.path / "history.sqlite"
+    for attempt in range(1, 6):
+        result = run(pytester, lock, "--devices", "sim:0", f"--devpool-history={history}")
+        assert result.ret == 0, text(result)
+        ready = "test_mended.py::test_mended is quarantined but passed its last 5 runs"
+        assert (ready in text(result)) == (attempt == 5), (attempt, text(result))
