@@ -118,6 +118,28 @@ class Loop:
         self.busy_notes: dict[int, str] = {}  # device → the foreign processes the probe saw
         self.probe_unknown = False
         self.ended: dict[str, int] = {}
+        self.modules_for = self._module_lists()
+
+    def _module_lists(self) -> dict[tuple[int, bool], Path]:
+        """Per kind of worker, the test modules its jobs live in: a worker imports only those.
+
+        A worker runs jobs of one size only, so it never needs the modules of the others
+        (and an 8-device module's heavy imports stay out of CPU workers)."""
+        modules: dict[tuple[int, bool], set[str]] = {}
+        for job in self.plan.jobs:
+            item = self.c.items.get(job.nodeid)
+            if item is None:
+                return {}  # a job devpool cannot place in a file: let workers collect all
+            key = (job.devices_needed, job.request.isolate)
+            modules.setdefault(key, set()).add(str(item.path))
+        folder = self.c.run_dir / "collect"
+        folder.mkdir(parents=True, exist_ok=True)
+        lists = {}
+        for (size, isolate), paths in modules.items():
+            target = folder / f"size-{size}{'-isolate' if isolate else ''}.txt"
+            target.write_text("\n".join(sorted(paths)) + "\n", encoding="utf-8")
+            lists[(size, isolate)] = target
+        return lists
 
     # ---- main loop ------------------------------------------------------------------------
 
@@ -286,7 +308,7 @@ class Loop:
                 self.foreign.pop(device, None)
                 self.retry_at.pop(device, None)
         worker = self.backend.start(
-            placement.devices, lease, self._env(placement.devices), job.request
+            placement.devices, lease, self._env(placement.devices, job), job.request
         )
         if lease is not None:
             lease.set_job(job.nodeid, worker.pid)
@@ -355,8 +377,11 @@ class Loop:
             budget -= _small(following)
         return batch
 
-    def _env(self, devices: tuple[int, ...]) -> dict[str, str]:
+    def _env(self, devices: tuple[int, ...], job: Job) -> dict[str, str]:
         env = dict(os.environ)
+        modules = self.modules_for.get((job.devices_needed, job.request.isolate))
+        if modules is not None:
+            env["DEVPOOL_COLLECT_ONLY"] = str(modules)
         ids = ",".join(str(d) for d in devices)
         env["DEVPOOL_DEVICES"] = ids
         env["DEVPOOL_PLATFORM"] = self.platform.name

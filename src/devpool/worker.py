@@ -58,10 +58,22 @@ class WorkerSession:
         # skip that on xdist workers by this attribute; a devpool worker is the same case.
         config.workerinput = {"workerid": f"devpool-{os.getpid()}"}  # type: ignore[attr-defined]
         config.workeroutput = {}  # type: ignore[attr-defined]
+        only = os.environ.get("DEVPOOL_COLLECT_ONLY")
+        self.modules: set[str] | None = None
+        if only:
+            self.modules = set(Path(only).read_text(encoding="utf-8").split("\n")) - {""}
         stacks = os.environ.get("DEVPOOL_STACKS_FILE")
         if stacks:
             self._stacks = open(stacks, "w")  # noqa: SIM115 - lives as long as the process
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+
+    def pytest_ignore_collect(self, collection_path: Path) -> bool | None:
+        """Skip test modules that hold none of this worker's jobs: no import, no collection."""
+        if self.modules is None or collection_path.suffix != ".py":
+            return None
+        if collection_path.name in ("conftest.py", "__init__.py"):
+            return None
+        return True if str(collection_path) not in self.modules else None
 
     def send(self, message: protocol.Message) -> None:
         protocol.write(self.fd_out, message)

@@ -719,3 +719,31 @@ def test_old_run_folders_are_pruned_and_other_folders_left_alone(
     assert "keep-me" in left  # not a folder devpool made
     assert old[-1] in left and not set(old[:-1]) & set(left)
     assert len(left) == 3  # the newest old run, this run, and keep-me
+
+
+def test_a_worker_imports_only_the_modules_of_its_own_kind_of_job(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    # The device-only module leaves a mark when a CPU-only worker imports it.
+    marks = tmp_path / "imported-by-cpu-worker"
+    pytester.makepyfile(
+        test_gpu_only=f"""
+        import os
+
+        import pytest
+
+        if os.environ.get("DEVPOOL_DEVICES") == "":
+            open({str(marks)!r}, "w").close()
+
+        @pytest.mark.device_count(1)
+        def test_kernel():
+            pass
+        """,
+        test_cpu_only="def test_math():\n    assert 1 + 1 == 2\n",
+    )
+
+    result = run(pytester, tmp_path, "--devices", "sim:0")
+
+    assert result.ret == 0, output(result)
+    result.assert_outcomes(passed=2)
+    assert not marks.exists(), "the CPU-only worker imported the device-only module"
