@@ -112,6 +112,10 @@ def closing_line(result: pytest.RunResult) -> str:
     return result.outlines[-1] if result.outlines else ""
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Session:
     """A controller we start ourselves, to signal it or watch it while it runs."""
 
@@ -130,6 +134,9 @@ class Session:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # A shell without job control starts background jobs with SIGINT ignored,
+                # and children inherit that: give the session Ctrl-C as a terminal would.
+                preexec_fn=_default_sigint,
             )
 
     @property
