@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -440,24 +440,9 @@ def _ended(nodeid: str, outcome: str, log: Path | None, **extra: Any) -> dict[st
     return fields
 
 
-def unfenced(lines: list[str]) -> list[str]:
-    """The lines GitHub would read as commands: those outside every stop-commands fence."""
-    outside: list[str] = []
-    token: str | None = None
-    for line in lines:
-        if token is None:
-            if line.startswith("::stop-commands::"):
-                token = line[len("::stop-commands::") :]
-                assert token, "a stop-commands line needs a token"
-            else:
-                outside.append(line)
-        elif line == f"::{token}::":
-            token = None
-    assert token is None, "a stop-commands fence was never closed"
-    return outside
-
-
-def test_groups_fence_test_output_from_commands(tmp_path: Path) -> None:
+def test_groups_fence_test_output_from_commands(
+    tmp_path: Path, unfenced: Callable[[list[str]], list[str]]
+) -> None:
     log = tmp_path / "t.log"
     log.write_text(
         "header\n::error::pwned\n::set-output name=x::y\n::endgroup::\n"

@@ -134,22 +134,6 @@ def record_line(stdout: str) -> Path:
     return Path(found[-1].strip())
 
 
-def outside_fences(lines: list[str]) -> list[str]:
-    """The lines GitHub reads as possible commands: those outside every stop-commands fence."""
-    outside: list[str] = []
-    token: str | None = None
-    for line in lines:
-        if token is None:
-            if line.startswith("::stop-commands::"):
-                token = line[len("::stop-commands::") :]
-            else:
-                outside.append(line)
-        elif line == f"::{token}::":
-            token = None
-    assert token is None, "a ::stop-commands:: fence is never closed"
-    return outside
-
-
 # ---- 1. the controller SIGKILLed in the middle of a run ----------------------------------
 
 MANY = """
@@ -285,9 +269,11 @@ def gh_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GitHubRun]:
     yield GitHubRun(result, result.stdout.splitlines(), text, source, record_line(result.stdout))
 
 
-def test_github_one_annotation_per_failing_test_at_its_line(gh_run: GitHubRun) -> None:
+def test_github_one_annotation_per_failing_test_at_its_line(
+    gh_run: GitHubRun, unfenced: Callable[[list[str]], list[str]]
+) -> None:
     assert gh_run.result.returncode == 1, gh_run.result.stdout + gh_run.result.stderr
-    annotations = [line for line in outside_fences(gh_run.lines) if line.startswith("::error ")]
+    annotations = [line for line in unfenced(gh_run.lines) if line.startswith("::error ")]
     for name in ("test_fail", "test_inject"):
         mine = [line for line in annotations if f"title=FAILED test_gh.py%3A%3A{name}" in line]
         assert len(mine) == 1, annotations
@@ -296,8 +282,10 @@ def test_github_one_annotation_per_failing_test_at_its_line(gh_run: GitHubRun) -
     assert not [line for line in annotations if "test_pass" in line]
 
 
-def test_github_groups_every_job_and_fences_its_log(gh_run: GitHubRun) -> None:
-    outside = outside_fences(gh_run.lines)
+def test_github_groups_every_job_and_fences_its_log(
+    gh_run: GitHubRun, unfenced: Callable[[list[str]], list[str]]
+) -> None:
+    outside = unfenced(gh_run.lines)
     groups = [line for line in outside if line.startswith("::group::")]
     assert len(groups) == 3 and outside.count("::endgroup::") == 3
     assert any(g.startswith("::group::PASSED test_gh.py::test_pass [sim:") for g in groups)
@@ -306,8 +294,10 @@ def test_github_groups_every_job_and_fences_its_log(gh_run: GitHubRun) -> None:
     assert "::set-output name=a::b" in gh_run.lines
 
 
-def test_github_test_output_cannot_inject_commands(gh_run: GitHubRun) -> None:
-    outside = outside_fences(gh_run.lines)
+def test_github_test_output_cannot_inject_commands(
+    gh_run: GitHubRun, unfenced: Callable[[list[str]], list[str]]
+) -> None:
+    outside = unfenced(gh_run.lines)
     injected = [
         line for line in outside if line.lstrip().startswith(("::error::injected", "::set-output"))
     ]
