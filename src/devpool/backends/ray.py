@@ -843,7 +843,6 @@ class RayBackend:
     def _cleanup(self, worker: RayWorker) -> None:
         """Stop the ranks' processes and services, then remove the actors and placement group."""
         ray = _ray()
-        from ray.util.placement_group import remove_placement_group
 
         stops = []
         for rank in worker.ranks:
@@ -854,13 +853,7 @@ class RayBackend:
                 ray.wait(stops, num_returns=len(stops), timeout=STOP_WAIT * 2)
         if self.settings.ray_ship_code and not worker.lost:
             self._fetch_logs(worker)
-        for rank in worker.ranks:
-            with contextlib.suppress(Exception):
-                ray.kill(rank.actor)
-        if worker.placement_group is not None:
-            with contextlib.suppress(Exception):
-                remove_placement_group(worker.placement_group)
-            worker.placement_group = None
+        _remove_ray_objects(worker)
 
     def _fetch_logs(self, worker: RayWorker) -> None:
         """--devpool-ray-ship-code: the nodes' logs come back as text, written here."""
@@ -937,15 +930,8 @@ class RayBackend:
         for worker in list(self.workers.values()):
             worker.finished.wait(max(0.0, deadline - time.monotonic()))
         ray = _ray()
-        from ray.util.placement_group import remove_placement_group
-
         for worker in list(self.workers.values()):
-            for rank in worker.ranks:
-                with contextlib.suppress(Exception):
-                    ray.kill(rank.actor)
-            if worker.placement_group is not None:
-                with contextlib.suppress(Exception):
-                    remove_placement_group(worker.placement_group)
+            _remove_ray_objects(worker)
         self.workers.clear()
         self.pipes.close()
         with contextlib.suppress(Exception):
@@ -957,6 +943,20 @@ def _why_lost(exc: BaseException) -> str:
     if "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower()):
         return "node died"
     return "actor died"
+
+
+def _remove_ray_objects(worker: RayWorker) -> None:
+    """Kill a worker's actors and remove its placement group; quiet if they are gone already."""
+    ray = _ray()
+    from ray.util.placement_group import remove_placement_group
+
+    for rank in worker.ranks:
+        with contextlib.suppress(Exception):
+            ray.kill(rank.actor)
+    if worker.placement_group is not None:
+        with contextlib.suppress(Exception):
+            remove_placement_group(worker.placement_group)
+        worker.placement_group = None
 
 
 def _read(path: Path) -> str:
