@@ -67,7 +67,6 @@ class Slot:
     test: str | None = None  # node id running now
     test_started: float = 0.0
     test_wall: float = 0.0  # time.time() at the test's start, for the record
-    job_started: float = 0.0
     deadline: float | None = None
     phases: list[pytest.TestReport] = field(default_factory=list)
     failed: bool = False
@@ -322,7 +321,6 @@ class Loop:
 
     def _assign(self, slot: Slot, job: Job, now: float) -> None:
         slot.head = job
-        slot.job_started = now
         slot.failed = False
         slot.batch = [job, *self._batch_after(job)]
         slot.job = job

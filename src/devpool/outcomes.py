@@ -27,13 +27,5 @@ class Outcome(str, enum.Enum):
 
 GATING = frozenset({Outcome.FAILED, Outcome.ERROR, Outcome.TIMEOUT, Outcome.CRASHED, Outcome.INFRA})
 
-# Outcomes devpool itself decides (pytest's own reports cover the rest); shown by
-# pytest_report_teststatus as their own category so the closing line counts them.
-DEVPOOL_STATUS: dict[str, tuple[str, str]] = {
-    Outcome.TIMEOUT.value: ("T", "TIMEOUT"),
-    Outcome.CRASHED.value: ("C", "CRASHED"),
-    Outcome.INFRA.value: ("I", "INFRA"),
-}
-
 # A failed attempt that will run again: shown in the terminal, never counted as a failure.
 RERUN = "rerun"

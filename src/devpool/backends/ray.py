@@ -499,7 +499,6 @@ class Rank:
     pid: int = 0
     devices: list[int] = field(default_factory=list)
     log: Path | None = None  # its log on the controller's side
-    node_log: str = ""  # its log on the node
     code: int | None = None
 
     def describe(self) -> dict[str, Any]:
@@ -791,7 +790,6 @@ class RayBackend:
             for rank, info in zip(worker.ranks, started, strict=True):
                 rank.pid = int(info["pid"])
                 rank.devices = [int(d) for d in info["devices"]]
-                rank.node_log = str(info["log"])
             worker.running = True
             for message in worker.outbox:
                 data = protocol.encode(message)
