@@ -442,8 +442,7 @@ class Loop:
                 changed = True
             self.foreign[entry.device] = entry
             self.retry_at[entry.device] = now + FOREIGN_RETRY
-        ours = [b for b in self.foreign.values() if b.holder and b.holder.session == self.c.run_id]
-        if changed and not ours:
+        if changed:
             self._say(
                 "waiting for devices held by other runs: "
                 + describe_blockers(self.platform.name, list(self.foreign.values()))
