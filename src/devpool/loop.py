@@ -705,7 +705,7 @@ class Loop:
         duration = time.monotonic() - slot.test_started
         how = _describe_exit(code)
         # The worker log first, so that the stacks (for a timeout) end the log and its tail.
-        extra = "---- worker log (tail) ----\n" + "\n".join(_tail_text(worker.log, 60))
+        extra = _worker_log_tail(worker)
         if slot.kill_stage:
             outcome = Outcome.TIMEOUT
             limit = job.request.timeout or 0.0
@@ -746,7 +746,7 @@ class Loop:
             reason,
             worker.devices,
             0.0,
-            extra="---- worker log (tail) ----\n" + "\n".join(_tail_text(worker.log, 60)),
+            extra=_worker_log_tail(worker),
         )
 
     # ---- ending processes -----------------------------------------------------------------
@@ -996,7 +996,7 @@ class Loop:
             return
         text = _read(log)
         if worker is not None:
-            text += "\n".join(_tail_text(worker.log, 200))
+            text += "\n".join(tail(worker.log, 200))
         found = self.c.fatal.find(text)
         if found is None:
             return
@@ -1101,5 +1101,6 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _tail_text(path: Path, lines: int) -> list[str]:
-    return _read(path).splitlines()[-lines:]
+def _worker_log_tail(worker: Worker) -> str:
+    """The end of a worker's own output, for the log of a test it died under."""
+    return "---- worker log (tail) ----\n" + "\n".join(tail(worker.log, 60))
