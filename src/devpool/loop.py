@@ -35,6 +35,7 @@ from devpool.report.terminal import (
     Trouble,
     file_name,
     log_path,
+    read_log,
     tail,
     write_test_log,
 )
@@ -710,7 +711,7 @@ class Loop:
             outcome = Outcome.TIMEOUT
             limit = job.request.timeout or 0.0
             detail = f"exceeded its {limit:g}s limit; stacks dumped, then {how}"
-            stacks = _read(worker.stacks)
+            stacks = read_log(worker.stacks)
             extra += "\n---- stacks at the timeout (faulthandler) ----\n" + (
                 stacks or "(the process wrote no stacks)"
             )
@@ -994,7 +995,7 @@ class Loop:
         """A fatal device error in a failed test's output retires its devices for the session."""
         if not devices:
             return
-        text = _read(log)
+        text = read_log(log)
         if worker is not None:
             text += "\n".join(tail(worker.log, 200))
         found = self.c.fatal.find(text)
@@ -1092,13 +1093,6 @@ def _describe_exit(code: int | None) -> str:
             name = f"signal {-code}"
         return f"was killed by {name} (signal {-code})"
     return f"exited with code {code}"
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return ""
 
 
 def _worker_log_tail(worker: Worker) -> str:

@@ -36,6 +36,7 @@ from devpool.errors import DevpoolError
 from devpool.inventory import Inventory, Platform
 from devpool.leases import Holder, Lease, LockDir
 from devpool.markers import Request
+from devpool.report.terminal import read_log
 from devpool.worker import stacks_file
 
 EVENTS_WAIT = 0.5  # seconds an actor holds an events() call open waiting for output
@@ -878,8 +879,8 @@ class RayBackend:
             if rank.log is None:
                 continue
             head = f"==== rank {rank.rank} on node {rank.address} ({rank.node_id[:12]}) ===="
-            parts += [head, _read(rank.log), f"(rank {rank.rank} log: {rank.log})"]
-            rank_stacks = _read(stacks_file(rank.log))
+            parts += [head, read_log(rank.log), f"(rank {rank.rank} log: {rank.log})"]
+            rank_stacks = read_log(stacks_file(rank.log))
             if rank_stacks:
                 stacks += [head, rank_stacks]
         if parts:
@@ -955,10 +956,3 @@ def _remove_ray_objects(worker: RayWorker) -> None:
         with contextlib.suppress(Exception):
             remove_placement_group(worker.placement_group)
         worker.placement_group = None
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").rstrip()
-    except OSError:
-        return ""

@@ -61,6 +61,14 @@ def write_test_log(
     path.write_text("\n".join(parts) + "\n", encoding="utf-8", errors="replace")
 
 
+def read_log(path: Path) -> str:
+    """A whole log as text ("" when it cannot be read), undecodable bytes replaced."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").rstrip()
+    except OSError:
+        return ""
+
+
 def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
     """The last lines of a file, read from its end so a large log costs little."""
     try:
