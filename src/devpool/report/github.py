@@ -7,7 +7,6 @@ fenced with `::stop-commands::` so test output can never inject a command into t
 from __future__ import annotations
 
 import os
-import re
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,9 +15,8 @@ from typing import Any
 from devpool.outcomes import GATING
 from devpool.record import RunRecord
 from devpool.report.markdown import render_markdown
-from devpool.report.terminal import tail
+from devpool.report.terminal import strip_ansi, tail
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _GATING = {outcome.value for outcome in GATING}
 GROUP_LOG_LINES = 400
 
@@ -40,7 +38,7 @@ def escape_property(text: str) -> str:
 
 def safe_line(text: str) -> str:
     """A line of test output as plain text: no ANSI codes, no control characters."""
-    text = _ANSI.sub("", text)
+    text = strip_ansi(text)
     return "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in text)
 
 

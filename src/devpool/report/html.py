@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from devpool.outcomes import Outcome
 from devpool.record import JobRun, RunRecord
+from devpool.report.terminal import strip_ansi
 
 # Bar colors by outcome; "running" is a job the record never saw end (a cut run).
 OUTCOME_COLORS: dict[str, str] = {
@@ -40,7 +41,6 @@ AXIS_HEIGHT = 26
 GROUP_GAP = 10
 MIN_BAR_WIDTH = 2.0
 
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
@@ -348,7 +348,7 @@ def _troubles(record: RunRecord) -> str:
 
 def _esc(value: object) -> str:
     """Text safe anywhere in the page: ANSI and control codes gone, markup and quotes escaped."""
-    text = _ANSI.sub("", str(value)).replace("\r\n", "\n")
+    text = strip_ansi(str(value)).replace("\r\n", "\n")
     text = _CONTROL.sub("", text)
     # Lone surrogates (from JSON "\udc80") cannot be written as UTF-8; show them as U+FFFD.
     text = _SURROGATE.sub("\ufffd", text)

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import html
-import re
 
 from devpool.record import RunRecord
 from devpool.report.summary import device_use, totals, troubles, verdict
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+from devpool.report.terminal import strip_ansi
 
 
 def clean(text: str) -> str:
     """Test output as safe text: ANSI codes stripped, HTML escaped."""
-    return html.escape(_ANSI.sub("", text), quote=False)
+    return html.escape(strip_ansi(text), quote=False)
 
 
 def render_markdown(record: RunRecord) -> str:

@@ -61,6 +61,15 @@ def write_test_log(
     path.write_text("\n".join(parts) + "\n", encoding="utf-8", errors="replace")
 
 
+# Terminal escape sequences: CSI (colours, cursor), OSC (titles, links) and two-byte ones.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+
+
+def strip_ansi(text: str) -> str:
+    """Test output without terminal escape sequences, for Markdown, HTML and GitHub logs."""
+    return _ANSI.sub("", text)
+
+
 def read_log(path: Path) -> str:
     """A whole log as text ("" when it cannot be read), undecodable bytes replaced."""
     try:
