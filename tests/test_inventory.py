@@ -334,13 +334,22 @@ def test_auto_uses_the_projects_override_of_a_builtin() -> None:
     assert inv.devices == (0, 1)
 
 
-def test_auto_with_nothing_found() -> None:
-    with pytest.raises(DevpoolError) as error:
-        resolve_inventory("auto", PLATFORMS, {}, detectors(cuda=None, ascend=[], rocm=None))
-    assert str(error.value) == (
-        "--devices auto found no accelerator (looked for NVIDIA, Ascend and ROCm devices); "
-        "name the devices, e.g. --devices sim:0-7"
+def test_auto_with_nothing_found_is_a_pool_of_no_devices() -> None:
+    # A laptop with devices = "auto" in pyproject runs its CPU tests, not a usage error.
+    inv = resolve_inventory("auto", PLATFORMS, {}, detectors(cuda=None, ascend=[], rocm=None))
+    assert inv.devices == ()
+    assert inv.platform.name == "none"
+    assert inv.platform.visible_env is None
+    assert inv.describe() == "no devices"
+    assert inv.source == (
+        "auto: no accelerator found (looked for NVIDIA, Ascend and ROCm devices)"
     )
+
+
+def test_a_named_platform_with_nothing_found_stays_an_error() -> None:
+    # Only auto falls back: asking for cuda by name on a host without one is a mistake.
+    with pytest.raises(DevpoolError, match="--devices cuda found no cuda devices"):
+        resolve_inventory("cuda", PLATFORMS, {}, detectors())
 
 
 def test_default_detectors_are_used_for_missing_kinds(monkeypatch: pytest.MonkeyPatch) -> None:

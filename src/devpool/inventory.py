@@ -15,6 +15,8 @@ from devpool.errors import DevpoolError
 __all__ = [
     "BUILTIN_PLATFORMS",
     "KINDS",
+    "NO_ACCELERATOR",
+    "NO_DEVICES",
     "Detector",
     "Inventory",
     "Platform",
@@ -63,6 +65,11 @@ BUILTIN_PLATFORMS: dict[str, Platform] = {
     "sim": Platform("sim", "sim", "DEVPOOL_SIM_VISIBLE_DEVICES", "SIM"),
 }
 
+# What `--devices auto` gives on a host with no accelerator: CPU tests run, device tests
+# are unsatisfiable. Its name matches no platforms([...]) marker.
+NO_DEVICES = Platform("none", "sim", None, "SIM")
+NO_ACCELERATOR = "auto: no accelerator found (looked for NVIDIA, Ascend and ROCm devices)"
+
 Detector = Callable[[float], list[int] | None]
 
 
@@ -94,6 +101,8 @@ class Inventory:
     def describe(self) -> str:
         """Short form for the header, e.g. 'cuda:0,2,5 (3 devices)'."""
         count = len(self.devices)
+        if count == 0:
+            return "no devices"
         noun = "device" if count == 1 else "devices"
         return f"{self.platform.name}:{format_ids(self.devices)} ({count} {noun})"
 
@@ -453,11 +462,17 @@ def resolve_inventory(
         found = chosen[kind]() if kind in chosen else detect(kind)
         return sorted(set(found or ()))
 
-    def auto_platform() -> tuple[Platform, list[int]]:
+    def first_found() -> tuple[Platform, list[int]] | None:
         for kind in _AUTO_ORDER:
             found = run_detector(kind)
             if found:
                 return platforms.get(kind, BUILTIN_PLATFORMS[kind]), found
+        return None
+
+    def auto_platform() -> tuple[Platform, list[int]]:
+        first = first_found()
+        if first is not None:
+            return first
         raise DevpoolError(
             "--devices auto found no accelerator (looked for NVIDIA, Ascend and ROCm "
             "devices); name the devices, e.g. --devices sim:0-7"
@@ -482,7 +497,11 @@ def resolve_inventory(
         return Inventory(platform, tuple(ids), f"--devices {text}")
 
     if text == "auto":
-        platform, found = auto_platform()
+        first = first_found()
+        if first is None:
+            # A laptop with `devices = "auto"` in pyproject still runs the CPU tests.
+            return Inventory(NO_DEVICES, (), NO_ACCELERATOR)
+        platform, found = first
         kept, source = _narrow(platform, found, environ, f"auto: {_DETECTED_BY[platform.kind]}")
         return Inventory(platform, tuple(kept), source)
 

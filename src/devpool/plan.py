@@ -12,6 +12,7 @@ from devpool.markers import Request
 DEFAULT_ESTIMATE = 1.0  # seconds assumed for a test with no duration history
 ORDER_GRAIN = 0.1  # seconds: estimates below this do not reorder tests
 ORDER_STEP = 2.0  # costs within this factor of each other count as equal when ordering
+FAILED_FIRST = 1 << 20  # more cost buckets than any float can span: failures sort first
 
 
 @dataclass(eq=False)
@@ -30,6 +31,7 @@ class Job:
     foreign_wait: float = 0.0  # seconds spent blocked on devices held by other runs
     waited: float = 0.0  # queue wait of the current attempt, from queued to started
     display: str = ""  # the id reports carry: the node id, or with a repeat suffix
+    failed_before: bool = False  # failed last run and --ff / --lf: starts before the rest
     retries_failed: int = 0  # reruns spent on failed/error/timeout attempts
     retries_infra: int = 0  # reruns spent on crashed/infra attempts
     # How often this test (all its repeats) has run on each device: reruns and repeats
@@ -46,7 +48,8 @@ class Job:
         return self.request.device_count * self.request.nodes
 
     def priority(self) -> tuple[float, int, int]:
-        """Sort key, smallest first: most device-seconds first, then the larger request."""
+        """Sort key, smallest first: last run's failures (--ff, --lf), then most
+        device-seconds, then the larger request."""
         # Device-seconds within a factor of ORDER_STEP of each other tie, and ties go by
         # request size, then by the order the user wrote the tests in. Near-equal costs
         # thus don't interleave 1-, 2- and 4-device jobs (each switch retires warm workers
@@ -54,7 +57,9 @@ class Job:
         weight = self.devices_needed or 0.5
         cost = weight * max(self.estimate, ORDER_GRAIN)
         bucket = math.floor(math.log(cost / ORDER_GRAIN, ORDER_STEP))
-        return (-bucket, -self.devices_needed, self.index)
+        # Failures of the last run first (pytest's --ff / --lf), among them the same order.
+        first = -bucket - (FAILED_FIRST if self.failed_before else 0)
+        return (first, -self.devices_needed, self.index)
 
 
 @dataclass
@@ -73,6 +78,10 @@ def unsatisfiable_reason(request: Request, inventory: Inventory, backend: str) -
             "the local backend has one node (use --devpool-backend ray)"
         )
     have = len(inventory.devices)
+    if request.device_count > 0 and have == 0:
+        count = request.device_count
+        noun = "device" if count == 1 else "devices"
+        return f"needs {count} {noun}; this session has none ({inventory.source})"
     if request.device_count > have:
         return (
             f"needs {request.device_count} {inventory.platform.name} devices; "

@@ -76,10 +76,17 @@ class LocalBackend:
 
     local_leases = True
 
-    def __init__(self, args: Sequence[str], cwd: Path, log_dir: Path) -> None:
-        self.args = list(args)
+    def __init__(
+        self,
+        args: Sequence[str],
+        cwd: Path,
+        log_dir: Path,
+        worker_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.args = list(args)  # a worker's pytest arguments: see worklist.worker_args
         self.cwd = cwd
         self.log_dir = log_dir
+        self.worker_env = dict(worker_env or {})  # the same for every worker of the run
         self.pipes = EventPipes()
         self._next_key = 0
 
@@ -97,7 +104,7 @@ class LocalBackend:
         ev_read, ev_write = os.pipe()
         log = self.log_dir / f"worker-{key}.log"
         lease_fds = lease.fds() if lease is not None else []
-        child_env = dict(env)
+        child_env = {**env, **self.worker_env}
         child_env["DEVPOOL_STACKS_FILE"] = str(stacks_file(log))
         spec = f"{cmd_read},{ev_write},{os.getpid()}"
         argv = [sys.executable, "-m", "pytest", *self.args, "--devpool-worker", spec]

@@ -607,9 +607,13 @@ class RayBackend:
         log_dir: Path,
         settings: Settings,
         inventory: Inventory,
+        worker_env: Mapping[str, str] | None = None,
     ) -> None:
-        self.args = list(args)
+        self.args = list(args)  # a worker's pytest arguments: see worklist.worker_args
         self.cwd = cwd
+        # The same for every worker; a path in it is the controller's, so with shipped
+        # code a worker that cannot read it says so in its log (see worker.py).
+        self.worker_env = dict(worker_env or {})
         self.log_dir = log_dir
         self.settings = settings
         self.platform = inventory.platform
@@ -666,7 +670,7 @@ class RayBackend:
         self.pipes.watch(worker)
         thread = threading.Thread(
             target=self._lifecycle,
-            args=(worker, request, dict(env), write_end),
+            args=(worker, request, {**env, **self.worker_env}, write_end),
             name=f"devpool-ray-worker-{key}",
             daemon=True,
         )

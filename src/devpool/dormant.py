@@ -1,0 +1,37 @@
+"""Without --devices devpool stays out of the way, but says so once when tests need devices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+class DormantNotice:
+    """Registered when no --devices is given: one line when device-marked tests were collected.
+
+    Those tests then run in the pytest process itself, without device leases: nothing
+    keeps two of them, or two runs, off the same card. A newcomer should learn that."""
+
+    def __init__(self) -> None:
+        self.marked = 0
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # trylast: after every collection hook, so markers a conftest adds count too.
+        self.marked = sum(
+            1
+            for item in session.items
+            if item.get_closest_marker("device_count") or item.get_closest_marker("nodes")
+        )
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.marked:
+            return
+        tests = "1 test needs" if self.marked == 1 else f"{self.marked} tests need"
+        terminalreporter.write_line(
+            f"devpool: off: {tests} devices (device_count) and ran without device leases; "
+            'turn devpool on with --devices auto, or devices = "auto" under [tool.devpool] '
+            "in pyproject.toml",
+            yellow=True,
+        )

@@ -1,0 +1,116 @@
+"""What a worker collects and runs: the controller's rootdir, inifile and final selection.
+
+A worker is a fresh `python -m pytest` with the controller's arguments. Two things must
+not be derived again in it, because they can come out differently there:
+
+- the rootdir and inifile: pytest guesses them from the arguments before plugin options
+  are known, so the value of `--devpool-lock-dir /new/folder` counts as a path once the
+  folder exists. Workers get `--rootdir` and `-c` pinned, and option values glued to
+  their options (`--devpool-lock-dir=/new/folder`);
+- the selection: conftests may deselect by position (`items[K::N]`), which gives another
+  answer over a worker's smaller collection. Workers keep exactly the node ids in the
+  file named by DEVPOOL_NODEIDS, after every other collection hook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+NODEIDS_ENV = "DEVPOOL_NODEIDS"  # a file of the controller's selected node ids, one a line
+
+
+def worker_args(config: pytest.Config) -> list[str]:
+    """The pytest arguments a worker starts with (before its --devpool-worker flag)."""
+    cwd = config.invocation_params.dir
+    pinned = ["--rootdir", _relative(config.rootpath, cwd)]
+    if config.inipath is not None:
+        pinned += ["-c", _relative(config.inipath, cwd)]
+    args = glue_option_values(config.invocation_params.args, _value_options(config))
+    # Pinned first: a --rootdir or -c the user gave comes later and wins, as it did here.
+    return [*pinned, *args]
+
+
+def _relative(path: Path, cwd: Path) -> str:
+    """Relative to the invocation folder: a Ray node with shipped code has another root."""
+    return os.path.relpath(path, cwd)
+
+
+def _value_options(config: pytest.Config) -> set[str]:
+    """Long options, of pytest and of every plugin and conftest, that take exactly one value."""
+    parser: argparse.ArgumentParser | None = getattr(config._parser, "optparser", None)  # noqa: SLF001
+    actions: Mapping[str, argparse.Action] = getattr(parser, "_option_string_actions", {})
+    return {
+        name
+        for name, action in actions.items()
+        if name.startswith("--") and action.nargs in (None, "?") and _takes_value(action)
+    }
+
+
+def _takes_value(action: argparse.Action) -> bool:
+    # store_true, count, help, version ... take no value: their nargs is 0.
+    return action.nargs != 0 and not isinstance(
+        action,
+        (
+            argparse._StoreConstAction,  # noqa: SLF001 - also store_true / store_false
+            argparse._CountAction,  # noqa: SLF001
+            argparse._HelpAction,  # noqa: SLF001
+            argparse._VersionAction,  # noqa: SLF001
+        ),
+    )
+
+
+def glue_option_values(args: Sequence[str], value_options: Iterable[str]) -> list[str]:
+    """`--opt value` → `--opt=value` for the given options, up to a `--`.
+
+    pytest reads the arguments once before plugins and conftests add their options; a
+    value that is an existing folder then counts as a test path and moves the rootdir."""
+    known = set(value_options)
+    out: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            out.extend(args[index:])
+            break
+        following = args[index + 1] if index + 1 < len(args) else None
+        if arg in known and following is not None and not following.startswith("-"):
+            out.append(f"{arg}={following}")
+            index += 2
+            continue
+        out.append(arg)
+        index += 1
+    return out
+
+
+def write_selection(nodeids: Iterable[str], folder: Path) -> Path:
+    """Write the controller's final selection for the workers; returns the file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "selected.txt"
+    target.write_text("".join(f"{nodeid}\n" for nodeid in nodeids), encoding="utf-8")
+    return target
+
+
+def read_selection(path: Path) -> set[str]:
+    """The node ids a worker may run (the file write_selection wrote)."""
+    return set(path.read_text(encoding="utf-8").split("\n")) - {""}
+
+
+def restrict(
+    collected: Sequence[pytest.Item], items: Sequence[pytest.Item], selected: set[str]
+) -> list[pytest.Item]:
+    """The selected items in collection order, whatever other hooks kept of them.
+
+    collected is every item before collection hooks ran; items what they left (a hook
+    may also add items, which count when selected)."""
+    seen: set[str] = set()
+    kept: list[pytest.Item] = []
+    for item in [*collected, *items]:
+        if item.nodeid in selected and item.nodeid not in seen:
+            seen.add(item.nodeid)
+            kept.append(item)
+    return kept

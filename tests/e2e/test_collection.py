@@ -1,0 +1,217 @@
+"""End to end: what devpool collects, plans and hands to workers (issue 13, parts 2-4 and 6).
+
+Each test writes a small project, runs real pytest sessions in subprocesses on simulated
+devices and checks what ran, where, and what the terminal and the logs say.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from devpool.inventory import detect
+
+FAST = ("-p", "no:hypothesispytest", "-p", "no:randomly")
+
+# Each test that runs leaves ran/<test name> holding the devices it saw.
+RAN_CONFTEST = """
+import os
+import pathlib
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _record_run(request):
+    ran = pathlib.Path(str(request.config.rootpath)) / "ran"
+    ran.mkdir(exist_ok=True)
+    (ran / request.node.name).write_text(os.environ.get("DEVPOOL_DEVICES", "in-process"))
+"""
+
+
+def run(pytester: pytest.Pytester, tmp_path: Path, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        *FAST, f"--devpool-lock-dir={tmp_path / 'locks'}", *args, timeout=60
+    )
+
+
+def ran(pytester: pytest.Pytester) -> dict[str, str]:
+    """Test name → the DEVPOOL_DEVICES it saw."""
+    folder = pytester.path / "ran"
+    if not folder.is_dir():
+        return {}
+    return {p.name: p.read_text() for p in sorted(folder.iterdir())}
+
+
+def output(result: pytest.RunResult) -> str:
+    return result.stdout.str() + "\n" + result.stderr.str()
+
+
+# ---- requests are read after every pytest_collection_modifyitems ---------------------------
+
+
+def test_a_marker_a_conftest_adds_in_modifyitems_gets_its_devices(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    pytester.makeconftest(
+        RAN_CONFTEST
+        + """
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.name == "test_two_cards":
+            item.add_marker(pytest.mark.device_count(2))
+        if item.name == "test_cuda_only":
+            item.add_marker(pytest.mark.platforms(["cuda"]))
+"""
+    )
+    pytester.makepyfile(
+        test_late="""
+        def test_two_cards():
+            pass
+
+        def test_cpu():
+            pass
+
+        def test_cuda_only():
+            pass
+        """
+    )
+    result = run(pytester, tmp_path, "--devices", "sim:0-3")
+
+    assert result.ret == 0, output(result)
+    result.assert_outcomes(passed=2, deselected=1)
+    seen = ran(pytester)
+    assert sorted(seen) == ["test_cpu", "test_two_cards"]
+    assert len(seen["test_two_cards"].split(",")) == 2, seen  # two devices, not a CPU slot
+    assert seen["test_cpu"] == ""
+    # pytest's own count includes devpool's deselection.
+    result.stdout.fnmatch_lines(["collected 3 items / 1 deselected / 2 selected"])
+    assert "test_late.py::test_cuda_only: platform sim not in platforms([cuda])" in (
+        result.stdout.lines
+    )
+
+
+def test_collect_only_shows_the_selection_after_platform_deselection(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    pytester.makepyfile(
+        test_plat="""
+        import pytest
+
+        @pytest.mark.platforms(["cuda"])
+        def test_cuda_only():
+            pass
+
+        def test_anywhere():
+            pass
+        """
+    )
+    result = run(pytester, tmp_path, "--devices", "sim:0", "--collect-only", "-q")
+
+    assert result.ret == 0, output(result)
+    assert "test_plat.py::test_anywhere" in result.stdout.lines
+    assert "test_plat.py::test_cuda_only" not in result.stdout.lines
+
+
+def test_failed_first_starts_last_runs_failures_before_bigger_jobs(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    pytester.makepyfile(
+        test_order="""
+        import os
+        import pytest
+
+        @pytest.mark.device_count(2)
+        def test_big():
+            pass
+
+        def test_small_failing():
+            assert os.environ.get("FIXED") == "1"
+        """
+    )
+    first = run(pytester, tmp_path, "--devices", "sim:0-1")
+    assert first.ret == 1, output(first)
+
+    def planned(*extra: str) -> list[str]:
+        result = run(pytester, tmp_path, "--devices", "sim:0-1", "--devpool-plan", *extra)
+        assert result.ret == 0, output(result)
+        return [
+            line.split()[-1] for line in result.stdout.lines if re.match(r"\s+\d+\s+\S", line)
+        ]
+
+    # Without --ff the bigger job starts first; with it, last run's failure does.
+    assert planned() == ["test_order.py::test_big", "test_order.py::test_small_failing"]
+    assert planned("--ff") == ["test_order.py::test_small_failing", "test_order.py::test_big"]
+
+
+# ---- the worker runs exactly the planned items ---------------------------------------------
+
+
+def test_a_conftest_that_shards_by_position_runs_its_own_slice(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    # A home-made shard: keep every second test. Workers collect fewer modules than the
+    # controller, so the same slice there picks other tests; the controller's selection wins.
+    pytester.makeconftest(
+        RAN_CONFTEST
+        + """
+
+def pytest_collection_modifyitems(config, items):
+    kept = items[0::2]
+    config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+    items[:] = kept
+"""
+    )
+    pytester.makepyfile(
+        test_a="def test_a1(): pass\ndef test_a2(): pass\ndef test_a3(): pass\n",
+        test_b="""
+        import pytest
+
+        @pytest.mark.device_count(1)
+        def test_b1(): pass
+
+        @pytest.mark.device_count(1)
+        def test_b2(): pass
+
+        @pytest.mark.device_count(1)
+        def test_b3(): pass
+        """,
+    )
+    result = run(pytester, tmp_path, "--devices", "sim:0-1")
+
+    assert result.ret == 0, output(result)
+    result.assert_outcomes(passed=3, deselected=3)
+    assert sorted(ran(pytester)) == ["test_a1", "test_a3", "test_b2"]
+
+
+def test_a_new_lock_folder_given_space_separated_does_not_move_the_workers_rootdir(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    # No ini file: pytest guesses the rootdir from the arguments before it knows devpool's
+    # options. The folder does not exist when the controller starts, but does when the
+    # workers start, and would then count as a test path beside the project.
+    lock = tmp_path / "new" / "folder"
+    pytester.makeconftest(RAN_CONFTEST)
+    pytester.makepyfile(
+        test_x="""
+        import pytest
+
+        def test_cpu():
+            pass
+
+        @pytest.mark.device_count(1)
+        def test_device():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        *FAST, "--devpool-lock-dir", str(lock), "--devices", "sim:0", timeout=60
+    )
+
+    assert result.ret == 0, output(result)
+    result.assert_outcomes(passed=2)
+    assert sorted(ran(pytester)) == ["test_cpu", "test_device"]
+    assert lock.is_dir()
