@@ -25,7 +25,14 @@ from devpool.backends import Backend
 from devpool.backends.local import LocalBackend
 from devpool.config import Settings
 from devpool.errors import DevpoolError
-from devpool.history import History, TestResult, default_history_path
+from devpool.history import (
+    History,
+    TestResult,
+    default_history_path,
+    pending_dir,
+    pending_files,
+    write_pending,
+)
 from devpool.inventory import Inventory
 from devpool.leases import LockDir
 from devpool.loop import Loop
@@ -118,12 +125,29 @@ class Controller:
             listener.event(event_type, fields)
 
     def _write_history(self) -> None:
+        """Add this run's durations to the history; a shard run writes a pending file instead.
+
+        The other shards of a CI run split from the history as it was: a shard that
+        changed it would change their split (tests run twice or never).
+        """
         if not self.results:
             return
         try:
-            with History(self.history_path) as history:
-                history.add(self.results)
-                self.releasable = self._ready_to_release(history)
+            if self.shard is None:
+                with History(self.history_path) as history:
+                    history.add(self.results)
+                    self.releasable = self._ready_to_release(history)
+                return
+            write_pending(self.history_path, self.run_id, self.results)
+            names = sorted({r.nodeid for r in self.results if r.nodeid in self.quarantined})
+            if names and self.history_path.exists():
+                passed = [Outcome.PASSED.value] * RELEASE_AFTER
+                with History(self.history_path) as history:
+                    self.releasable = [
+                        n
+                        for n in names
+                        if history.recent_outcomes(n, RELEASE_AFTER, self.results) == passed
+                    ]
         except (DevpoolError, OSError) as exc:
             self.quarantine_notes.append(f"duration history not written: {exc}")
 
@@ -232,11 +256,18 @@ class Controller:
             self._keep_shard(config, items)
 
     def _read_history(self) -> dict[str, float]:
-        """p90 durations of earlier runs; a damaged history is a warning, not a failed run."""
-        if not self.history_path.exists():
+        """p90 durations of earlier runs; a damaged history is a warning, not a failed run.
+
+        Pending per-run files of shard runs are never read as estimates: a run that is
+        not a shard folds them into the history first; a shard splits from the history alone.
+        """
+        fold = self.shard is None and bool(pending_files(self.history_path))
+        if not self.history_path.exists() and not fold:
             return {}
         try:
             with History(self.history_path) as history:
+                if fold:
+                    history.merge_pending()
                 return history.estimates()
         except DevpoolError as exc:
             self.quarantine_notes.append(f"duration history not used: {exc}")
@@ -256,7 +287,19 @@ class Controller:
             )
             for item in items
         ]
-        chosen = shards.select([item.nodeid for item in items], pieces, k, n)
+        split = shards.split_suite([item.nodeid for item in items], pieces, n)
+        chosen = split.members(k)
+        # The record gets the whole split right after session_start, for `devpool shard verify`.
+        self.listeners.append(
+            shards.SplitStamp(
+                k,
+                split,
+                self.emit,
+                lambda: self.items,
+                history=str(self.history_path),
+                pending=str(pending_dir(self.history_path) / f"{self.run_id}.jsonl"),
+            )
+        )
         others = [item for item in items if item.nodeid not in chosen]
         if others:
             config.hook.pytest_deselected(items=others)

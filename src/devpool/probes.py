@@ -17,22 +17,47 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devpool.errors import DevpoolError
+
 PROBE_TIMEOUT = 5.0
 
-# Errors after which a device is not to be trusted for the rest of the session.
-DEFAULT_FATAL_PATTERNS: dict[str, tuple[str, ...]] = {
+# Errors that poison only the process that met them (its device context): the worker is
+# discarded, and the device is retired only if a health check in a fresh process fails.
+CONTEXT_PATTERNS: dict[str, tuple[str, ...]] = {
     "cuda": (
+        r"device-side assert(ion)? triggered",
         r"an illegal memory access was encountered",
+        r"an illegal instruction was encountered",
+        r"misaligned address",
         r"unspecified launch failure",
+    ),
+    "rocm": (
+        r"HIP error: an illegal memory access",
+        r"Memory access fault by GPU",
+        r"device-side assertion",
+        r"hipErrorLaunchFailure",
+    ),
+    "ascend": (r"\b507015\b", r"\b507018\b", r"aicore exception", r"aicpu exception"),
+    "sim": (r"DEVPOOL-SIM-CONTEXT",),
+}
+
+# Errors of the device itself: it is retired for the rest of the session at once.
+DEVICE_PATTERNS: dict[str, tuple[str, ...]] = {
+    "cuda": (
         r"uncorrectable ECC error",
         r"\bXid\b",
-        r"CUDA error: device-side assert triggered",
         r"GPU is lost",
+        r"fallen off the bus",
+        r"NVML_ERROR_GPU_IS_LOST",
     ),
-    "rocm": (r"HIP error: an illegal memory access", r"Memory access fault by GPU"),
-    "ascend": (r"\b507018\b", r"\b507015\b", r"\bEL0004\b", r"aicore exception"),
+    "rocm": (r"GPU Hang", r"amdgpu: GPU reset", r"HW Exception by GPU"),
+    "ascend": (r"\bEL0004\b", r"multi[- ]bit ECC", r"device (is )?lost"),
     "sim": (r"DEVPOOL-SIM-FATAL",),
 }
+
+# The kinds a fatal error can be: what happens next depends on it.
+CONTEXT = "context"
+DEVICE = "device"
 
 
 @dataclass(frozen=True)
@@ -203,40 +228,72 @@ def describe_busy(platform: str, busy: Busy) -> str:
 
 
 @dataclass(frozen=True)
-class FatalPatterns:
-    """Per-platform regular expressions that retire a device for the rest of the session."""
+class Fatal:
+    """A fatal error found in a test's output: what matched, and its kind."""
 
-    patterns: tuple[re.Pattern[str], ...]
+    text: str
+    kind: str  # CONTEXT (the process is poisoned) or DEVICE (the device is bad)
+
+
+@dataclass(frozen=True)
+class FatalPatterns:
+    """Per-platform regular expressions of the two kinds of fatal errors."""
+
+    device: tuple[re.Pattern[str], ...]
+    context: tuple[re.Pattern[str], ...] = ()
 
     @classmethod
     def for_platform(
         cls, name: str, kind: str, table: Mapping[str, object] | None
     ) -> FatalPatterns:
-        """[tool.devpool.fatal-patterns] `name` or `kind` = [regex, ...] replaces the defaults."""
-        chosen: object = DEFAULT_FATAL_PATTERNS.get(kind, ())
-        if table:
-            chosen = table.get(name, table.get(kind, chosen))
-        from devpool.errors import DevpoolError
+        """[tool.devpool.fatal-patterns] `name` or `kind` replaces the defaults of a platform.
 
-        if not isinstance(chosen, (list, tuple)) or not all(isinstance(p, str) for p in chosen):
-            raise DevpoolError(
-                f"[tool.devpool.fatal-patterns] {name} must be a list of regular expressions"
-            )
-        compiled = []
-        for text in chosen:
-            try:
-                compiled.append(re.compile(text))
-            except re.error as exc:
-                raise DevpoolError(
-                    f"[tool.devpool.fatal-patterns] {name}: {text!r} is not a regular "
-                    f"expression ({exc})"
-                ) from None
-        return cls(tuple(compiled))
+        A list names device-level errors (retire at once), as it always did; a table
+        `{context = [...], device = [...]}` names both kinds."""
+        device: object = DEVICE_PATTERNS.get(kind, ())
+        context: object = CONTEXT_PATTERNS.get(kind, ())
+        if table:
+            chosen = table.get(name, table.get(kind))
+            if isinstance(chosen, Mapping):
+                unknown = sorted(set(chosen) - {CONTEXT, DEVICE})
+                if unknown:
+                    raise DevpoolError(
+                        f"[tool.devpool.fatal-patterns] {name}: unknown key {unknown[0]!r} "
+                        "(use context and device)"
+                    )
+                device = chosen.get(DEVICE, ())
+                context = chosen.get(CONTEXT, ())
+            elif chosen is not None:
+                device, context = chosen, ()
+        return cls(_compile(name, device), _compile(name, context))
 
     def find(self, text: str) -> str | None:
-        """The first fatal error in text, as matched, or None."""
-        for pattern in self.patterns:
-            match = pattern.search(text)
-            if match:
-                return match.group(0)
+        """The first fatal error of either kind in text, as matched, or None."""
+        found = self.classify(text)
+        return found.text if found is not None else None
+
+    def classify(self, text: str) -> Fatal | None:
+        """The fatal error in text, device-level first (it decides more), or None."""
+        for kind, patterns in ((DEVICE, self.device), (CONTEXT, self.context)):
+            for pattern in patterns:
+                match = pattern.search(text)
+                if match:
+                    return Fatal(match.group(0), kind)
         return None
+
+
+def _compile(name: str, chosen: object) -> tuple[re.Pattern[str], ...]:
+    if not isinstance(chosen, (list, tuple)) or not all(isinstance(p, str) for p in chosen):
+        raise DevpoolError(
+            f"[tool.devpool.fatal-patterns] {name} must be a list of regular expressions"
+        )
+    compiled = []
+    for text in chosen:
+        try:
+            compiled.append(re.compile(text))
+        except re.error as exc:
+            raise DevpoolError(
+                f"[tool.devpool.fatal-patterns] {name}: {text!r} is not a regular "
+                f"expression ({exc})"
+            ) from None
+    return tuple(compiled)

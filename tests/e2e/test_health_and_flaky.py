@@ -311,7 +311,7 @@ def test_fatal_error_retires_the_device_and_the_run_goes_on(
     assert "sim:5" in eight["detail"]
 
     output = text(result)
-    assert "devpool: device sim:5 retired: fatal error 'DEVPOOL-SIM-FATAL'" in output
+    assert "devpool: device sim:5 retired: device error 'DEVPOOL-SIM-FATAL'" in output
     assert "only 7 healthy remain" in output
     closing = closing_line(result)
     assert "1 failed" in closing and "17 passed" in closing and "1 infra" in closing, closing
@@ -351,7 +351,7 @@ def test_fatal_patterns_table_replaces_the_default(
     result = run(pytester, lock, "--devices", "sim:0-1")
     assert result.ret == 1, text(result)
     output = text(result)
-    retired = re.findall(r"devpool: device sim:(\d) retired: fatal error '(.*?)'", output)
+    retired = re.findall(r"devpool: device sim:(\d) retired: device error '(.*?)'", output)
     assert len(retired) == 1 and re.fullmatch(r"card \d melted", retired[0][1]), output
     # The 2-device tests run first (bigger first); after the retirement none is left to fail.
     assert "only 1 healthy remain" not in output

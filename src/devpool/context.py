@@ -1,0 +1,50 @@
+"""The narrow interface between the event loop and the controller that runs it.
+
+The loop reads the session's settings, devices and collected items through it, and
+hands back what the end-of-run summary needs. It never imports the controller.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from devpool.config import Settings
+from devpool.history import TestResult
+from devpool.inventory import Inventory
+from devpool.leases import LockDir
+from devpool.outcomes import Outcome
+from devpool.probes import FatalPatterns, Probe
+from devpool.quarantine import Entry
+from devpool.report.junit import Attempt as JunitAttempt
+from devpool.report.terminal import Trouble
+
+
+class RunContext(Protocol):
+    """What one run of the loop needs from the session, and where it leaves its findings."""
+
+    settings: Settings
+    inventory: Inventory
+    lock_dir: LockDir
+    run_id: str
+    host: str
+    run_dir: Path
+    log_dir: Path
+    artifacts_dir: Path
+    items: dict[str, pytest.Item]
+    probe: Probe | None
+    fatal: FatalPatterns
+    quarantined: dict[str, Entry]
+
+    # Findings, for the summary at the end of the run.
+    troubles: list[Trouble]
+    quarantine_failures: list[Trouble]
+    repeats: dict[str, list[tuple[Outcome, str]]]
+    results: list[TestResult]
+    retried: dict[str, list[JunitAttempt]]
+    bad_devices: dict[int, str]  # device → why it was retired
+    device_notes: list[str]  # devices that were checked after an error and kept, and why
+
+    def emit(self, event_type: str, **fields: Any) -> None: ...

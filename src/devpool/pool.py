@@ -1,0 +1,274 @@
+"""The worker pool: start workers, send them batches, retire them, reap them, end them.
+
+A worker is only where attempts run. The pool knows which process holds which devices,
+which attempts were sent to it, and how far along ending it is; it decides nothing about
+outcomes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devpool.attempts import Attempt, State
+from devpool.backends import Backend
+from devpool.backends import WorkerHandle as Worker
+from devpool.context import RunContext
+from devpool.leases import Lease
+from devpool.plan import Job, Plan
+from devpool.scheduler import Placement
+
+STACKS_WAIT = 0.5  # seconds given to faulthandler to write the stacks before SIGTERM
+STOP_GRACE = 10.0  # seconds a worker told to stop has before it is killed
+KILL_RETRY = 1.0  # seconds between SIGKILLs of a process group that will not go
+
+
+@dataclass(eq=False)
+class Slot:
+    """One worker: its placement, the attempts sent to it, and how far along ending it is."""
+
+    worker: Worker
+    head: Job | None = None  # the job the scheduler placed: devices are its until "done"
+    sent: list[Attempt] = field(default_factory=list)  # sent, not yet ended, in order
+    ready_by: float | None = None  # the worker must have collected by then (None: it has)
+    stuck: str = ""  # why devpool killed a worker that never got ready
+    stopping: bool = False
+    stop_by: float = 0.0  # a worker told to stop is killed after this
+    killed_for: Attempt | None = None  # devpool is ending it for this attempt's deadline
+    dirty: bool = False  # something failed here: the worker is not reused
+    later: list[Job] = field(default_factory=list)  # queued again once the placement ends
+
+    @property
+    def key(self) -> int:
+        return self.worker.key
+
+    @property
+    def current(self) -> Attempt | None:
+        """The attempt the worker is running now."""
+        for attempt in self.sent:
+            if attempt.state is State.STARTED:
+                return attempt
+        return None
+
+    def log_size(self) -> int:
+        try:
+            return self.worker.log.stat().st_size
+        except OSError:
+            return 0
+
+
+class WorkerPool:
+    """Every worker of the run, and the placements waiting for retiring workers' devices."""
+
+    def __init__(self, ctx: RunContext, backend: Backend, plan: Plan) -> None:
+        self.ctx = ctx
+        self.backend = backend
+        self.slots: dict[int, Slot] = {}
+        self.idle: dict[int, Slot] = {}
+        self.starting: dict[int, tuple[Placement, set[int]]] = {}  # job id → retirees
+        self.modules_for = _module_lists(ctx, plan)
+
+    # ---- what is held ---------------------------------------------------------------------
+
+    def held(self) -> set[int]:
+        """Devices of workers that are not stopping."""
+        return {d for s in self.slots.values() if not s.stopping for d in s.worker.devices}
+
+    def retiring(self) -> list[int]:
+        """Devices of workers told to stop: theirs until the process has exited."""
+        return [d for s in self.slots.values() if s.stopping for d in s.worker.devices]
+
+    def all_devices(self) -> set[int]:
+        return {d for s in self.slots.values() for d in s.worker.devices}
+
+    # ---- starting ---------------------------------------------------------------------------
+
+    def spawn(self, placement: Placement, lease: Lease | None, now: float) -> Slot:
+        job = placement.job
+        env = self._env(placement.devices, job)
+        worker = self.backend.start(placement.devices, lease, env, job.request)
+        if lease is not None:
+            lease.set_job(job.nodeid, worker.pid)
+        limit = self.ctx.settings.worker_start_timeout
+        if not self.backend.local_leases:  # a cluster may first wait for room, up to this
+            limit += self.ctx.settings.lease_timeout
+        slot = Slot(worker, ready_by=now + limit)
+        self.slots[worker.key] = slot
+        return slot
+
+    def send(self, slot: Slot, head: Job, attempts: list[Attempt]) -> bool:
+        """Send a batch; False when the worker is gone (its exit is handled as usual)."""
+        slot.head = head
+        slot.sent = list(attempts)
+        if slot.worker.lease is not None and slot.worker.lease.holder.job != head.nodeid:
+            slot.worker.lease.set_job(head.nodeid, slot.worker.pid)
+        message = {
+            "op": "run",
+            "job": head.id,
+            "tests": [
+                {"nodeid": a.nodeid, "display": a.display, "attempt": a.number} for a in attempts
+            ],
+        }
+        return slot.worker.send(message)
+
+    def _env(self, devices: tuple[int, ...], job: Job) -> dict[str, str]:
+        env = dict(os.environ)
+        platform = self.ctx.inventory.platform
+        modules = self.modules_for.get((job.devices_needed, job.request.isolate))
+        if modules is not None:
+            env["DEVPOOL_COLLECT_ONLY"] = str(modules)
+        ids = ",".join(str(d) for d in devices)
+        env["DEVPOOL_DEVICES"] = ids
+        env["DEVPOOL_PLATFORM"] = platform.name
+        env["DEVPOOL_RUN_ID"] = self.ctx.run_id
+        env["DEVPOOL_ARTIFACTS"] = str(self.ctx.artifacts_dir)
+        if platform.visible_env:
+            # A CPU-only test sees no device at all: a stray device use fails loudly
+            # instead of silently sharing a card another test holds.
+            env[platform.visible_env] = ids
+        if platform.kind == "cuda":
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # ids are nvidia-smi's order
+        return env
+
+    # ---- ending -----------------------------------------------------------------------------
+
+    def retire(self, slot: Slot, now: float) -> None:
+        """Ask a worker to stop; it is killed if it has not gone within STOP_GRACE."""
+        self.idle.pop(slot.key, None)
+        if slot.stopping:
+            return
+        slot.stopping = True
+        slot.stop_by = now + STOP_GRACE
+        if not slot.worker.send({"op": "stop"}):
+            slot.worker.signal_group(signal.SIGKILL)
+
+    def retire_idle(self, now: float) -> None:
+        for slot in list(self.idle.values()):
+            self.retire(slot, now)
+
+    def kill(self, slot: Slot) -> None:
+        slot.worker.signal_group(signal.SIGKILL)
+
+    def escalate(self, now: float, grace: float) -> None:
+        """Timeouts on the process side: slow starts, workers that will not stop, deadlines."""
+        for slot in self.slots.values():
+            if slot.ready_by is not None and now >= slot.ready_by and not slot.stuck:
+                # A conftest or an import that hangs must not hang the whole run.
+                limit = self.ctx.settings.worker_start_timeout
+                slot.stuck = f"did not finish starting (collection) within {limit:g}s"
+                self.kill(slot)
+            if slot.stopping and now >= slot.stop_by:
+                slot.stop_by = now + KILL_RETRY
+                self.kill(slot)
+            attempt = slot.killed_for
+            if attempt is None:
+                attempt = slot.current
+                if attempt is None or not attempt.due(now):
+                    continue
+                # The deadline belongs to this attempt: it alone is ended for it.
+                slot.killed_for = attempt
+                attempt.kill_stage, attempt.kill_at = 1, now + STACKS_WAIT
+                slot.worker.send({"op": "cancel"})  # nothing more starts in this process
+                dump = getattr(slot.worker, "dump_stacks", None)  # a remote worker's own way
+                if dump is not None:
+                    dump()
+                else:
+                    with suppress(ProcessLookupError):
+                        os.kill(slot.worker.pid, signal.SIGUSR1)
+            elif attempt.kill_stage == 1 and now >= attempt.kill_at:
+                attempt.kill_stage, attempt.kill_at = 2, now + grace
+                slot.worker.signal_group(signal.SIGTERM)
+            elif attempt.kill_stage == 2 and now >= attempt.kill_at:
+                attempt.kill_stage, attempt.kill_at = 3, now + KILL_RETRY
+                self.kill(slot)
+            elif attempt.kill_stage == 3 and now >= attempt.kill_at:
+                attempt.kill_at = now + KILL_RETRY
+                self.kill(slot)
+
+    def due(self, now: float) -> list[float]:
+        """When escalate() next has something to do."""
+        times = []
+        for slot in self.slots.values():
+            if slot.ready_by is not None:
+                times.append(slot.ready_by)
+            if slot.stopping:
+                times.append(slot.stop_by)
+            attempt = slot.killed_for or slot.current
+            if attempt is not None and attempt.kill_stage:
+                times.append(attempt.kill_at)
+            elif attempt is not None and attempt.deadline is not None:
+                times.append(attempt.deadline)
+        return times
+
+    def gone(self, slot: Slot) -> int | None:
+        """A worker's process ended: reap it, end what it started, free its lease."""
+        worker = slot.worker
+        code = self.backend.reap(worker)
+        worker.signal_group(signal.SIGKILL)  # nothing the test started may outlive it
+        if worker.lease is not None:
+            worker.lease.release()
+        self.slots.pop(worker.key, None)
+        self.idle.pop(worker.key, None)
+        return code
+
+    def freed(self, key: int) -> list[Placement]:
+        """Placements that waited for this worker's devices and may start now."""
+        ready = []
+        for job_id, (placement, waiting) in list(self.starting.items()):
+            waiting.discard(key)
+            if not waiting:
+                del self.starting[job_id]
+                ready.append(placement)
+        return ready
+
+    def shutdown(self) -> None:
+        """Always: end every worker (their whole process groups) and free every lease."""
+        slots = list(self.slots.values())
+        now = time.monotonic()
+        for slot in slots:
+            self.retire(slot, now)
+        deadline = now + 2.0
+        for slot in slots:
+            try:
+                slot.worker.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - timeout or interrupted: escalate below
+                slot.worker.signal_group(signal.SIGTERM)
+        for slot in slots:
+            try:
+                slot.worker.wait(timeout=1.0)
+            except Exception:  # noqa: BLE001
+                slot.worker.signal_group(signal.SIGKILL)
+                slot.worker.wait()
+            slot.worker.signal_group(signal.SIGKILL)
+            slot.worker.close()
+            if slot.worker.lease is not None:
+                slot.worker.lease.release()
+        self.slots.clear()
+        self.idle.clear()
+        self.backend.close()
+
+
+def _module_lists(ctx: RunContext, plan: Plan) -> dict[tuple[int, bool], Path]:
+    """Per kind of worker, the test modules its jobs live in: a worker imports only those.
+
+    A worker runs jobs of one size only, so it never needs the modules of the others
+    (and an 8-device module's heavy imports stay out of CPU workers)."""
+    modules: dict[tuple[int, bool], set[str]] = {}
+    for job in plan.jobs:
+        item = ctx.items.get(job.nodeid)
+        if item is None:
+            return {}  # a job devpool cannot place in a file: let workers collect all
+        key = (job.devices_needed, job.request.isolate)
+        modules.setdefault(key, set()).add(str(item.path))
+    folder = ctx.run_dir / "collect"
+    folder.mkdir(parents=True, exist_ok=True)
+    lists = {}
+    for (size, isolate), paths in modules.items():
+        target = folder / f"size-{size}{'-isolate' if isolate else ''}.txt"
+        target.write_text("\n".join(sorted(paths)) + "\n", encoding="utf-8")
+        lists[(size, isolate)] = target
+    return lists
