@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from devpool.config import read_table
+from devpool.config import add_options, read_table, settings_from
 from devpool.errors import DevpoolError
 from devpool.inventory import Platform, load_platforms
 from devpool.markers import MARKERS, Request, request_for
@@ -59,6 +59,7 @@ class Collection:
     platforms: dict[str, Platform] = field(default_factory=dict)
     table: dict[str, Any] = field(default_factory=dict)
     quarantine: list[Entry] = field(default_factory=list)  # [tool.devpool.quarantine] + file
+    devices: str | None = None  # --devices after `--`, else [tool.devpool] devices (profile)
     error: DevpoolError | None = None
 
 
@@ -85,6 +86,11 @@ class _Collector:
     def __init__(self) -> None:
         self.seen = Collection()
 
+    def pytest_addoption(self, parser: pytest.Parser) -> None:
+        # devpool's own plugin is off while collecting, yet `-- PATHS --devices sim:0-7
+        # --devpool-…` must parse as in a run: they are read, and nothing starts.
+        add_options(parser)
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
         for text in MARKERS.values():
@@ -92,6 +98,7 @@ class _Collector:
         pyproject = _pyproject(config)
         try:
             table = read_table(pyproject)
+            self.seen.devices = settings_from(vars(config.option), table, str(pyproject)).devices
             for key in ("platforms", "quarantine"):
                 if not isinstance(table.get(key, {}), dict):
                     raise DevpoolError(f"{pyproject}: [tool.devpool] {key} must be a table")

@@ -1,4 +1,8 @@
-"""The `devpool` command: everything around a run (locks now; reports, capacity, shards later)."""
+"""The `devpool` command: everything around a run (locks, reports, capacity, shards, history).
+
+Usage mistakes exit 4 with one sentence, as pytest's do; no option takes an abbreviation
+(`--devices` must never be read as `--devices-per-runner`).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from devpool import __version__
 from devpool.errors import DevpoolError
-from devpool.leases import LockDir, default_lock_dir
+from devpool.leases import LockDir
 from devpool.record import latest_record, read_record
 from devpool.report.github import write_step_summary
 from devpool.report.jsonout import render_json
@@ -18,8 +22,27 @@ from devpool.report.markdown import render_markdown
 from devpool.report.text import render_text
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with no abbreviations, whose usage errors are one sentence and exit 4."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(4)
+
+
+def _project(devices: str | None = None) -> Any:
+    """The settings a run here would use: [tool.devpool] and its profile, from pyproject.toml."""
+    from devpool.project import project_settings
+
+    return project_settings(Path.cwd(), (), {"devpool_devices": devices})
+
+
 def _locks(args: argparse.Namespace) -> int:
-    lock_dir = LockDir(Path(args.lock_dir) if args.lock_dir else default_lock_dir())
+    lock_dir = LockDir(Path(args.lock_dir) if args.lock_dir else _project().lock_dir)
     states = lock_dir.status()
     if not states:
         print(f"no device lock files in {lock_dir.path}")
@@ -69,14 +92,12 @@ def _doctor(args: argparse.Namespace) -> int:
     import pytest
 
     from devpool import probes
-    from devpool.config import read_table, settings_from
     from devpool.fairshare import WaitingRoom
     from devpool.inventory import BUILTIN_PLATFORMS, detect, resolve_inventory
 
     python = host_platform.python_version()
     print(f"devpool {__version__}, pytest {pytest.__version__}, Python {python}")
-    table = read_table(Path.cwd() / "pyproject.toml")
-    settings = settings_from({"devpool_devices": args.devices}, table, "pyproject.toml")
+    settings = _project(args.devices)
     for kind in ("cuda", "ascend", "rocm"):
         found = detect(kind, timeout=args.timeout)
         print(f"{kind:7} devices: {', '.join(map(str, found)) if found else 'none found'}")
@@ -139,14 +160,26 @@ def _estimates(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, fl
         return history.estimates(), history.previous_estimates()
 
 
-def _default_platform(table: dict[str, object]) -> str:
-    """The platform of [tool.devpool] devices ('cuda:0-7' -> 'cuda'), else cuda."""
-    devices = table.get("devices")
-    if isinstance(devices, str):
-        name = devices.partition(":")[0].strip()
-        if name and name != "auto" and not name[0].isdigit():
-            return name
-    return "cuda"
+def _spec_platform(spec: str | None, platforms: Any) -> tuple[str, int | None]:
+    """(platform, devices it names) of a --devices SPEC; cuda without one; auto detects."""
+    from devpool.inventory import detect, parse_ids
+
+    if spec is None:
+        return "cuda", None
+    name, colon, ids = spec.strip().partition(":")
+    if colon:
+        return name, len(parse_ids(ids))
+    if name and name != "auto" and not name[0].isdigit():
+        return name, None
+    for kind in ("cuda", "ascend", "rocm"):  # as --devices auto looks for them
+        found = detect(kind, timeout=10.0)
+        if found:
+            chosen = [n for n, p in sorted(platforms.items()) if p.kind == kind]
+            return (kind if kind in platforms else chosen[0]), len(found)
+    raise DevpoolError(
+        f"--devices {spec} found no accelerator on this host, so the platform to report "
+        "for is unknown; name it with --platform"
+    )
 
 
 def _positive(text: str, what: str) -> float:
@@ -159,27 +192,33 @@ def _positive(text: str, what: str) -> float:
     return value
 
 
-def _chosen_platform(args: argparse.Namespace, seen: Any) -> str:
-    """--platform, else the one [tool.devpool] devices names; it must be a known platform."""
-    name: str = args.platform or _default_platform(seen.table)
+def _chosen_platform(args: argparse.Namespace, seen: Any) -> tuple[str, int]:
+    """(platform, devices per runner) for capacity and shard.
+
+    The platform: --platform, else that of --devices after `--`, else of [tool.devpool]
+    devices (with its profile), else cuda. Devices per runner: --devices-per-runner, else
+    as many as that --devices names, else 8.
+    """
+    named, count = _spec_platform(None if args.platform else seen.devices, seen.platforms)
+    name: str = args.platform or named
     if name not in seen.platforms:
         raise DevpoolError(
             f"--platform {name!r} is not a known platform; known: "
             f"{', '.join(sorted(seen.platforms))} (add others under [tool.devpool.platforms])"
         )
-    return name
+    text = args.devices_per_runner or str(count or 8)
+    return name, int(_positive(text, "--devices-per-runner"))
 
 
 def _capacity(args: argparse.Namespace) -> int:
     from devpool import capacity
 
     classes = dict(capacity.parse_runner_class(text) for text in args.runner_class or ())
-    devices = int(_positive(str(args.devices_per_runner), "--devices-per-runner"))
     default = _positive(str(args.default_estimate), "--default-estimate")
     factor = _positive(str(args.drift_factor), "--drift-factor")
     estimates, previous = _estimates(args)
     seen = capacity.collect_suite(args.paths)
-    platform = _chosen_platform(args, seen)
+    platform, devices = _chosen_platform(args, seen)
     kind = seen.platforms[platform].kind
     capacity.apply_quarantine(seen.tests, seen.quarantine, platform, kind)
     rep = capacity.report(
@@ -209,14 +248,13 @@ def _shard(args: argparse.Namespace) -> int:
 
     from devpool import capacity, shards
 
-    devices = int(_positive(str(args.devices_per_runner), "--devices-per-runner"))
     default = _positive(str(args.default_estimate), "--default-estimate")
     budget = shards.parse_budget(args.budget) if args.budget is not None else None
     if args.runners is not None and args.runners < 1:
         raise DevpoolError(f"--runners must be 1 or more, got {args.runners}")
     estimates, _ = _estimates(args)
     seen = capacity.collect_suite(args.paths)
-    name = _chosen_platform(args, seen)
+    name, devices = _chosen_platform(args, seen)
     # As a run does: tests whose platforms marker leaves this platform out are not sharded.
     admitted = {name, seen.platforms[name].kind}
     tests = [t for t in seen.tests if t.platforms is None or admitted & set(t.platforms)]
@@ -224,8 +262,10 @@ def _shard(args: argparse.Namespace) -> int:
         shards.shard_item(t.nodeid, t.request, estimates.get(t.nodeid, default), args.by_module)
         for t in tests
     ]
+    by_id = {item.nodeid: item for item in items}
     count = args.runners if budget is None else shards.shards_for_budget(items, budget, devices)
-    split = shards.assign(items, count)
+    whole = shards.split_suite([t.nodeid for t in tests], items, count)
+    split = [[by_id[nodeid] for nodeid in shard] for shard in whole.shards]
     walls = [shards.wall_estimate(shard, devices) for shard in split]
     commands = [
         shlex.join(
@@ -254,6 +294,7 @@ def _shard(args: argparse.Namespace) -> int:
             "estimates_from_history": known,
             "estimates_at_default": len(tests) - known,
             "default_estimate": default,
+            "fingerprint": whole.fingerprint,
             "split": [
                 {
                     "shard": f"{k}/{count}",
@@ -278,10 +319,19 @@ def _shard(args: argparse.Namespace) -> int:
     for k, (shard, wall) in enumerate(zip(split, walls, strict=True), 1):
         cost = sum(item.cost for item in shard)
         print(f"  {f'{k}/{count}':>7}  {len(shard):>6}  {cost:>10,.1f}  {wall:>10,.1f}")
+    print(f"split fingerprint {whole.fingerprint}: each shard's record carries its own")
     print("commands:")
     for command in commands:
         print(f"  {command}")
     return 0
+
+
+def _shard_verify(args: argparse.Namespace) -> int:
+    from devpool.shardcheck import read_shard_runs, verify
+
+    verdict = verify(read_shard_runs([Path(p) for p in args.records]))
+    (sys.stdout if verdict.ok else sys.stderr).write(verdict.render())
+    return 0 if verdict.ok else 1
 
 
 def _history_export(args: argparse.Namespace) -> int:
@@ -297,21 +347,28 @@ def _history_export(args: argparse.Namespace) -> int:
 
 
 def _history_merge(args: argparse.Namespace) -> int:
-    from devpool.history import History
+    from devpool.history import History, pending_dir
 
     path, _ = _history_path(args)
     with History(path) as history:
-        added = history.merge(Path(args.source))
-    print(f"devpool: merged {added} new results from {args.source} into {path}")
+        if not args.sources:
+            added, files = history.merge_pending()
+            where = f"{len(files)} pending run files in {pending_dir(path)}"
+            print(f"devpool: merged {added} new results from {where} into {path}")
+            return 0
+        for source in args.sources:
+            added = history.merge(Path(source))
+            print(f"devpool: merged {added} new results from {source} into {path}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="devpool",
         description="Around a devpool run: who holds which device on this host, and more.",
     )
     parser.add_argument("--version", action="version", version=f"devpool {__version__}")
+    # Subparsers are made with the parent's class: no abbreviations, exit 4 on every level.
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     locks = commands.add_parser("locks", help="list who holds which device on this host")
     locks.add_argument("--lock-dir", help="lock folder (default: the system temp folder's)")
@@ -338,13 +395,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="run pytest, then write the record, step summary and exit code even if it died",
     )
     run.add_argument("--run-record", help="where the record goes (default .devpool/runs/…)")
-    run.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then pytest's arguments")
+    run.add_argument(
+        "pytest_args",
+        nargs=argparse.REMAINDER,
+        help="-- then pytest's arguments (a leading `pytest` or `python -m pytest` is dropped)",
+    )
     run.set_defaults(func=_run)
     _add_capacity_commands(commands)
     return parser
 
 
-def _add_capacity_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_capacity_commands(commands: argparse._SubParsersAction[_Parser]) -> None:
     history_help = "duration history (default .devpool/history.sqlite here)"
     capacity = commands.add_parser(
         "capacity",
@@ -356,7 +417,9 @@ def _add_capacity_commands(commands: argparse._SubParsersAction[argparse.Argumen
         help="what pytest collects (default: testpaths); after --, pytest options too",
     )
     capacity.add_argument("--platform", help="platform to report for (default: [tool.devpool])")
-    capacity.add_argument("--devices-per-runner", default="8", metavar="N")
+    capacity.add_argument(
+        "--devices-per-runner", metavar="N", help="default: what --devices names, else 8"
+    )
     capacity.add_argument(
         "--runner-class",
         action="append",
@@ -377,7 +440,9 @@ def _add_capacity_commands(commands: argparse._SubParsersAction[argparse.Argumen
     capacity.set_defaults(func=_capacity)
 
     shard = commands.add_parser(
-        "shard", help="split the suite across CI runners by estimated device-seconds"
+        "shard",
+        help="split the suite across CI runners by estimated device-seconds; "
+        "`devpool shard verify RECORDS...` checks that the shards ran every test once",
     )
     shard.add_argument(
         "paths",
@@ -388,7 +453,9 @@ def _add_capacity_commands(commands: argparse._SubParsersAction[argparse.Argumen
     size.add_argument("--runners", type=int, metavar="N", help="split into N shards")
     size.add_argument("--budget", metavar="TIME", help="fewest shards that fit, e.g. 45m")
     shard.add_argument("--platform", help="platform the runners have (default: [tool.devpool])")
-    shard.add_argument("--devices-per-runner", default="8", metavar="N")
+    shard.add_argument(
+        "--devices-per-runner", metavar="N", help="default: what --devices names, else 8"
+    )
     shard.add_argument(
         "--by-module", action="store_true", help="keep each module's tests in one shard"
     )
@@ -403,16 +470,58 @@ def _add_capacity_commands(commands: argparse._SubParsersAction[argparse.Argumen
     export.add_argument("out")
     export.add_argument("--history", help=history_help)
     export.set_defaults(func=_history_export)
-    merge = actions.add_parser("merge", help="add an export (or a history file) to the history")
-    merge.add_argument("source")
+    merge = actions.add_parser(
+        "merge",
+        help="add exports (or history files) to the history; with none, the pending "
+        "results of shard runs (.devpool/history.d)",
+    )
+    merge.add_argument("sources", nargs="*", metavar="SOURCE")
     merge.add_argument("--history", help=history_help)
     merge.set_defaults(func=_history_merge)
 
 
+def build_verify_parser() -> argparse.ArgumentParser:
+    """`devpool shard verify RECORDS...` (its own parser: `devpool shard` takes test paths)."""
+    verify = _Parser(
+        prog="devpool shard verify",
+        description="Check the run records of every shard of one CI run: each test ran in "
+        "exactly one shard, all shards split alike, no shard is missing or given twice. "
+        "Exit 0 and one OK line, or exit 1 naming the tests.",
+    )
+    verify.add_argument("records", nargs="+", metavar="RECORD", help="record.jsonl of a shard")
+    verify.set_defaults(func=_shard_verify)
+    return verify
+
+
+_PASS_THROUGH = ("run", "capacity", "shard")  # commands whose arguments after `--` go to pytest
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line as a namespace; everything after `--` reaches pytest untouched."""
+    argv = list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "shard" and argv[argv.index("shard") + 1 : argv.index("shard") + 2] == ["verify"]:
+        at = argv.index("shard")
+        return build_verify_parser().parse_args(argv[:at] + argv[at + 2 :])
+    after: list[str] = []
+    if command in _PASS_THROUGH and "--" in argv:
+        at = argv.index("--")
+        argv, after = argv[:at], argv[at + 1 :]
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = "; pytest's own options go after `--`" if command in _PASS_THROUGH else ""
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    if args.command == "run":
+        args.pytest_args = [*args.pytest_args, *after]
+    elif args.command in ("capacity", "shard"):
+        args.paths = [*args.paths, *after]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `devpool` command; a user mistake is one line and exit code 4."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
     try:
         code: int = args.func(args)
     except DevpoolError as exc:

@@ -5,6 +5,12 @@ runs that ran the test to its end (passed, failed, flaky): a skip or a timeout s
 nothing about how long the test takes. `export` writes a plain JSON-lines file and
 `merge` reads one back (or another history file), so CI runners can pool timings
 without a server. The file carries its schema version; a newer one is refused.
+
+Pending results: a shard run must not change the history the other shards of its CI run
+split from, so it writes its results to a per-run file, `<history stem>.d/<run id>.jsonl`
+beside the history (export format), never to the history itself. Estimates never read
+pending files. `devpool history merge` with no file folds them in; a run that is not a
+shard folds them in before it reads its estimates (it needs no pinned snapshot).
 """
 
 from __future__ import annotations
@@ -69,6 +75,17 @@ SELECT nodeid, duration FROM rest WHERE n <= ?
 def default_history_path(root: Path) -> Path:
     """Where a project keeps its history: ROOT/.devpool/history.sqlite."""
     return root / ".devpool" / "history.sqlite"
+
+
+def pending_dir(history_path: Path) -> Path:
+    """The folder of a history's pending per-run files: .devpool/history.d for the default."""
+    return history_path.parent / f"{history_path.stem}.d"
+
+
+def pending_files(history_path: Path) -> list[Path]:
+    """The pending per-run files of a history, oldest run first (run ids sort by time)."""
+    folder = pending_dir(history_path)
+    return sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
 
 
 def runner_class(platform: str, pool_size: int, environ: Mapping[str, str] = os.environ) -> str:
@@ -222,25 +239,21 @@ class History:
         for row in self._conn.execute(sql):
             yield TestResult(*row)
 
-    def recent_outcomes(self, nodeid: str, count: int) -> list[str]:
-        """One test's last `count` outcomes, newest first (uses the per-test index)."""
+    def recent_outcomes(
+        self, nodeid: str, count: int, newer: Iterable[TestResult] = ()
+    ) -> list[str]:
+        """One test's last `count` outcomes, newest first (uses the per-test index).
+
+        `newer`: results not in this history (a shard run's pending ones), counted first.
+        """
+        ahead = sorted((r for r in newer if r.nodeid == nodeid), key=lambda r: -r.time)
         sql = "SELECT outcome FROM results WHERE nodeid = ? ORDER BY time DESC, rowid DESC LIMIT ?"
-        return [row[0] for row in self._conn.execute(sql, (nodeid, count))]
+        stored = [row[0] for row in self._conn.execute(sql, (nodeid, count))]
+        return ([r.outcome for r in ahead] + stored)[:count]
 
     def export(self, out: Path) -> int:
         """Write every result as JSON lines after a header line; returns the rows written."""
-        rows = list(self.results())
-        header = {"format": EXPORT_FORMAT, "schema": HISTORY_SCHEMA, "rows": len(rows)}
-        try:
-            with open(out, "w", encoding="utf-8") as file:
-                file.write(json.dumps(header) + "\n")
-                for result in rows:
-                    file.write(json.dumps(asdict(result), ensure_ascii=False) + "\n")
-        except OSError as exc:
-            raise DevpoolError(
-                f"cannot write history export {out}: {exc.strerror or exc}"
-            ) from None
-        return len(rows)
+        return write_export(out, list(self.results()))
 
     def merge(self, source: Path) -> int:
         """Add the results of an export or another history file; returns the rows that were new."""
@@ -266,8 +279,46 @@ class History:
         self.add(results)
         return self._conn.total_changes - before
 
+    def merge_pending(self) -> tuple[int, list[Path]]:
+        """Fold in every pending per-run file, removing each once added: (new rows, files)."""
+        added, merged = 0, []
+        for path in pending_files(self.path):
+            added += self.merge(path)
+            # Another run may have folded it in meanwhile: it is gone either way.
+            path.unlink(missing_ok=True)
+            merged.append(path)
+        return added, merged
+
     def close(self) -> None:
         self._conn.close()
+
+
+def write_export(out: Path, rows: Iterable[TestResult]) -> int:
+    """Results as an export file (header line, then one JSON object a row); returns the rows.
+
+    Written to a temporary name and renamed, so a reader never sees half a file.
+    """
+    rows = list(rows)
+    header = {"format": EXPORT_FORMAT, "schema": HISTORY_SCHEMA, "rows": len(rows)}
+    partial = out.with_name(f".{out.name}.{os.getpid()}.part")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(partial, "w", encoding="utf-8") as file:
+            file.write(json.dumps(header) + "\n")
+            for result in rows:
+                file.write(json.dumps(asdict(result), ensure_ascii=False) + "\n")
+        os.replace(partial, out)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise DevpoolError(f"cannot write history export {out}: {exc.strerror or exc}") from None
+    return len(rows)
+
+
+def write_pending(history_path: Path, run_id: str, results: Iterable[TestResult]) -> Path:
+    """A shard run's results as a pending per-run file beside the history; returns its path."""
+    path = pending_dir(history_path) / f"{run_id}.jsonl"
+    write_export(path, results)
+    return path
 
 
 def _read_export(source: Path) -> Iterator[TestResult]:

@@ -11,7 +11,14 @@ Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
   report         nodeid, when, outcome, duration
   job_end        job, nodeid, outcome, devices, host, start, end, run_time, queue_wait,
                  attempt, log, detail, tail (last lines of the log, for tests that did not pass)
+  shard          (--devpool-shard runs, right after session_start) shard "K/N", k, n,
+                 fingerprint, costs, split (node ids of every shard), deselected (this
+                 shard's tests deselected after the split), history, pending
   session_end    exitstatus, troubles (outcome → tests that did not pass)
+
+A new event type or field is added under the same version (readers skip types they do
+not know and read fields with defaults); the version changes only when a reader of the
+old version would misread a line.
 """
 
 from __future__ import annotations
@@ -73,6 +80,13 @@ class JobRun:
     log: str = ""
     host: str = ""
     tail: list[str] = field(default_factory=list)
+    test: str = ""  # the test's own node id (nodeid is a --devpool-repeat display id)
+    retried: bool = False  # this attempt was run again: not the test's final word
+
+    @property
+    def test_id(self) -> str:
+        """The collected test this attempt belongs to (repeats share one)."""
+        return self.test or self.nodeid
 
     @property
     def run_time(self) -> float:
@@ -89,6 +103,7 @@ class RunRecord:
     start: Mapping[str, Any] = field(default_factory=dict)
     end: Mapping[str, Any] | None = None
     jobs: list[JobRun] = field(default_factory=list)
+    shard: Mapping[str, Any] | None = None  # the shard event of a --devpool-shard run
     damage: str | None = None  # one sentence when the file was cut or corrupt
     last_time: float = 0.0
 
@@ -103,6 +118,12 @@ class RunRecord:
     @property
     def devices(self) -> list[int]:
         return [int(d) for d in self.start.get("devices", [])]
+
+    @property
+    def options(self) -> Mapping[str, Any]:
+        """The run's settings as session_start recorded them ({} when absent)."""
+        options = self.start.get("options")
+        return options if isinstance(options, Mapping) else {}
 
     @property
     def total_tests(self) -> int:
@@ -211,6 +232,8 @@ def _apply(record: RunRecord, open_jobs: dict[int, JobRun], event: dict[str, Any
         record.start = event
     elif kind == "session_end":
         record.end = event
+    elif kind == "shard":
+        record.shard = event
     elif kind == "job_start":
         run = JobRun(
             job=int(event["job"]),
@@ -239,6 +262,8 @@ def _apply(record: RunRecord, open_jobs: dict[int, JobRun], event: dict[str, Any
         run.log = str(event.get("log", run.log))
         run.tail = [str(line) for line in event.get("tail", [])]
         run.devices = [int(d) for d in event.get("devices", run.devices)]
+        run.test = str(event.get("test") or run.nodeid)
+        run.retried = bool(event.get("retried", False))
 
 
 def _unstarted(event: Mapping[str, Any]) -> JobRun:

@@ -6,6 +6,13 @@ with the least cost so far, ties broken by group name and then shard number, so 
 runner that computes the split from the same tests and the same history gets the same
 shards. (Shard membership follows the estimates: runners must share one history file.)
 
+The split is a pure function of the collected tests, their requests and a cost snapshot
+(the estimates of the history as it was before the run: a shard run writes its own
+durations to a pending per-run file, see history.py). Its fingerprint hashes every test
+id → shard assignment together with the costs, and every shard writes it into its run
+record, so `devpool shard verify` can prove afterwards that the shards of one CI run
+split alike and ran every test exactly once (see shardcheck.py).
+
 The wall estimate of a shard on a runner with D devices is
 max(sum of its costs / D, its longest single test): the work spread perfectly over the
 runner's devices, but never shorter than the one test that cannot be split.
@@ -13,11 +20,14 @@ runner's devices, but never shorter than the one test that cannot be split.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from devpool.errors import DevpoolError
 from devpool.markers import Request
@@ -157,14 +167,30 @@ def parse_budget(text: str) -> float:
     return seconds
 
 
-def select(nodeids_in_order: Sequence[str], items: Sequence[ShardItem], k: int, n: int) -> set[str]:
-    """The node ids of shard k (1-based) of n, among the tests collected in this session.
+@dataclass(frozen=True)
+class Split:
+    """The whole split of one suite into shards, and the fingerprints that identify it."""
+
+    shards: tuple[tuple[str, ...], ...]  # node ids of shard 1..n, each sorted
+    fingerprint: str  # every test id → shard number, and the cost snapshot
+    costs: str  # the cost snapshot alone: each test's group, devices and estimate
+
+    def members(self, k: int) -> set[str]:
+        """The node ids of shard k (1-based)."""
+        return set(self.shards[k - 1])
+
+
+def _digest(data: object) -> str:
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def split_suite(nodeids_in_order: Sequence[str], items: Sequence[ShardItem], n: int) -> Split:
+    """The split of the tests collected in this session into n shards, with fingerprints.
 
     Items of tests not collected are left out before splitting; a collected test with no
     item counts as a CPU test of DEFAULT_ESTIMATE seconds on its own.
     """
-    if not 1 <= k <= n:
-        raise DevpoolError(f"--devpool-shard '{k}/{n}' is out of range: K must be 1..{n}")
     collected = set(nodeids_in_order)
     known = {item.nodeid: item for item in items if item.nodeid in collected}
     chosen = list(known.values())
@@ -173,4 +199,56 @@ def select(nodeids_in_order: Sequence[str], items: Sequence[ShardItem], k: int, 
         for nodeid in dict.fromkeys(nodeids_in_order)
         if nodeid not in known
     ]
-    return {item.nodeid for item in assign(chosen, n)[k - 1]}
+    shards = tuple(tuple(item.nodeid for item in shard) for shard in assign(chosen, n))
+    # repr() of a float is exact and stable: equal snapshots hash alike on every runner.
+    costs = _digest(sorted((i.nodeid, i.group, i.device_count, repr(i.estimate)) for i in chosen))
+    assignment = sorted((nodeid, k) for k, shard in enumerate(shards, 1) for nodeid in shard)
+    return Split(shards, _digest({"shards": n, "tests": assignment, "costs": costs}), costs)
+
+
+def select(nodeids_in_order: Sequence[str], items: Sequence[ShardItem], k: int, n: int) -> set[str]:
+    """The node ids of shard k (1-based) of n, among the tests collected in this session."""
+    if not 1 <= k <= n:
+        raise DevpoolError(f"--devpool-shard '{k}/{n}' is out of range: K must be 1..{n}")
+    return split_suite(nodeids_in_order, items, n).members(k)
+
+
+class SplitStamp:
+    """A run listener: right after session_start, writes the `shard` event into the record.
+
+    The event holds the whole split and its fingerprint (for `devpool shard verify`) and
+    this shard's tests that a later selection (`-k`, `-m`) dropped, so they are not missing.
+    """
+
+    def __init__(
+        self,
+        k: int,
+        split: Split,
+        emit: Callable[..., None],
+        final: Callable[[], Collection[str]],
+        **extra: object,
+    ) -> None:
+        self.k = k
+        self.split = split
+        self.emit = emit
+        self.final = final
+        self.extra = extra
+
+    def event(self, event_type: str, fields: Mapping[str, Any]) -> None:
+        """On session_start, emit the shard event (once)."""
+        if event_type != "session_start":
+            return
+        n = len(self.split.shards)
+        final = set(self.final())
+        self.emit(
+            "shard",
+            shard=f"{self.k}/{n}",
+            k=self.k,
+            n=n,
+            fingerprint=self.split.fingerprint,
+            costs=self.split.costs,
+            tests=sum(len(shard) for shard in self.split.shards),
+            split=[list(shard) for shard in self.split.shards],
+            deselected=sorted(self.split.members(self.k) - final),
+            **self.extra,
+        )

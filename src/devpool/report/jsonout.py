@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from devpool.record import RunRecord
-from devpool.report.summary import device_use, totals, verdict
+from devpool.report.summary import device_use, repeats, totals, verdict
 
 REPORT_SCHEMA = "devpool-report/1"
 
@@ -26,6 +26,15 @@ def render_json(record: RunRecord) -> str:
         "duration": round(duration, 3),
         "totals": dict(totals(record)),
         "utilisation": {str(u.device): round(u.share(duration), 4) for u in device_use(record)},
+        "repeats": [
+            {
+                "nodeid": row.nodeid,
+                "runs": row.runs,
+                "passed": row.passed,
+                "failed_on": dict(row.failed_on),
+            }
+            for row in repeats(record)
+        ],
         "jobs": [
             {
                 "nodeid": job.nodeid,

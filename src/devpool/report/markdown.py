@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 
 from devpool.record import RunRecord
-from devpool.report.summary import device_use, totals, troubles, verdict
+from devpool.report.summary import device_use, repeats, totals, troubles, verdict
 from devpool.report.terminal import strip_ansi
 
 
@@ -29,6 +29,21 @@ def render_markdown(record: RunRecord) -> str:
     lines += ["| outcome | tests |", "| --- | ---: |"]
     lines += [f"| {name} | {count} |" for name, count in totals(record)]
     lines.append("")
+    rows = repeats(record)
+    if rows:
+        lines += [
+            "### Repeat results (lowest pass rate first)",
+            "",
+            "| passed | rate | test | failed on |",
+            "| ---: | ---: | --- | --- |",
+        ]
+        lines += [
+            f"| {row.passed}/{row.runs} | {row.rate:.0%} | `{clean(row.nodeid)}` | "
+            + ", ".join(f"{clean(where)} ×{n}" for where, n in row.failed_on)
+            + " |"
+            for row in rows
+        ]
+        lines.append("")
     bad = troubles(record)
     if bad:
         lines += [f"### {len(bad)} did not pass", ""]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from devpool.inventory import format_ids
 from devpool.outcomes import Outcome
 from devpool.record import JobRun, RunRecord
 
@@ -57,3 +60,51 @@ def verdict(record: RunRecord) -> str:
     if bad:
         return f"{bad} test{'s' if bad != 1 else ''} did not pass (exit code {status})"
     return f"all tests passed (exit code {status})"
+
+
+@dataclass(frozen=True)
+class RepeatRow:
+    """One test under --devpool-repeat: how often it passed, and where it failed."""
+
+    nodeid: str
+    runs: int
+    passed: int  # passed or flaky
+    failed_on: tuple[tuple[str, int], ...]  # (devices, failures there), most failures first
+
+    @property
+    def rate(self) -> float:
+        return self.passed / self.runs if self.runs else 0.0
+
+    def line(self) -> str:
+        """'3/5 passed (60%)  test_x  failed on: sim:1 ×2'."""
+        text = f"{self.passed}/{self.runs} passed ({self.rate:.0%})  {self.nodeid}"
+        if self.failed_on:
+            text += "  failed on: " + ", ".join(f"{where} ×{n}" for where, n in self.failed_on)
+        return text
+
+
+def repeat_rows(results: Mapping[str, Iterable[tuple[str, str]]]) -> list[RepeatRow]:
+    """Rows from each test's (outcome, devices) per repeat: the lowest pass rate first (the
+    tests to look at), ties by node id, so two runs of one suite list alike."""
+    rows = []
+    for nodeid, runs in results.items():
+        outcomes = list(runs)
+        passed = sum(1 for outcome, _ in outcomes if outcome in ("passed", "flaky"))
+        failures = Counter(where for outcome, where in outcomes if Outcome(outcome).gates)
+        spread = tuple(sorted(failures.items(), key=lambda f: (-f[1], f[0])))
+        rows.append(RepeatRow(nodeid, len(outcomes), passed, spread))
+    rows.sort(key=lambda row: (row.rate, row.nodeid))
+    return rows
+
+
+def repeats(record: RunRecord) -> list[RepeatRow]:
+    """The --devpool-repeat table of a recorded run; [] for a run without repeats."""
+    if int(record.options.get("repeat") or 1) < 2:
+        return []
+    results: dict[str, list[tuple[str, str]]] = {}
+    for job in record.finished_jobs():
+        if job.retried or job.outcome is None:
+            continue
+        where = f"{record.platform}:{format_ids(job.devices)}" if job.devices else "cpu"
+        results.setdefault(job.test_id, []).append((job.outcome, where))
+    return repeat_rows(results)

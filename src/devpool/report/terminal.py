@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 
 from devpool.outcomes import Outcome
+from devpool.report.summary import repeat_rows
 
 TAIL_LINES = 50
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -92,18 +92,14 @@ def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
 
 
 def print_repeats(tr: Any, results: Mapping[str, Sequence[tuple[Outcome, str]]]) -> None:
-    """--devpool-repeat: each test's pass rate, and the devices its failures happened on."""
+    """--devpool-repeat: each test's pass rate and the devices its failures happened on,
+    the lowest pass rate first (then by node id)."""
     if not results:
         return
     tr.write_sep("-", "devpool: repeat results")
-    for nodeid, runs in results.items():
-        passed = sum(1 for outcome, _ in runs if outcome in (Outcome.PASSED, Outcome.FLAKY))
-        line = f"{passed}/{len(runs)} passed ({passed / len(runs):.0%})  {nodeid}"
-        failures = Counter(where for outcome, where in runs if outcome.gates)
-        if failures:
-            spread = ", ".join(f"{where} ×{n}" for where, n in failures.most_common())
-            line += f"  failed on: {spread}"
-        tr.write_line(line, red=bool(failures), green=not failures)
+    as_text = {nodeid: [(o.value, where) for o, where in runs] for nodeid, runs in results.items()}
+    for row in repeat_rows(as_text):
+        tr.write_line(row.line(), red=bool(row.failed_on), green=not row.failed_on)
 
 
 def print_summary(tr: Any, troubles: Sequence[Trouble], cwd: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from devpool.record import RunRecord
-from devpool.report.summary import device_use, totals, troubles, verdict
+from devpool.report.summary import device_use, repeats, totals, troubles, verdict
 
 
 def render_text(record: RunRecord, tail_lines: int = 50) -> str:
@@ -17,6 +17,10 @@ def render_text(record: RunRecord, tail_lines: int = 50) -> str:
     if record.damage:
         out.append(f"record damaged: {record.damage}")
     out.append(", ".join(f"{count} {name}" for name, count in totals(record)) or "no tests ran")
+    rows = repeats(record)
+    if rows:
+        out.append("repeat results (lowest pass rate first):")
+        out += [f"  {row.line()}" for row in rows]
     for job in troubles(record):
         where = f"{record.platform}:{','.join(map(str, job.devices))}" if job.devices else "cpu"
         out.append(
