@@ -16,7 +16,10 @@ from devpool.history import (
     TestResult,
     default_history_path,
     p90,
+    pending_dir,
+    pending_files,
     runner_class,
+    write_pending,
 )
 
 T0 = 1_700_000_000.0
@@ -220,3 +223,30 @@ def test_estimates_for_ten_thousand_tests_is_fast(history: History) -> None:
     assert len(estimates) == 10_000
     assert estimates["tests/test_m0.py::test_7"] == pytest.approx(2.07)
     assert elapsed < 5.0, f"estimates() took {elapsed:.2f} s for 10,000 tests"
+
+
+def test_pending_files_are_not_estimates_until_merged(tmp_path: Path, history: History) -> None:
+    history.add([result("t::a", 2.0, T0, "r1")])
+    written = write_pending(history.path, "20261201-120000-1", [result("t::a", 9.0, T0 + 1, "r2")])
+    assert written.parent == pending_dir(history.path) == tmp_path / ".devpool" / "history.d"
+    assert pending_files(history.path) == [written]
+    assert history.estimates() == {"t::a": 2.0}  # a shard's own run changes no estimate
+    assert history.merge_pending() == (1, [written])
+    assert history.estimate("t::a") == 9.0
+    assert pending_files(history.path) == []
+    assert history.merge_pending() == (0, [])
+
+
+def test_a_pending_file_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
+    target = tmp_path / "history.d" / "run.jsonl"
+    write_pending(tmp_path / "history.sqlite", "run", [result("t::a", 1.0, T0)])
+    assert [p.name for p in target.parent.iterdir()] == ["run.jsonl"]  # no partial file left
+    lines = target.read_text().splitlines()
+    assert json.loads(lines[0])["rows"] == 1 and len(lines) == 2
+
+
+def test_recent_outcomes_counts_newer_results_first(history: History) -> None:
+    history.add([result("t::a", 1.0, T0 + i, f"r{i}", outcome="passed") for i in range(3)])
+    newer = [result("t::a", 1.0, T0 + 9, "r9", outcome="failed"), result("t::b", 1.0, T0, "x")]
+    assert history.recent_outcomes("t::a", 3, newer) == ["failed", "passed", "passed"]
+    assert history.recent_outcomes("t::a", 3) == ["passed"] * 3

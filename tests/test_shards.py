@@ -16,6 +16,7 @@ from devpool.shards import (
     select,
     shard_item,
     shards_for_budget,
+    split_suite,
     wall_estimate,
 )
 
@@ -200,3 +201,22 @@ def test_select_counts_tests_without_items_and_drops_uncollected_ones() -> None:
     assert sorted(len(p) for p in parts) == [2, 2]  # "gone" weighs nothing: it was not collected
     with pytest.raises(DevpoolError, match="out of range"):
         select(order, items, 3, 2)
+
+
+def test_split_fingerprint_is_a_function_of_tests_requests_and_costs() -> None:
+    items = suite(count=40)
+    order = [item.nodeid for item in items]
+    first = split_suite(order, items, 3)
+    shuffled = list(reversed(items))
+    again = split_suite(list(reversed(order)), shuffled, 3)
+    assert again == first  # same tests, same costs: same split, same fingerprint
+    assert sorted(n for shard in first.shards for n in shard) == sorted(order)
+    assert [first.members(k) for k in (1, 2, 3)] == [select(order, items, k, 3) for k in (1, 2, 3)]
+    cheaper = [ShardItem(i.nodeid, i.group, i.device_count, i.estimate / 2) for i in items]
+    other = split_suite(order, cheaper, 3)
+    # Same shares, so the same assignment, but another cost snapshot: another fingerprint.
+    assert other.shards == first.shards
+    assert (other.costs, other.fingerprint) != (first.costs, first.fingerprint)
+    bigger = [*items[:-1], ShardItem(items[-1].nodeid, "", 8, 500.0)]
+    assert split_suite(order, bigger, 3).fingerprint != first.fingerprint
+    assert split_suite(order, items, 4).fingerprint != first.fingerprint
