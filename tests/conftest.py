@@ -27,6 +27,18 @@ def _unfenced(lines: list[str]) -> list[str]:
 
 
 @pytest.fixture
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """pytester, with pytest-randomly off in the sessions it runs (and their workers).
+
+    Those sessions assert on order ("later tests did not run"); tests/e2e/test_plugins.py
+    turns pytest-randomly back on where it is what is tested. Pytester clears
+    PYTEST_ADDOPTS when it starts, so this is set after it.
+    """
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")
+    return pytester
+
+
+@pytest.fixture
 def unfenced() -> Callable[[list[str]], list[str]]:
     """Lines of a GitHub log that are outside every ::stop-commands:: fence."""
     return _unfenced

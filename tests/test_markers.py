@@ -81,12 +81,21 @@ def test_platforms_accepts_a_name_a_list_a_tuple_or_several_args(
         (pytest.mark.timeout(5, method="thread"), 5.0),
         (pytest.mark.timeout(timeout=7, method="signal"), 7.0),
         (pytest.mark.timeout(5, func_only=True), 5.0),
+        (pytest.mark.timeout(5, "thread"), 5.0),
+        (pytest.mark.timeout(0), 0.0),
     ],
 )
 def test_timeout_accepts_pytest_timeout_spellings(
     mark: pytest.MarkDecorator, timeout: float
 ) -> None:
     assert request(mark).timeout == timeout
+
+
+def test_timeout_zero_means_no_limit_as_in_pytest_timeout() -> None:
+    got = request(pytest.mark.timeout(0))
+
+    assert got.timeout == 0.0  # not None: the run's default limit does not apply either
+    assert got.describe() == "cpu, no timeout"
 
 
 @pytest.mark.parametrize("name", ["device_count", "nodes"])
@@ -140,13 +149,15 @@ def test_platforms_rejects_an_unknown_name_and_lists_the_known_ones() -> None:
 @pytest.mark.parametrize(
     ("mark", "words"),
     [
-        (pytest.mark.timeout(0), "needs a number of seconds > 0, got int 0"),
-        (pytest.mark.timeout(-1.5), "needs a number of seconds > 0, got float -1.5"),
-        (pytest.mark.timeout("5"), "needs a number of seconds > 0, got str '5'"),
-        (pytest.mark.timeout(True), "needs a number of seconds > 0, got bool True"),
+        (pytest.mark.timeout(-1.5), "needs a number of seconds ≥ 0 (0: no limit), got float -1.5"),
+        (pytest.mark.timeout("5"), "needs a number of seconds ≥ 0 (0: no limit), got str '5'"),
+        (pytest.mark.timeout(True), "needs a number of seconds ≥ 0 (0: no limit), got bool True"),
         (pytest.mark.timeout(), "takes one number of seconds"),
         (pytest.mark.timeout(1, 2), "takes one number of seconds"),
+        (pytest.mark.timeout(1, "thread", 3), "takes one number of seconds"),
+        (pytest.mark.timeout(5, method="fork"), "takes one number of seconds"),
         (pytest.mark.timeout(5, seconds=3), "takes one number of seconds"),
+        (pytest.mark.timeout(5, timeout=3), "gives its seconds twice"),
     ],
 )
 def test_timeout_rejects_bad_forms(mark: pytest.MarkDecorator, words: str) -> None:

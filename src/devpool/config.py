@@ -51,6 +51,16 @@ def _count(value: object) -> int:
     return number
 
 
+def _delay(value: object) -> float:
+    try:
+        number = float(str(value))
+    except ValueError:
+        number = -1.0
+    if isinstance(value, bool) or not number >= 0:
+        raise ValueError("a number of seconds ≥ 0")
+    return number
+
+
 def _flaky_result(value: object) -> str:
     if value not in ("pass", "fail"):
         raise ValueError("'pass' (flaky tests do not gate) or 'fail' (they do)")
@@ -113,6 +123,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("plan", _flag, "print the jobs and their planned order, run nothing", flag=True),
     Option("isolation", _isolation, "'worker': reuse warm workers; 'job': fresh process each"),
     Option("reruns", _count, "retry a failed/error/timeout test this many times, fresh worker"),
+    Option("reruns-delay", _delay, "seconds to wait before each rerun of a failed test (0)"),
     Option("reruns-infra", _count, "retry a crashed/infra test this many times (default 1)"),
     Option("flaky-result", _flaky_result, "'pass' or 'fail': does a flaky test gate the run"),
     Option("repeat", _positive_int, "run each selected test this many times, across devices"),
@@ -210,6 +221,7 @@ class Settings:
     isolation: str = "worker"
     run_dir: Path | None = None
     reruns: int = 0
+    reruns_delay: float = 0.0
     reruns_infra: int = 1
     flaky_result: str = "pass"
     repeat: int = 1
@@ -283,8 +295,14 @@ def settings_from(
     table: Mapping[str, Any],
     where: str,
     environ: Mapping[str, str] | None = None,
+    fallback: Mapping[str, tuple[Any, str]] | None = None,
 ) -> Settings:
-    """Merge command-line values (dest → value, None when not given) over [tool.devpool]."""
+    """Merge command-line values (dest → value, None when not given) over [tool.devpool].
+
+    fallback: option name → (value, where it was set), used when neither gives one: other
+    plugins' equivalents (pytest-timeout's --timeout, pytest-rerunfailures' --reruns).
+    """
+    fallback = fallback or {}
     table = _with_profile(options, table, where, os.environ if environ is None else environ)
     unknown = sorted(set(table) - TABLE_KEYS)
     if unknown:
@@ -306,6 +324,8 @@ def settings_from(
         raw, source = options.get(option.dest), option.cli
         if raw is None and option.name in table:
             raw, source = table[option.name], f"{where}: [tool.devpool] {option.name}"
+        if raw is None and option.name in fallback:
+            raw, source = fallback[option.name]
         if raw is None:
             continue
         try:

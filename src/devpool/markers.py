@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from devpool.compat import rerunfailures
 from devpool.errors import DevpoolError
 
 MARKERS = {
@@ -30,6 +31,10 @@ class Request:
     isolate: bool = False
     timeout: float | None = None
     peer_service: str | None = None  # nodes(n, peer_service="cmd"): run on ranks 1..n-1
+    # pytest-rerunfailures' flaky(reruns=N, reruns_delay=S): this test's own reruns and the
+    # wait before each; None: the run's --devpool-reruns / --devpool-reruns-delay.
+    reruns: int | None = None
+    reruns_delay: float | None = None
 
     def describe(self) -> str:
         """Short human form, e.g. '2 devices, isolate, timeout 30s'."""
@@ -40,8 +45,12 @@ class Request:
             parts.insert(0, f"{self.nodes} nodes ×")
         if self.isolate:
             parts.append("isolate")
-        if self.timeout is not None:
+        if self.timeout:
             parts.append(f"timeout {self.timeout:g}s")
+        elif self.timeout == 0:
+            parts.append("no timeout")
+        if self.reruns:
+            parts.append(f"reruns {self.reruns}")
         return ", ".join(parts)
 
 
@@ -81,16 +90,30 @@ def _platforms(nodeid: str, marker: pytest.Mark, known: Collection[str]) -> tupl
 
 
 def _timeout(nodeid: str, marker: pytest.Mark) -> float:
-    # pytest-timeout spells it timeout(seconds, method=...) or timeout(timeout=...); accept both.
-    args = list(marker.args) or ([marker.kwargs["timeout"]] if "timeout" in marker.kwargs else [])
+    """Seconds; 0 means no limit, not even the default one (pytest-timeout's meaning).
+
+    pytest-timeout's forms are accepted: timeout(seconds), timeout(seconds, "thread"),
+    timeout(timeout=seconds), with method= and func_only=. devpool kills the test's process
+    group whatever the method; func_only does not narrow devpool's limit.
+    """
+    args = list(marker.args)
+    if "timeout" in marker.kwargs and args:
+        raise DevpoolError(f"{nodeid}: @pytest.mark.timeout gives its seconds twice")
+    if "timeout" in marker.kwargs:
+        args = [marker.kwargs["timeout"]]
     extra = set(marker.kwargs) - {"timeout", "method", "func_only"}
-    if len(args) != 1 or extra:
-        raise DevpoolError(f"{nodeid}: @pytest.mark.timeout takes one number of seconds")
-    value = args[0]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    method = args[1] if len(args) == 2 else marker.kwargs.get("method")
+    if not args or len(args) > 2 or extra or method not in (None, "signal", "thread"):
         raise DevpoolError(
-            f"{nodeid}: @pytest.mark.timeout({value!r}) needs a number of seconds > 0, "
-            f"got {type(value).__name__} {value!r}"
+            f"{nodeid}: @pytest.mark.timeout takes one number of seconds "
+            f"(and pytest-timeout's method=, func_only=), got args={marker.args!r} "
+            f"kwargs={dict(marker.kwargs)!r}"
+        )
+    value = args[0]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.timeout({value!r}) needs a number of seconds ≥ 0 "
+            f"(0: no limit), got {type(value).__name__} {value!r}"
         )
     return float(value)
 
@@ -118,4 +141,14 @@ def request_for(item: pytest.Item, known_platforms: Collection[str]) -> Request:
     if (mark := item.get_closest_marker("timeout")) is not None:
         timeout = _timeout(nodeid, mark)
     isolate = item.get_closest_marker("isolate") is not None
-    return Request(device_count, platforms, nodes, isolate, timeout, peer_service)
+    reruns, reruns_delay = rerunfailures.marker_reruns(item)
+    return Request(
+        device_count,
+        platforms,
+        nodes,
+        isolate,
+        timeout,
+        peer_service,
+        reruns=reruns,
+        reruns_delay=reruns_delay,
+    )

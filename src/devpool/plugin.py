@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from devpool import compat
 from devpool.config import add_options, read_table, settings_from
 from devpool.errors import DevpoolError
 from devpool.inventory import resolve_inventory
@@ -44,11 +45,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _configure_controller(config: pytest.Config) -> None:
     pyproject = _pyproject(config)
-    settings = settings_from(vars(config.option), read_table(pyproject), str(pyproject))
+    settings = settings_from(
+        vars(config.option),
+        read_table(pyproject),
+        str(pyproject),
+        fallback=compat.settings_fallback(config),
+    )
     if settings.devices is None:
         return  # devpool stays out of the way: plain pytest, markers registered
     if getattr(config.option, "numprocesses", None):
         raise DevpoolError("--devices and -n (pytest-xdist) both start workers; drop -n")
+    compat.configure_controller(config)
     if settings.backend == "ray":
         from devpool.backends.ray import cluster_inventory
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from devpool import protocol
+from devpool import compat, protocol
 
 # Options that select or stop tests belong to the controller alone: the worker must be
 # able to run any node id it is sent, and never stop itself on a failure.
@@ -54,10 +54,9 @@ class WorkerSession:
         for name, value in _CONTROLLER_ONLY.items():
             if hasattr(config.option, name):
                 setattr(config.option, name, value)
-        # Plugins that write files at session end (junitxml, cacheprovider, pytest-html)
-        # skip that on xdist workers by this attribute; a devpool worker is the same case.
-        config.workerinput = {"workerid": f"devpool-{os.getpid()}"}  # type: ignore[attr-defined]
-        config.workeroutput = {}  # type: ignore[attr-defined]
+        # Not an xdist worker (plugins would read xdist's keys): other plugins are adjusted
+        # one by one, e.g. junitxml and --lf state are written by the controller alone.
+        compat.configure_worker(config)
         only = os.environ.get("DEVPOOL_COLLECT_ONLY")
         self.modules: set[str] | None = None
         if only:
