@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from devpool.inventory import BUILTIN_PLATFORMS, Inventory
+from devpool.inventory import BUILTIN_PLATFORMS, NO_ACCELERATOR, NO_DEVICES, Inventory
 from devpool.markers import Request
 from devpool.plan import DEFAULT_ESTIMATE, Job, build_plan, unsatisfiable_reason
 
@@ -93,3 +93,32 @@ def test_an_empty_suite_gives_an_empty_plan() -> None:
     plan = build_plan([], SIM4)
 
     assert (plan.jobs, plan.unsatisfiable) == ([], [])
+
+
+def test_last_runs_failures_start_first_and_keep_their_own_order() -> None:
+    # --ff / --lf: failures first, among them (and among the rest) the usual order.
+    jobs = [
+        job(0, 0, estimate=2.0),
+        job(1, 4, estimate=1.0),
+        job(2, 1, estimate=3.0),
+        job(3, 2, estimate=2.0),
+        job(4, 0, estimate=1e300),  # an absurd estimate still does not beat a failure
+    ]
+    for failed in (jobs[0], jobs[2]):
+        failed.failed_before = True
+
+    plan = build_plan(jobs, SIM4)
+
+    assert [j.id for j in plan.jobs] == [2, 0, 4, 1, 3]
+
+
+def test_a_pool_of_no_devices_runs_cpu_jobs_and_says_why_device_jobs_cannot() -> None:
+    none = Inventory(NO_DEVICES, (), NO_ACCELERATOR)
+
+    plan = build_plan([job(0, 0), job(1, 1), job(2, 2)], none)
+
+    assert [j.id for j in plan.jobs] == [0]
+    assert [reason for _, reason in plan.unsatisfiable] == [
+        f"needs 1 device; this session has none ({NO_ACCELERATOR})",
+        f"needs 2 devices; this session has none ({NO_ACCELERATOR})",
+    ]

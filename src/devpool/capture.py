@@ -85,9 +85,9 @@ def crash_output(worker_log: Path, lines: int = TAIL_LINES) -> str:
             continue
         kept = text.splitlines()[-lines:]
         if kept:
+            last = "last line" if len(kept) == 1 else f"last {len(kept)} lines"
             parts.append(
-                f"---- {stream} of the test until the worker ended (last {len(kept)} lines, "
-                f"{path.name}) ----"
+                f"---- {stream} of the test until the worker ended ({last}, {path.name}) ----"
             )
             parts.extend(kept)
     return "\n".join(parts)

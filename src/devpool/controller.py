@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from devpool import probes, shards
+from devpool import probes, shards, worklist
 from devpool.backends import Backend
 from devpool.backends.local import LocalBackend
 from devpool.config import Settings
@@ -79,6 +79,7 @@ class Controller:
         self.run_dir = settings.run_dir or config.rootpath / ".devpool" / "runs" / self.run_id
         self.log_dir = self.run_dir / "logs"
         self.requests: dict[str, Request] = {}
+        self.failed_before: set[str] = set()  # with --ff / --lf: these start first
         self.deselected: list[tuple[str, str]] = []
         self.troubles: list[Trouble] = []
         self.repeats: dict[str, list[tuple[Outcome, str]]] = {}
@@ -109,13 +110,19 @@ class Controller:
         self.github: GitHubLog | None = None
 
     def make_backend(self, config: pytest.Config) -> Backend:
-        """Local child processes, or Ray actors when --devpool-backend ray."""
-        args, cwd = config.invocation_params.args, config.invocation_params.dir
+        """Local child processes, or Ray actors when --devpool-backend ray.
+
+        Workers get this process's rootdir, inifile and final selection (see worklist)."""
+        args, cwd = worklist.worker_args(config), config.invocation_params.dir
+        env: dict[str, str] = {}
+        if not self.settings.plan:  # --devpool-plan starts no worker and leaves no folder
+            selected = worklist.write_selection(self.items, self.run_dir / "collect")
+            env[worklist.NODEIDS_ENV] = str(selected)
         if self.settings.backend == "ray":
             from devpool.backends.ray import RayBackend
 
-            return RayBackend(args, cwd, self.log_dir, self.settings, self.inventory)
-        return LocalBackend(args, cwd, self.log_dir)
+            return RayBackend(args, cwd, self.log_dir, self.settings, self.inventory, env)
+        return LocalBackend(args, cwd, self.log_dir, env)
 
     def emit(self, event_type: str, **fields: Any) -> None:
         """One run event: to the record (written at once) and to every live listener."""
@@ -215,16 +222,27 @@ class Controller:
     # ---- pytest hooks -------------------------------------------------------------------
 
     def pytest_report_header(self) -> list[str]:
-        return [
+        lines = [
             f"devpool: {self.inventory.describe()} from {self.inventory.source}; "
             f"max-parallel {self.max_parallel}, cpu slots {self.settings.cpu_slots}",
             f"devpool: lock dir {self.lock_dir.path}; logs {self.log_dir}",
         ]
+        if not self.inventory.devices:
+            action = "skip" if self.settings.skip_unsatisfiable else "fail"
+            lines[0] = (
+                f"devpool: {self.inventory.source}: CPU tests run, tests that need devices "
+                f"{action} as unsatisfiable; max-parallel {self.max_parallel}, "
+                f"cpu slots {self.settings.cpu_slots}"
+            )
+        return lines
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(
-        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-    ) -> None:
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Read the requests once every pytest_collection_modifyitems has run.
+
+        Markers a conftest adds there count; tryfirst, so that the terminal's
+        "collected / deselected" line and --collect-only see devpool's selection."""
+        config, items = session.config, session.items
         platform = self.inventory.platform
         keep: list[pytest.Item] = []
         dropped: list[pytest.Item] = []
@@ -254,6 +272,7 @@ class Controller:
         self.estimates = self._read_history()
         if self.shard is not None:
             self._keep_shard(config, items)
+        self.failed_before = _failed_before(config)
 
     def _read_history(self) -> dict[str, float]:
         """p90 durations of earlier runs; a damaged history is a warning, not a failed run.
@@ -470,6 +489,7 @@ class Controller:
                         index,
                         display=display,
                         device_uses=uses,
+                        failed_before=item.nodeid in self.failed_before,
                     )
                 )
         return jobs
@@ -497,6 +517,16 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _failed_before(config: pytest.Config) -> set[str]:
+    """Node ids that failed last time, when --ff or --lf asks for failures first."""
+    option = config.option
+    cache = getattr(config, "cache", None)
+    if cache is None or not (getattr(option, "lf", False) or getattr(option, "failedfirst", False)):
+        return set()
+    lastfailed = cache.get("cache/lastfailed", {})
+    return set(lastfailed) if isinstance(lastfailed, dict) else set()
 
 
 def _junit_keys(

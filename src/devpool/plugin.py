@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from devpool import compat
+from devpool import capture, compat
 from devpool.config import add_options, read_table, settings_from
 from devpool.errors import DevpoolError
 from devpool.inventory import resolve_inventory
@@ -19,6 +20,20 @@ from devpool.report.terminal import file_name
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> Generator[None, None, None]:
+    """In a worker, pytest's fd capture writes to files beside the worker log (see capture).
+
+    pytest starts that capture here, before pytest_configure; tryfirst puts us around it."""
+    base = capture.worker_base(args, os.environ)
+    if base is None:
+        return (yield)
+    with capture.named_capture_files(base):
+        return (yield)
 
 
 def _pyproject(config: pytest.Config) -> Path:
@@ -52,7 +67,12 @@ def _configure_controller(config: pytest.Config) -> None:
         fallback=compat.settings_fallback(config),
     )
     if settings.devices is None:
-        return  # devpool stays out of the way: plain pytest, markers registered
+        # devpool stays out of the way (plain pytest, markers registered), and says so
+        # once when tests need devices.
+        from devpool.dormant import DormantNotice
+
+        config.pluginmanager.register(DormantNotice(), "devpool-dormant")
+        return
     if getattr(config.option, "numprocesses", None):
         raise DevpoolError("--devices and -n (pytest-xdist) both start workers; drop -n")
     compat.configure_controller(config)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from devpool import compat, protocol
+from devpool import capture, compat, protocol, worklist
 
 # Options that select or stop tests belong to the controller alone: the worker must be
 # able to run any node id it is sent, and never stop itself on a failure.
@@ -61,6 +61,8 @@ class WorkerSession:
         self.modules: set[str] | None = None
         if only:
             self.modules = set(Path(only).read_text(encoding="utf-8").split("\n")) - {""}
+        self.selected = _selection()  # None: keep what this process's collection keeps
+        self.collected: list[pytest.Item] = []  # every item, before any collection hook
         stacks = os.environ.get("DEVPOOL_STACKS_FILE")
         if stacks:
             self._stacks = open(stacks, "w")  # noqa: SIM115 - lives as long as the process
@@ -73,6 +75,23 @@ class WorkerSession:
         if collection_path.name in ("conftest.py", "__init__.py"):
             return None
         return True if str(collection_path) not in self.modules else None
+
+    def pytest_unconfigure(self) -> None:
+        stacks = os.environ.get("DEVPOOL_STACKS_FILE")
+        if stacks:  # a worker that ends normally leaves no empty output files behind
+            capture.remove_empty(Path(stacks))
+
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        self.collected.append(item)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """The controller's selection is final: keep exactly its node ids.
+
+        After every pytest_collection_modifyitems: a conftest that deselects by position
+        (items[K::N]) sees fewer items here than in the controller and would pick others."""
+        if self.selected is not None:
+            session.items[:] = worklist.restrict(self.collected, session.items, self.selected)
 
     def send(self, message: protocol.Message) -> None:
         protocol.write(self.fd_out, message)
@@ -133,6 +152,18 @@ class WorkerSession:
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         self.send({"ev": "finish", "nodeid": nodeid, "location": location})
+
+
+def _selection() -> set[str] | None:
+    """The controller's selected node ids (DEVPOOL_NODEIDS), None when not given."""
+    path = os.environ.get(worklist.NODEIDS_ENV)
+    if not path:
+        return None
+    try:
+        return worklist.read_selection(Path(path))
+    except OSError as exc:  # e.g. a Ray node with shipped code cannot see the controller's file
+        print(f"devpool worker: runs without the controller's selection: {exc}", file=sys.stderr)
+        return None
 
 
 def stacks_file(log: Path) -> Path:

@@ -138,9 +138,7 @@ def test_failed_first_starts_last_runs_failures_before_bigger_jobs(
     def planned(*extra: str) -> list[str]:
         result = run(pytester, tmp_path, "--devices", "sim:0-1", "--devpool-plan", *extra)
         assert result.ret == 0, output(result)
-        return [
-            line.split()[-1] for line in result.stdout.lines if re.match(r"\s+\d+\s+\S", line)
-        ]
+        return [line.split()[-1] for line in result.stdout.lines if re.match(r"\s+\d+\s+\S", line)]
 
     # Without --ff the bigger job starts first; with it, last run's failure does.
     assert planned() == ["test_order.py::test_big", "test_order.py::test_small_failing"]
@@ -215,3 +213,118 @@ def test_a_new_lock_folder_given_space_separated_does_not_move_the_workers_rootd
     result.assert_outcomes(passed=2)
     assert sorted(ran(pytester)) == ["test_cpu", "test_device"]
     assert lock.is_dir()
+
+
+# ---- output survives the process -----------------------------------------------------------
+
+
+def test_output_of_a_test_that_calls_os_exit_is_on_disk_beside_the_worker_log(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    pytester.makepyfile(
+        test_crash="""
+        import os
+        import sys
+
+        def test_prints_then_exits():
+            print("the line before the crash")
+            sys.stderr.write("an error line before the crash\\n")
+            os._exit(1)
+
+        def test_prints_and_fails():
+            print("captured as usual")
+            assert False
+        """
+    )
+    result = run(pytester, tmp_path, "--devices", "sim:0", "--devpool-reruns-infra", "0")
+
+    assert result.ret == 1, output(result)
+    # Captured output still reaches pytest's report of a test that ended normally.
+    result.stdout.fnmatch_lines(["*Captured stdout call*", "captured as usual"])
+    (logs,) = (pytester.path / ".devpool" / "runs").glob("*/logs")
+    stdout = {p.name: p.read_text() for p in logs.glob("worker-*.stdout")}
+    stderr = {p.name: p.read_text() for p in logs.glob("worker-*.stderr")}
+    # The crashed worker's files keep what its test wrote; the other worker left none.
+    assert list(stdout.values()) == ["the line before the crash\n"], stdout
+    assert list(stderr.values()) == ["an error line before the crash\n"], stderr
+
+    from devpool.capture import crash_output
+
+    (worker_log,) = (logs / name.replace(".stdout", ".log") for name in stdout)
+    text = crash_output(worker_log)
+    assert "the line before the crash" in text and "an error line before the crash" in text
+
+
+# ---- what a newcomer trips on ----------------------------------------------------------------
+
+
+def test_without_devices_one_line_says_devpool_is_off_and_how_to_turn_it_on(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_marked="""
+        import pytest
+
+        @pytest.mark.device_count(2)
+        def test_needs_two():
+            pass
+
+        def test_plain():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(*FAST, timeout=60)
+
+    assert result.ret == 0, output(result)
+    result.assert_outcomes(passed=2)
+    notes = [line for line in result.stdout.lines if line.startswith("devpool:")]
+    assert notes == [
+        "devpool: off: 1 test needs devices (device_count) and ran without device leases; "
+        'turn devpool on with --devices auto, or devices = "auto" under [tool.devpool] '
+        "in pyproject.toml"
+    ]
+
+    (pytester.path / "test_marked.py").unlink()
+    pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
+    quiet = pytester.runpytest_subprocess(*FAST, timeout=60)
+    assert quiet.ret == 0, output(quiet)
+    assert not [line for line in quiet.stdout.lines if line.startswith("devpool:")]
+
+
+def test_devices_auto_without_an_accelerator_runs_the_cpu_tests(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    if any(detect(kind) for kind in ("cuda", "ascend", "rocm")):
+        pytest.skip("this host has an accelerator: auto finds it")
+    pytester.makefile(".toml", pyproject='[tool.devpool]\ndevices = "auto"\n')
+    pytester.makeconftest(RAN_CONFTEST)
+    pytester.makepyfile(
+        test_laptop="""
+        import pytest
+
+        @pytest.mark.device_count(1)
+        def test_kernel():
+            pass
+
+        def test_math():
+            pass
+        """
+    )
+    failed = run(pytester, tmp_path)
+
+    assert failed.ret == 1, output(failed)
+    assert failed.parseoutcomes() == {"passed": 1, "infra": 1}
+    assert sorted(ran(pytester)) == ["test_math"]
+    failed.stdout.fnmatch_lines(
+        [
+            "devpool: auto: no accelerator found (looked for NVIDIA, Ascend and ROCm devices): "
+            "CPU tests run, tests that need devices fail as unsatisfiable; max-parallel *"
+        ]
+    )
+    assert "needs 1 device; this session has none (auto: no accelerator found" in (
+        failed.stdout.str()
+    )
+
+    skipped = run(pytester, tmp_path, "--devpool-skip-unsatisfiable")
+    assert skipped.ret == 0, output(skipped)
+    skipped.assert_outcomes(passed=1, skipped=1)
