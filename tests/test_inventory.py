@@ -341,9 +341,7 @@ def test_auto_with_nothing_found_is_a_pool_of_no_devices() -> None:
     assert inv.platform.name == "none"
     assert inv.platform.visible_env is None
     assert inv.describe() == "no devices"
-    assert inv.source == (
-        "auto: no accelerator found (looked for NVIDIA, Ascend and ROCm devices)"
-    )
+    assert inv.source == "auto: no accelerator found (looked for NVIDIA, Ascend and ROCm devices)"
 
 
 def test_a_named_platform_with_nothing_found_stays_an_error() -> None:

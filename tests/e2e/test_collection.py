@@ -218,25 +218,40 @@ def test_a_new_lock_folder_given_space_separated_does_not_move_the_workers_rootd
 # ---- output survives the process -----------------------------------------------------------
 
 
-def test_output_of_a_test_that_calls_os_exit_is_on_disk_beside_the_worker_log(
+def test_output_of_a_test_that_exits_or_times_out_is_on_disk_beside_the_worker_log(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
     pytester.makepyfile(
         test_crash="""
         import os
         import sys
+        import time
+
+        import pytest
 
         def test_prints_then_exits():
             print("the line before the crash")
             sys.stderr.write("an error line before the crash\\n")
             os._exit(1)
 
+        @pytest.mark.timeout(1)
+        def test_prints_then_hangs():
+            print("the line before the hang", flush=True)
+            time.sleep(120)
+
         def test_prints_and_fails():
             print("captured as usual")
             assert False
         """
     )
-    result = run(pytester, tmp_path, "--devices", "sim:0", "--devpool-reruns-infra", "0")
+    result = run(
+        pytester,
+        tmp_path,
+        "--devices",
+        "sim:0",
+        "--devpool-reruns-infra=0",
+        "--devpool-timeout-grace=1",
+    )
 
     assert result.ret == 1, output(result)
     # Captured output still reaches pytest's report of a test that ended normally.
@@ -244,14 +259,18 @@ def test_output_of_a_test_that_calls_os_exit_is_on_disk_beside_the_worker_log(
     (logs,) = (pytester.path / ".devpool" / "runs").glob("*/logs")
     stdout = {p.name: p.read_text() for p in logs.glob("worker-*.stdout")}
     stderr = {p.name: p.read_text() for p in logs.glob("worker-*.stderr")}
-    # The crashed worker's files keep what its test wrote; the other worker left none.
-    assert list(stdout.values()) == ["the line before the crash\n"], stdout
-    assert list(stderr.values()) == ["an error line before the crash\n"], stderr
+    # The dead workers' files keep what their test wrote; the worker that ended normally
+    # left none.
+    assert sorted(stdout.values()) == [
+        "the line before the crash\n",
+        "the line before the hang\n",
+    ], stdout
+    assert [text for text in stderr.values() if text] == ["an error line before the crash\n"]
 
     from devpool.capture import crash_output
 
-    (worker_log,) = (logs / name.replace(".stdout", ".log") for name in stdout)
-    text = crash_output(worker_log)
+    (crashed,) = (name for name, text in stdout.items() if "crash" in text)
+    text = crash_output(logs / crashed.replace(".stdout", ".log"))
     assert "the line before the crash" in text and "an error line before the crash" in text
 
 
