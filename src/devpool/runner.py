@@ -47,7 +47,8 @@ def run_pytest(args: Sequence[str], record: Path | None) -> int:
     """
     pytest_args = pytest_arguments(args)
     cwd = Path.cwd()
-    settings = project_settings(cwd, pytest_args, {"devpool_run_record": record})
+    given = {"devpool_run_record": str(record) if record is not None else None}
+    settings = project_settings(cwd, pytest_args, given)
     extra: list[str] = []
     ours: Path | None = None  # the run folder this wrapper made up (and keeps pruned)
     record = settings.run_record
