@@ -66,8 +66,9 @@ BUILTIN_PLATFORMS: dict[str, Platform] = {
 }
 
 # What `--devices auto` gives on a host with no accelerator: CPU tests run, device tests
-# are unsatisfiable. Its name matches no platforms([...]) marker.
-NO_DEVICES = Platform("none", "sim", None, "SIM")
+# are unsatisfiable. Neither its name nor its kind matches a platforms([...]) marker, and
+# with no devices nothing ever probes, checks or leases one of its kind.
+NO_DEVICES = Platform("none", "none", None, "none")
 NO_ACCELERATOR = "auto: no accelerator found (looked for NVIDIA, Ascend and ROCm devices)"
 
 Detector = Callable[[float], list[int] | None]
