@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from devpool import probes, shards, worklist
+from devpool import compat, probes, shards, worklist
 from devpool.backends import Backend
 from devpool.backends.local import LocalBackend
 from devpool.config import Settings
@@ -113,8 +113,10 @@ class Controller:
         """Local child processes, or Ray actors when --devpool-backend ray.
 
         Workers get this process's rootdir, inifile and final selection (see worklist)."""
-        args, cwd = worklist.worker_args(config), config.invocation_params.dir
-        env: dict[str, str] = {}
+        cwd = config.invocation_params.dir
+        # Other plugins' settings that every worker must share (seed, coverage): see compat.
+        args = [*worklist.worker_args(config), *compat.worker_options(config)]
+        env = compat.worker_env(config)
         if not self.settings.plan:  # --devpool-plan starts no worker and leaves no folder
             selected = worklist.write_selection(self.items, self.run_dir / "collect")
             env[worklist.NODEIDS_ENV] = str(selected)
