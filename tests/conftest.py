@@ -28,13 +28,13 @@ def _unfenced(lines: list[str]) -> list[str]:
 
 @pytest.fixture
 def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """pytester, with pytest-randomly off in the sessions it runs (and their workers).
+    """pytester, with pytest-randomly and pytest-asyncio off in the sessions it runs.
 
-    Those sessions assert on order ("later tests did not run"); tests/e2e/test_plugins.py
-    turns pytest-randomly back on where it is what is tested. Pytester clears
-    PYTEST_ADDOPTS when it starts, so this is set after it.
+    Those sessions assert on order ("later tests did not run"), and pytest-asyncio warns in
+    each; tests/e2e/test_plugins.py turns every plugin back on where they are what is
+    tested. Pytester clears PYTEST_ADDOPTS when it starts, so this is set after it.
     """
-    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly -p no:asyncio")
     return pytester
 
 
