@@ -41,6 +41,12 @@ def test_their_ini_values_and_pytest_timeout_env_are_read(
     assert fallback(pytester)["test-timeout"] == ("9", "PYTEST_TIMEOUT (pytest-timeout)")
 
 
+def test_fail_on_flaky_makes_flaky_tests_gate(pytester: pytest.Pytester) -> None:
+    got = fallback(pytester, "--fail-on-flaky")
+
+    assert got == {"flaky-result": ("fail", "--fail-on-flaky (pytest-rerunfailures)")}
+
+
 def test_force_reruns_wins_over_reruns_and_timeout_zero_is_no_limit(
     pytester: pytest.Pytester,
 ) -> None:
@@ -159,6 +165,8 @@ def test_plan_shows_limits_and_reruns_from_the_plugins(
         "--devpool-plan",
         "--timeout",
         "7",
+        "--only-rerun",
+        "OSError",
         "-p",
         "no:cacheprovider",
     )
@@ -169,5 +177,6 @@ def test_plan_shows_limits_and_reruns_from_the_plugins(
             "*cpu, no timeout *test_unlimited*",
             "*cpu, timeout 7s *test_default*",
             "devpool: --timeout (pytest-timeout) 7.0 is enforced by devpool*",
+            "devpool: WARNING: --only-rerun (pytest-rerunfailures) not applied: *",
         ]
     )

@@ -55,6 +55,8 @@ def settings_fallback(config: pytest.Config) -> dict[str, tuple[Any, str]]:
             config.getini("reruns_delay"),
             "the `reruns_delay` ini value (pytest-rerunfailures)",
         )
+    if config.getoption("fail_on_flaky", False):
+        found["flaky-result"] = ("fail", "--fail-on-flaky (pytest-rerunfailures)")
     return found
 
 
@@ -107,13 +109,26 @@ def _condition(item: pytest.Item, condition: object) -> bool:
 
 def header_lines(config: pytest.Config) -> list[str]:
     """Say that pytest-rerunfailures' --reruns runs as devpool's reruns."""
-    reruns = _global_reruns(config) if active(config) else None
-    if reruns is None:
+    if not active(config):
         return []
-    return [
-        f"devpool: {reruns[1]} {reruns[0]} runs as devpool reruns: each retry in a fresh "
-        "worker, fail-then-pass reported flaky"
+    lines = []
+    reruns = _global_reruns(config)
+    if reruns is not None:
+        lines.append(
+            f"devpool: {reruns[1]} {reruns[0]} runs as devpool reruns: each retry in a fresh "
+            "worker, fail-then-pass reported flaky"
+        )
+    filters = [
+        option
+        for option, dest in (("--only-rerun", "only_rerun"), ("--rerun-except", "rerun_except"))
+        if config.getoption(dest, None) or config.getini(dest)
     ]
+    if filters:
+        lines.append(
+            f"devpool: WARNING: {' and '.join(filters)} (pytest-rerunfailures) not applied: "
+            "devpool reruns every failed test"
+        )
+    return lines
 
 
 def quiet_worker(config: pytest.Config) -> None:
