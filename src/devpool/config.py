@@ -14,6 +14,7 @@ import pytest
 from devpool.errors import DevpoolError
 from devpool.inventory import Platform, load_platforms
 from devpool.leases import default_lock_dir
+from devpool.sizes import parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -85,6 +86,17 @@ def _text(value: object) -> str:
     return value
 
 
+def _fraction(value: object) -> float:
+    text = str(value).strip()
+    try:
+        number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        number = -1.0
+    if isinstance(value, bool) or not 0 <= number < 1:
+        raise ValueError("a share of each device's memory, e.g. '5%' or 0.05 (0 up to 100%)")
+    return number
+
+
 def _isolation(value: object) -> str:
     if value not in ("worker", "job"):
         raise ValueError("'worker' (warm reuse) or 'job' (a fresh process per test)")
@@ -122,6 +134,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("skip-unsatisfiable", _flag, "skip tests needing more than the pool has", flag=True),
     Option("plan", _flag, "print the jobs and their planned order, run nothing", flag=True),
     Option("isolation", _isolation, "'worker': reuse warm workers; 'job': fresh process each"),
+    Option("device-memory", parse_size, "memory each device test declares unless it says (8GiB)"),
+    Option("memory-reserve", _fraction, "share of each device's memory never handed out (5%)"),
     Option("reruns", _count, "retry a failed/error/timeout test this many times, fresh worker"),
     Option("reruns-delay", _delay, "seconds to wait before each rerun of a failed test (0)"),
     Option("reruns-infra", _count, "retry a crashed/infra test this many times (default 1)"),
@@ -219,6 +233,8 @@ class Settings:
     skip_unsatisfiable: bool = False
     plan: bool = False
     isolation: str = "worker"
+    device_memory: int | None = None  # bytes per device for tests that do not declare it
+    memory_reserve: float = 0.05
     run_dir: Path | None = None
     reruns: int = 0
     reruns_delay: float = 0.0

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devpool.errors import DevpoolError
+from devpool.sizes import parse_size
 
 __all__ = [
     "BUILTIN_PLATFORMS",
@@ -21,6 +22,7 @@ __all__ = [
     "Inventory",
     "Platform",
     "detect",
+    "device_memory",
     "format_ids",
     "load_platforms",
     "parse_ids",
@@ -39,7 +41,7 @@ _NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _IDS_RE = re.compile(r"\d+(?:-\d+)?(?:\s*,\s*\d+(?:-\d+)?)*")
 _TABLE = "[tool.devpool.platforms]"
-_TABLE_KEYS = ("kind", "visible-env", "ray-resource")
+_TABLE_KEYS = ("kind", "visible-env", "ray-resource", "memory")
 _DETECTED_BY = {"cuda": "nvml/nvidia-smi", "ascend": "npu-smi", "rocm": "rocm-smi"}
 
 # Module-level so tests can point them at a temporary tree.
@@ -56,6 +58,7 @@ class Platform:
     kind: str
     visible_env: str | None
     ray_resource: str
+    memory: int | None = None  # bytes per device, [tool.devpool.platforms] memory = "80GiB"
 
 
 BUILTIN_PLATFORMS: dict[str, Platform] = {
@@ -150,7 +153,13 @@ def _platform_from_table(name: str, entry: Mapping[object, object]) -> Platform:
         if not isinstance(value, str) or not value.strip():
             raise DevpoolError(f"{where}: ray-resource must be a non-empty string, not {value!r}")
         ray_resource = value
-    return Platform(name, kind, visible_env, ray_resource)
+    memory = None
+    if "memory" in entry:
+        try:
+            memory = parse_size(entry["memory"])
+        except ValueError as exc:
+            raise DevpoolError(f"{where}: memory must be {exc}, not {entry['memory']!r}") from None
+    return Platform(name, kind, visible_env, ray_resource, memory)
 
 
 def _check_kind(name: str, kind: str) -> str:
@@ -324,6 +333,63 @@ def detect(kind: str, timeout: float = 10.0) -> list[int] | None:
     if kind == "sim":
         return None
     raise ValueError(f"unknown device kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def _cuda_memory(devices: Iterable[int], timeout: float) -> dict[int, int]:
+    """Total memory per cuda device in bytes: NVML when pynvml is there, else nvidia-smi."""
+    wanted = set(devices)
+    try:
+        nvml = importlib.import_module("pynvml")
+    except ImportError:
+        nvml = None
+    if nvml is not None:
+        try:
+            nvml.nvmlInit()
+            try:
+                return {
+                    d: int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(d)).total)
+                    for d in sorted(wanted)
+                }
+            finally:
+                nvml.nvmlShutdown()
+        except Exception:  # NVMLError has many subclasses; nvidia-smi may still answer
+            pass
+    argv = ["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"]
+    out = _run_tool(argv, timeout)
+    found: dict[int, int] = {}
+    for line in (out or "").splitlines():
+        index, _, mib = line.partition(",")
+        if index.strip().isdecimal() and mib.strip().isdecimal() and int(index) in wanted:
+            found[int(index)] = int(mib) * 2**20
+    return found
+
+
+def _rocm_memory(devices: Iterable[int], timeout: float) -> dict[int, int]:
+    out = _run_tool(["rocm-smi", "--showmeminfo", "vram", "--csv"], timeout)
+    wanted = set(devices)
+    found: dict[int, int] = {}
+    for match in re.finditer(r"^card(\d+),(\d+),", out or "", flags=re.MULTILINE):
+        if int(match[1]) in wanted:
+            found[int(match[1])] = int(match[2])
+    return found
+
+
+def device_memory(
+    platform: Platform, devices: Iterable[int], timeout: float = 10.0
+) -> dict[int, int]:
+    """Total memory of each device in bytes; {} where it cannot be known.
+
+    The platform's configured memory wins (it is the only source for sim); otherwise NVML
+    or nvidia-smi for cuda, rocm-smi for rocm.
+    """
+    ids = list(devices)
+    if platform.memory is not None:
+        return dict.fromkeys(ids, platform.memory)
+    if platform.kind == "cuda":
+        return _cuda_memory(ids, timeout)
+    if platform.kind == "rocm":
+        return _rocm_memory(ids, timeout)
+    return {}
 
 
 def _cuda_uuid_indexes(timeout: float = 10.0) -> dict[str, int] | None:

@@ -10,6 +10,7 @@ import pytest
 
 from devpool.compat import rerunfailures
 from devpool.errors import DevpoolError
+from devpool.sizes import format_size, parse_size
 
 MARKERS = {
     "device_count": "device_count(n): the test needs n devices of the session's platform.",
@@ -18,6 +19,8 @@ MARKERS = {
     "isolate": "isolate: the test runs in a fresh worker process that nothing else uses.",
     "timeout": "timeout(seconds): devpool kills the test's process group after this many seconds.",
     "quarantine": "quarantine(reason=, owner=, until='YYYY-MM-DD'): runs, reported, never gates.",
+    "device_memory": "device_memory('8GiB'): share devices, this much memory on each of them.",
+    "device_exclusive": "device_exclusive: whole devices, even where device-memory is the default.",
 }
 
 
@@ -35,10 +38,18 @@ class Request:
     # wait before each; None: the run's --devpool-reruns / --devpool-reruns-delay.
     reruns: int | None = None
     reruns_delay: float | None = None
+    # device_memory("8GiB"): bytes on each of its devices, shared with other such tests;
+    # None: whole devices (the default, and always with device_exclusive).
+    device_memory: int | None = None
+    device_exclusive: bool = False  # said so explicitly, over a suite's device-memory default
 
     def describe(self) -> str:
-        """Short human form, e.g. '2 devices, isolate, timeout 30s'."""
+        """Short human form, e.g. '2 devices, isolate, timeout 30s' or '1 device × 8 GiB'."""
         parts = [f"{self.device_count} device{'s' if self.device_count != 1 else ''}"]
+        if self.device_memory is not None:
+            parts = [f"{parts[0]} × {format_size(self.device_memory)}"]
+        elif self.device_exclusive:
+            parts.append("exclusive")
         if self.device_count == 0:
             parts = ["cpu"]
         if self.nodes > 1:
@@ -118,12 +129,45 @@ def _timeout(nodeid: str, marker: pytest.Mark) -> float:
     return float(value)
 
 
-def request_for(item: pytest.Item, known_platforms: Collection[str]) -> Request:
-    """Read one test's markers into a Request; DevpoolError names the test on bad input."""
+def _device_memory(nodeid: str, marker: pytest.Mark) -> int:
+    if len(marker.args) != 1 or marker.kwargs:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.device_memory takes one size, e.g. device_memory('8GiB'), "
+            f"got args={marker.args!r} kwargs={dict(marker.kwargs)!r}"
+        )
+    try:
+        return parse_size(marker.args[0])
+    except ValueError as exc:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.device_memory({marker.args[0]!r}) needs {exc}"
+        ) from None
+
+
+def request_for(
+    item: pytest.Item, known_platforms: Collection[str], default_memory: int | None = None
+) -> Request:
+    """Read one test's markers into a Request; DevpoolError names the test on bad input.
+
+    default_memory ([tool.devpool] device-memory) applies to device tests that neither
+    declare their own device_memory nor demand device_exclusive.
+    """
     nodeid = item.nodeid
     device_count = 0
     if (mark := item.get_closest_marker("device_count")) is not None:
         device_count = _whole_number(nodeid, mark.name, mark.args, mark.kwargs, 1)
+    device_memory = None
+    if (mark := item.get_closest_marker("device_memory")) is not None:
+        device_memory = _device_memory(nodeid, mark)
+    exclusive = item.get_closest_marker("device_exclusive") is not None
+    if exclusive and device_memory is not None:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.device_exclusive and @pytest.mark.device_memory "
+            "contradict each other; keep one"
+        )
+    if (device_memory is not None or exclusive) and device_count == 0:
+        device_count = 1  # like device_count(1): a memory request is for a device
+    if device_memory is None and not exclusive and device_count > 0:
+        device_memory = default_memory
     nodes = 1
     peer_service = None
     if (mark := item.get_closest_marker("nodes")) is not None:
@@ -151,4 +195,6 @@ def request_for(item: pytest.Item, known_platforms: Collection[str]) -> Request:
         peer_service,
         reruns=reruns,
         reruns_delay=reruns_delay,
+        device_memory=device_memory,
+        device_exclusive=exclusive,
     )

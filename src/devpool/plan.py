@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from devpool.inventory import Inventory, format_ids
 from devpool.markers import Request
+from devpool.sizes import format_size
 
 DEFAULT_ESTIMATE = 1.0  # seconds assumed for a test with no duration history
 ORDER_GRAIN = 0.1  # seconds: estimates below this do not reorder tests
@@ -47,6 +48,11 @@ class Job:
         """Every device the job holds at once: a nodes(n) test holds n × device_count."""
         return self.request.device_count * self.request.nodes
 
+    @property
+    def memory_needed(self) -> int | None:
+        """Bytes on each of its devices, shared with other jobs; None: whole devices."""
+        return self.request.device_memory if self.devices_needed else None
+
     def priority(self) -> tuple[float, int, int]:
         """Sort key, smallest first: last run's failures (--ff, --lf), then most
         device-seconds, then the larger request."""
@@ -68,10 +74,19 @@ class Plan:
 
     jobs: list[Job] = field(default_factory=list)
     unsatisfiable: list[tuple[Job, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # for the header: what the plan changed
 
 
-def unsatisfiable_reason(request: Request, inventory: Inventory, backend: str) -> str | None:
-    """Why a request can never be met by this session, or None when it can."""
+def unsatisfiable_reason(
+    request: Request,
+    inventory: Inventory,
+    backend: str,
+    memory: Mapping[int, int] | None = None,
+) -> str | None:
+    """Why a request can never be met by this session, or None when it can.
+
+    memory: what each device may hand out to device_memory requests (after the reserve).
+    """
     if request.nodes > 1 and backend == "local":
         return (
             f"needs {request.nodes} nodes × {request.device_count} {inventory.platform.name}; "
@@ -87,6 +102,16 @@ def unsatisfiable_reason(request: Request, inventory: Inventory, backend: str) -
             f"needs {request.device_count} {inventory.platform.name} devices; "
             f"the pool has {have} ({inventory.platform.name}:{format_ids(inventory.devices)})"
         )
+    if request.device_memory is not None and request.device_count > 0 and memory:
+        big = [d for d in inventory.devices if memory.get(d, 0) >= request.device_memory]
+        if len(big) < request.device_count:
+            most = format_size(max(memory.get(d, 0) for d in inventory.devices))
+            name = inventory.platform.name
+            return (
+                f"needs {request.describe()}; a {name} device hands out at most {most} "
+                "(its memory less --devpool-memory-reserve)"
+                + (f", and only {len(big)} of them that much" if big else "")
+            )
     return None
 
 
@@ -95,13 +120,26 @@ def build_plan(
     inventory: Inventory,
     backend: str = "local",
     estimate: Callable[[Job], float] | None = None,
+    memory: Mapping[int, int] | None = None,
 ) -> Plan:
-    """Split jobs into runnable (sorted by priority) and unsatisfiable ones."""
+    """Split jobs into runnable (sorted by priority) and unsatisfiable ones.
+
+    memory: what each device may hand out (memory.usable_memory); where it is unknown,
+    device_memory requests hold whole devices: sharing memory nobody can count is unsafe.
+    """
     plan = Plan()
     for job in jobs:
         if estimate is not None:
             job.estimate = estimate(job)
-        reason = unsatisfiable_reason(job.request, inventory, backend)
+        if job.request.device_memory is not None and not memory:
+            job.request = replace(job.request, device_memory=None)
+            if not plan.notes:
+                plan.notes.append(
+                    f"device_memory tests hold whole devices: the memory of "
+                    f"{inventory.platform.name} devices is unknown (set memory under "
+                    "[tool.devpool.platforms], or install pynvml)"
+                )
+        reason = unsatisfiable_reason(job.request, inventory, backend, memory)
         if reason is None:
             plan.jobs.append(job)
         else:
