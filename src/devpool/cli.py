@@ -54,6 +54,10 @@ def _locks(args: argparse.Namespace) -> int:
         if state.held:
             who = state.holder.describe() if state.holder else "an unknown holder"
             print(f"  {device:12} held by {who}")
+        elif state.shares:
+            print(f"  {device:12} shared by {len(state.shares)}:")
+            for share in state.shares:
+                print(f"  {'':12}   {share.describe()}")
         else:
             print(f"  {device:12} free")
     return 0
@@ -128,10 +132,17 @@ def _doctor(args: argparse.Namespace) -> int:
     lock_dir = LockDir(Path(args.lock_dir) if args.lock_dir else settings.lock_dir)
     states = lock_dir.status()
     held = [s for s in states if s.held]
-    print(f"lock folder {lock_dir.path}: writable, {len(states)} lock files, {len(held)} held")
+    shared = [s for s in states if s.shares]
+    print(
+        f"lock folder {lock_dir.path}: writable, {len(states)} lock files, {len(held)} held"
+        + (f", {len(shared)} shared" if shared else "")
+    )
     for state in held:
         who = state.holder.describe() if state.holder else "an unknown holder"
         print(f"  {state.platform}:{state.device} held by {who}")
+    for state in shared:
+        for share in state.shares:
+            print(f"  {state.platform}:{state.device} shared: {share.describe()}")
     room = WaitingRoom(lock_dir.path, session="doctor")
     for platform_name in sorted({s.platform for s in states}):
         for waiter in room.others(platform_name):

@@ -5,6 +5,11 @@ closed, so a lease ends even when every process holding it is SIGKILLed. Each lo
 also carries a JSON record of its last holder, for error messages and ``devpool locks``.
 Lock files are never deleted: unlinking a file that another process is about to lock
 would let two processes lock two different files of the same name.
+
+A device can also be held in part, by memory (``try_acquire_memory``; the mechanics are in
+shares.py): partial holders hold a shared flock on the device file, so they and an
+exclusive holder exclude each other, and each keeps one share record file, locked for as
+long as it holds, that says how much it holds.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -126,27 +131,56 @@ def _clock(since: float) -> str:
 
 
 @dataclass(frozen=True)
+class Share:
+    """A partial hold of one device: who holds it and how many bytes of its memory."""
+
+    holder: Holder | None  # None when the record is unreadable
+    amount: int
+
+    def describe(self) -> str:
+        """'8 GiB by pid 42 (user ..., test ..., since ...)'."""
+        from devpool.sizes import format_size
+
+        who = self.holder.describe() if self.holder else "an unknown holder"
+        return f"{format_size(self.amount)} by {who}"
+
+
+@dataclass(frozen=True)
 class Blocked:
-    """A device that another lease holds; holder is None when its record is unreadable."""
+    """A device that another lease holds; holder is None when its record is unreadable.
+
+    When partial holders are in the way, ``shares`` lists them and ``free`` is what they
+    leave of the device's memory (for a memory request that did not fit).
+    """
 
     device: int
     holder: Holder | None
+    shares: tuple[Share, ...] = ()
+    free: int | None = None
 
 
 @dataclass(frozen=True)
 class LockState:
-    """One lock file as ``LockDir.status`` sees it."""
+    """One lock file as ``LockDir.status`` sees it; ``held`` means held whole."""
 
     platform: str
     device: int
     held: bool
     holder: Holder | None
+    shares: tuple[Share, ...] = ()  # partial holders, with their amounts
 
 
 def describe_blockers(platform: str, blocked: Sequence[Blocked]) -> str:
     """One line naming every busy device and who holds it."""
+    from devpool.sizes import format_size
+
     parts = []
     for item in blocked:
+        if item.shares:
+            left = f" ({format_size(item.free)} left)" if item.free is not None else ""
+            held = ", ".join(share.describe() for share in item.shares)
+            parts.append(f"{platform}:{item.device} shared: {held}{left}")
+            continue
         who = item.holder.describe() if item.holder else "an unknown holder"
         parts.append(f"{platform}:{item.device} held by {who}")
     return "; ".join(parts)
@@ -163,13 +197,26 @@ class _Handle:
 
 
 class Lease:
-    """Exclusive hold of some devices of one platform, until released or every holder exits."""
+    """Hold of some devices of one platform, until released or every holder exits.
 
-    def __init__(self, platform: str, holder: Holder, handles: Sequence[_Handle]) -> None:
+    Exclusive unless ``amount`` is set: then it holds that many bytes of each device's
+    memory, shared with other partial holders (share records in ``_records``).
+    """
+
+    def __init__(
+        self,
+        platform: str,
+        holder: Holder,
+        handles: Sequence[_Handle],
+        records: Sequence[_Handle] = (),
+        amount: int | None = None,
+    ) -> None:
         self.platform = platform
         self.devices: tuple[int, ...] = tuple(handle.device for handle in handles)
         self.holder = holder
+        self.amount = amount
         self._handles = list(handles)
+        self._records = list(records)
         self._released = False
 
     @property
@@ -178,14 +225,19 @@ class Lease:
         return self._released
 
     def fds(self) -> list[int]:
-        """The open lock descriptors, in device order; pass them to a worker to share the lease."""
-        return [handle.fd for handle in self._handles]
+        """The open lock descriptors (device files, then share records); pass them all to a
+        worker to share the lease."""
+        return [handle.fd for handle in self._handles + self._records]
 
     def set_job(self, job: str, worker_pid: int | None = None) -> None:
         """Rewrite the holder record in every lock file for a new job or worker."""
         if self._released:
             raise RuntimeError(f"lease on {self.platform}:{self.devices} is already released")
         self.holder = replace(self.holder, job=job, worker_pid=worker_pid)
+        if self._records:
+            for handle in self._records:
+                _write_record(handle, self.holder, self.amount)
+            return
         for handle in self._handles:
             _write_record(handle, self.holder)
 
@@ -199,11 +251,20 @@ class Lease:
             return
         self._released = True
         handles, self._handles = self._handles, []
+        records, self._records = self._records, []
+        for handle in records:
+            if unlock:
+                # Our own record, unique by name: nobody else can be about to lock it.
+                with contextlib.suppress(OSError):
+                    os.unlink(handle.path)
+            _close(handle.fd, unlock=unlock)
         for handle in handles:
             _close(handle.fd, unlock=unlock)
 
     def __repr__(self) -> str:
         state = "released" if self._released else "held"
+        if self.amount is not None:
+            state += f", {self.amount} bytes each"
         return f"Lease({self.platform}:{list(self.devices)}, {state}, {self.holder.describe()})"
 
 
@@ -239,7 +300,7 @@ class LockDir:
                 try:
                     fcntl.flock(handle.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    blocked.append(Blocked(device, _read_record(handle.fd)))
+                    blocked.append(_blocked_whole(self.path, platform, handle))
                     os.close(handle.fd)
                     continue
                 except BaseException:
@@ -255,6 +316,21 @@ class LockDir:
             _close_all(taken.values())
             return blocked
         return Lease(platform, holder, [taken[device] for device in devices])
+
+    def try_acquire_memory(
+        self,
+        platform: str,
+        devices: Sequence[int],
+        amount: int,
+        capacity: Mapping[int, int],
+        holder: Holder,
+    ) -> Lease | list[Blocked]:
+        """All-or-nothing, non-blocking: ``amount`` bytes on each device, shared with other
+        partial holders while the sum stays within ``capacity[device]``; or what is in the way.
+        """
+        from devpool.shares import acquire_shares
+
+        return acquire_shares(self, platform, devices, amount, capacity, holder)
 
     def status(self) -> list[LockState]:
         """Every lock file in the folder: platform, device, held or free, and its last holder."""
@@ -273,11 +349,31 @@ class LockDir:
                     holder = _read_record(fd)
                 finally:
                     os.close(fd)  # also drops the shared lock, if we got it
-                states.append(LockState(match["platform"], int(match["device"]), held, holder))
+                platform, device = match["platform"], int(match["device"])
+                shares = () if held else tuple(held_shares(self.path, platform, device))
+                states.append(LockState(platform, device, held, holder, shares))
         return sorted(states, key=lambda state: (state.platform, state.device))
 
     def __repr__(self) -> str:
         return f"LockDir({str(self.path)!r})"
+
+
+def held_shares(folder: Path, platform: str, device: int) -> list[Share]:
+    """The partial holders of one device now (records whose lock is held), oldest first."""
+    from devpool.shares import read_shares
+
+    return [share for share, _ in read_shares(folder, platform, device, clean=False)]
+
+
+def _blocked_whole(folder: Path, platform: str, handle: _Handle) -> Blocked:
+    """Why an exclusive lock failed: a whole holder, or partial holders (a shared lock works)."""
+    if _try_shared_lock(handle.fd):
+        shares = tuple(held_shares(folder, platform, handle.device))
+        with contextlib.suppress(OSError):
+            fcntl.flock(handle.fd, fcntl.LOCK_UN)
+        if shares:
+            return Blocked(handle.device, shares[0].holder, shares)
+    return Blocked(handle.device, _read_record(handle.fd))
 
 
 def _try_shared_lock(fd: int) -> bool:
@@ -359,10 +455,13 @@ def _open_error(path: Path, exc: OSError) -> DevpoolError:
     return DevpoolError(f"lock file {path} cannot be opened: {exc.strerror}")
 
 
-def _write_record(handle: _Handle, holder: Holder) -> None:
+def _write_record(handle: _Handle, holder: Holder, amount: int | None = None) -> None:
     if not handle.writable:
         return
-    data = (holder.to_json() + "\n").encode()
+    text = holder.to_json()
+    if amount is not None:  # a share record: the holder and the bytes it holds
+        text = json.dumps({**asdict(holder), "amount": amount}, sort_keys=True)
+    data = (text + "\n").encode()
     # Write then truncate (not the reverse) so a concurrent reader never sees an empty
     # file; it reads up to the first newline, so a longer old tail cannot garble it.
     os.pwrite(handle.fd, data, 0)
