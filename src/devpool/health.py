@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -139,6 +140,7 @@ class DeviceHealth:
         self.say = say
         self.platform = ctx.inventory.platform
         self.suspect: dict[int, str] = {}  # device → the error; checked once free
+        self.suspect_since: dict[int, float] = {}
         self.checks: dict[int, Check] = {}
         self.retired: list[int] = []  # retired since the loop last asked
 
@@ -162,6 +164,7 @@ class DeviceHealth:
                 continue
             if found.kind == CONTEXT:
                 self.suspect[device] = why
+                self.suspect_since[device] = time.monotonic()
                 self.ctx.emit("device_suspect", device=device, reason=why, kind=found.kind)
                 self.say(
                     f"{self._name(device)}: {why} poisons only that process; "
@@ -178,6 +181,15 @@ class DeviceHealth:
             got = self.ctx.lock_dir.try_acquire(self.platform.name, [device], holder)
             lease = got if isinstance(got, Lease) else None
             if lease is None:
+                if now - self.suspect_since.get(device, now) > CHECK_TIMEOUT:
+                    # Another run has held it all along: it runs there, so it answers there.
+                    why = self.suspect.pop(device)
+                    note = (
+                        f"{self._name(device)} could not be checked after {why}: "
+                        "other runs held it; kept in service"
+                    )
+                    self.ctx.device_notes.append(note)
+                    self.say(note)
                 continue  # another run holds it now: check when it is back
             env = dict(os.environ)
             if self.platform.visible_env:

@@ -17,6 +17,7 @@ import pytest
 
 from devpool.attempts import Attempt, State
 from devpool.backends import Backend
+from devpool.capture import crash_output
 from devpool.context import RunContext
 from devpool.fairshare import Waiter, WaitingRoom, fair_limit
 from devpool.health import FOREIGN_RETRY, DeviceHealth, Foreign
@@ -71,6 +72,7 @@ class Loop:
         self.shared_at = 0.0
         self.waiting_since: float | None = None  # wall clock, while other runs block us
         self.blocked_since: dict[int, float] = {}
+        self.delayed: list[tuple[float, Job]] = []  # reruns waiting out their delay
 
     @property
     def ended(self) -> dict[str, int]:
@@ -123,8 +125,8 @@ class Loop:
         self._account()
 
     def _busy(self) -> bool:
-        queued = bool(len(self.scheduler.queue)) and not self.stopped
-        return bool(self.pool.slots or self.pool.starting or self.health.checks or queued)
+        queued = bool(len(self.scheduler.queue) or self.delayed) and not self.stopped
+        return bool(self.pool.slots or self.pool.starting or self.health.pending or queued)
 
     def _sleep(self, now: float) -> float:
         due = [now + (progress.REFRESH if self.live is not None else TICK)]
@@ -133,6 +135,7 @@ class Loop:
             due.append(self.foreign.next_retry(now))
         if self.health.checks:
             due.append(now + CHECK_POLL)
+        due += [at for at, _ in self.delayed]
         return max(0.0, min(due) - now)
 
     def _snapshot(self) -> progress.Snapshot:
@@ -192,6 +195,11 @@ class Loop:
     def _start(self, now: float) -> bool:
         """Place and start what fits now; True when anything was placed."""
         placed = False
+        for at, job in [
+            e for e in self.delayed if e[0] <= now and e[1].id not in self.scheduler.running
+        ]:
+            self.delayed.remove((at, job))
+            self.scheduler.add(job)
         while True:
             unavailable = self.foreign.unavailable(now) + self.pool.retiring()
             unavailable += sorted(self.health.unavailable())
@@ -440,6 +448,9 @@ class Loop:
         duration = time.monotonic() - attempt.started
         how = _describe_exit(code)
         own = _own_output(slot, attempt)
+        captured = crash_output(worker.log)  # what the test wrote under pytest's capture
+        if captured:
+            own += "\n" + captured
         if slot.killed_for is attempt:
             attempt.move(State.TIMED_OUT, self.ctx.emit)
             limit = attempt.job.request.timeout or 0.0
@@ -504,6 +515,12 @@ class Loop:
         job.attempt += 1
         job.queued_at = time.monotonic()
         self.attempts[job.id] = Attempt(job, job.attempt)
+        delay = job.request.reruns_delay
+        if delay is None:
+            delay = self.ctx.settings.reruns_delay
+        if delay > 0 and outcome not in (Outcome.CRASHED, Outcome.INFRA):
+            self.delayed.append((job.queued_at + delay, job))  # --reruns-delay: wait, then run
+            return
         self._queue_later(slot, job)
 
     def _requeue(self, slot: Slot, attempt: Attempt, why: str) -> None:
@@ -559,7 +576,7 @@ class Loop:
 
     def _end_stall(self) -> None:
         """Nothing runs, nothing waits on anyone, and nothing was placed: end what is left."""
-        if self.stopped or not len(self.scheduler.queue):
+        if self.stopped or not len(self.scheduler.queue) or self.delayed:
             return
         if self.pool.slots or self.pool.starting or self.health.pending or self.foreign:
             return
@@ -589,6 +606,8 @@ class Loop:
             job = self.scheduler.queue.heads()[0]
             self.scheduler.queue.pop(job.devices_needed)
             self.dropped.add(job.id)
+        self.dropped.update(job.id for _, job in self.delayed)
+        self.delayed = []
         for job_id, (placement, _) in list(self.pool.starting.items()):
             self.scheduler.finish(placement.job)
             self.dropped.add(placement.job.id)

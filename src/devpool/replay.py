@@ -47,7 +47,7 @@ class Replay:
         settings = self.ctx.settings
         if outcome in (Outcome.CRASHED, Outcome.INFRA):
             return job.retries_infra < settings.reruns_infra
-        own = getattr(job.request, "reruns", None)
+        own = job.request.reruns
         limit = settings.reruns if own is None else own
         return job.retries_failed < limit
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import pytest
 
 # hypothesis's pytest plugin costs ~0.5 s per process start; workers inherit the arguments.
-FAST = ("-p", "no:hypothesispytest", "-p", "no:cacheprovider")
+FAST = ("-p", "no:hypothesispytest", "-p", "no:cacheprovider", "-p", "no:randomly")
 DEVPOOL = (sys.executable, "-m", "devpool.cli")
 # Variables of the caller's CI that would change what the runs under test print.
 _CALLER_ONLY = ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "DEVPOOL_SUMMARY_BY_PARENT")

@@ -1,0 +1,248 @@
+"""devpool on a real CUDA host: each case runs a real devpool session with `--devices auto`.
+
+Skipped where torch or a CUDA device is missing (as on CI). `bash tests/gpu/run.sh` runs
+them all in under 5 minutes; tests/gpu/README.md holds the results of the last GPU host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+def _why_not() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    return None
+
+
+WHY_NOT = _why_not()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"GPU check: {WHY_NOT}")
+
+RUN_BOUND = 240
+
+
+def _session(
+    folder: Path, body: str, *args: str, name: str = "test_gpu.py"
+) -> tuple[int, str, list[dict[str, object]]]:
+    """Run devpool on a one-file suite; (exit code, output, record events)."""
+    (folder / name).write_text(textwrap.dedent(body))
+    record = folder / f"record-{name}.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(folder / name),
+        "--devices",
+        "auto",
+        f"--devpool-lock-dir={folder / 'locks'}",
+        f"--devpool-run-record={record}",
+        "-p",
+        "no:cacheprovider",
+        "-rA",
+        *args,
+    ]
+    done = subprocess.run(
+        argv, cwd=folder, env=env, capture_output=True, text=True, timeout=RUN_BOUND
+    )
+    events = (
+        [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    )
+    return done.returncode, done.stdout + done.stderr, events
+
+
+def _finals(events: list[dict[str, object]]) -> dict[str, str]:
+    return {
+        str(e["nodeid"]).split("::")[-1]: str(e["outcome"])
+        for e in events
+        if e["type"] == "job_end" and not e["retried"]
+    }
+
+
+def test_each_test_sees_exactly_its_gpu_and_cpu_tests_see_none(tmp_path: Path) -> None:
+    code, output, events = _session(
+        tmp_path,
+        """
+        import os
+        import pytest
+        import torch
+
+        @pytest.mark.device_count(1)
+        def test_one_gpu():
+            assert torch.cuda.device_count() == 1
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == os.environ["DEVPOOL_DEVICES"]
+            assert torch.ones(4, device="cuda").sum().item() == 4
+
+        def test_cpu_sees_no_gpu():
+            assert torch.cuda.device_count() == 0
+        """,
+    )
+    assert code == 0, output
+    assert _finals(events) == {"test_one_gpu": "passed", "test_cpu_sees_no_gpu": "passed"}
+
+
+def test_a_timeout_in_a_cuda_loop_is_a_timeout_and_only_that_test(tmp_path: Path) -> None:
+    code, output, events = _session(
+        tmp_path,
+        """
+        import pytest
+        import torch
+
+        @pytest.mark.timeout(8)
+        @pytest.mark.device_count(1)
+        def test_a_spins():
+            x = torch.ones(1024, device="cuda")
+            while True:
+                x = x * 1.0000001
+                torch.cuda.synchronize()
+
+        @pytest.mark.device_count(1)
+        def test_b_after():
+            assert torch.ones(2, device="cuda").sum().item() == 2
+        """,
+    )
+    assert code == 1, output
+    assert _finals(events) == {"test_a_spins": "timeout", "test_b_after": "passed"}, output
+
+
+def test_sigkill_holding_gpu_memory_frees_it(tmp_path: Path) -> None:
+    code, output, events = _session(
+        tmp_path,
+        """
+        import os, signal
+        import pytest
+        import torch
+
+        @pytest.mark.device_count(1)
+        def test_a_dies_holding_16gib():
+            x = torch.empty(16 * 2**30, dtype=torch.uint8, device="cuda")
+            torch.cuda.synchronize()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        @pytest.mark.device_count(1)
+        def test_b_memory_came_back():
+            free, total = torch.cuda.mem_get_info()
+            assert total - free < 8 * 2**30, (free, total)
+        """,
+        "--devpool-reruns-infra=0",
+    )
+    assert code == 1, output
+    finals = _finals(events)
+    assert finals == {"test_a_dies_holding_16gib": "crashed", "test_b_memory_came_back": "passed"}
+
+
+def test_a_device_side_assert_fails_only_its_test_and_keeps_the_gpu(tmp_path: Path) -> None:
+    code, output, events = _session(
+        tmp_path,
+        """
+        import pytest
+        import torch
+
+        @pytest.mark.device_count(1)
+        def test_a_indexing_bug():
+            x = torch.zeros(10, device="cuda")
+            x[torch.tensor([1000], device="cuda")] = 1.0
+            torch.cuda.synchronize()
+
+        @pytest.mark.device_count(1)
+        @pytest.mark.parametrize("n", range(3))
+        def test_b_healthy(n):
+            assert torch.ones(3, device="cuda").sum().item() == 3
+        """,
+    )
+    assert code == 1, output
+    finals = _finals(events)
+    assert finals.pop("test_a_indexing_bug") == "failed", output
+    assert set(finals.values()) == {"passed"} and len(finals) == 3, output
+    assert not [e for e in events if e["type"] == "device_bad"], output
+    assert [e for e in events if e["type"] == "device_ok"], output
+
+
+def test_a_foreign_process_on_the_gpu_is_refused(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import torch, time; x = torch.ones(1, device='cuda'); print('ready', flush=True); "
+            "time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        code, output, events = _session(
+            tmp_path,
+            """
+            import pytest
+
+            @pytest.mark.device_count(1)
+            def test_wants_the_gpu():
+                pass
+            """,
+            "--devpool-lease-timeout=5",
+        )
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    assert code == 1, output
+    (end,) = [e for e in events if e["type"] == "job_end"]
+    assert end["outcome"] == "infra" and str(holder.pid) in str(end["detail"]), end
+
+
+def test_two_concurrent_sessions_never_share_the_gpu(tmp_path: Path) -> None:
+    body = """
+    import os, time
+    from pathlib import Path
+    import pytest
+    import torch
+
+    @pytest.mark.device_count(1)
+    @pytest.mark.parametrize("n", range(3))
+    def test_hold(n):
+        began = time.time()
+        torch.ones(1, device="cuda")
+        time.sleep(0.5)
+        Path(os.environ["SPANS"], f"{os.getpid()}-{n}-{began}").write_text(str(time.time()))
+    """
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    os.environ["SPANS"] = str(spans)
+    try:
+        runs = []
+        for name in ("test_first.py", "test_second.py"):
+            (tmp_path / name).write_text(textwrap.dedent(body))
+            argv = [
+                sys.executable,
+                "-m",
+                "pytest",
+                str(tmp_path / name),
+                "--devices",
+                "auto",
+                f"--devpool-lock-dir={tmp_path / 'locks'}",
+                "-p",
+                "no:cacheprovider",
+            ]
+            runs.append(subprocess.Popen(argv, cwd=tmp_path))
+        assert [run.wait(timeout=RUN_BOUND) for run in runs] == [0, 0]
+    finally:
+        del os.environ["SPANS"]
+    intervals = sorted(
+        (float(p.name.rsplit("-", 1)[1]), float(p.read_text())) for p in spans.iterdir()
+    )
+    assert len(intervals) == 6
+    for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+        assert start >= end, intervals
