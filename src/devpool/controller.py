@@ -88,6 +88,7 @@ class Controller:
         self.quarantine_notes: list[str] = []  # expired or unmatched entries, said loudly
         self.quarantine_failures: list[Trouble] = []
         self.bad_devices: dict[int, str] = {}  # device → why it was retired this session
+        self.device_notes: list[str] = []  # devices checked after an error and kept
         self.artifacts_dir = self.run_dir / "artifacts"
         self.fatal = FatalPatterns.for_platform(
             inventory.platform.name, inventory.platform.kind, settings.fatal_patterns
@@ -450,6 +451,8 @@ class Controller:
                 red=True,
                 bold=True,
             )
+        for note in self.device_notes:
+            terminalreporter.write_line(f"devpool: device {note}", yellow=True)
         if self.deselected:
             terminalreporter.write_sep("-", f"devpool: {len(self.deselected)} deselected")
             for nodeid, reason in self.deselected:

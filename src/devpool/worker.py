@@ -48,6 +48,7 @@ class WorkerSession:
         self.config = config
         fd_in, fd_out, parent = (int(part) for part in spec.split(","))
         self.fd_in, self.fd_out = fd_in, fd_out
+        self.failed = False  # a test of the current batch failed
         _die_with_parent()
         if os.getppid() != parent:  # the controller died before prctl took effect
             os._exit(3)
@@ -109,8 +110,12 @@ class WorkerSession:
             if message["op"] != "run":
                 continue  # a cancel that came after its batch had ended
             tests = list(message["tests"])
+            self.failed = False
             while tests:
-                if any(m["op"] in ("cancel", "stop") for m in commands.pending()):
+                if self.failed or any(m["op"] in ("cancel", "stop") for m in commands.pending()):
+                    # After a failure nothing more runs in this process: the failure may
+                    # have poisoned it (a device context, a module's state); the rest of
+                    # the batch goes back to the controller untouched.
                     break
                 test = tests.pop(0)
                 # Which test and attempt this is, for the devpool_artifacts fixture.
@@ -147,6 +152,8 @@ class WorkerSession:
         self.send({"ev": "start", "nodeid": nodeid, "location": location})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            self.failed = True
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.send({"ev": "report", "data": data})
 
