@@ -249,7 +249,7 @@ def test_bad_fatal_regex_is_one_sentence() -> None:
     assert "\n" not in text
 
 
-@pytest.mark.parametrize("value", ["DEVPOOL-SIM-FATAL", [1, 2], {"a": "b"}])
+@pytest.mark.parametrize("value", ["DEVPOOL-SIM-FATAL", [1, 2], {"device": "melted"}])
 def test_fatal_patterns_must_be_a_list_of_strings(value: object) -> None:
     with pytest.raises(DevpoolError, match=r"fatal-patterns\] sim must be a list"):
         FatalPatterns.for_platform("sim", "sim", {"sim": value})
