@@ -2,13 +2,17 @@
 
 The scheduler is pure bookkeeping (no processes, no clocks of its own) so that the
 same object drives the real controller, the benchmarks and the unit tests.
+
+Devices are handed out whole, or by memory: a job with a device_memory request (given a
+capacity per device) shares devices with other such jobs while their sum fits, and never
+shares one with a whole-device job.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,6 +25,7 @@ class IdleWorker:
 
     key: int
     devices: tuple[int, ...]
+    memory: int | None = None  # the bytes per device its lease holds; None: whole devices
 
 
 @dataclass(frozen=True)
@@ -57,18 +62,51 @@ class Pool:
     slots: int  # jobs that may still start (max-parallel)
     cpu_slots: int  # CPU-only jobs that may still start
     closed: set[int] = field(default_factory=set)  # sizes a policy stopped looking at
+    # Memory sharing: what each device may hand out, and the bytes that running jobs with
+    # memory requests use on devices that run nothing else (such devices are not in free).
+    capacity: Mapping[int, int] = field(default_factory=dict)
+    shared: dict[int, int] = field(default_factory=dict)
+    held_back: set[int] = field(default_factory=set)  # a retiring whole worker's, this pass
 
-    def take(self, job: Job, isolate: bool) -> Placement | None:
-        """Choose devices (warm worker first, aligned blocks next); None if the job won't fit."""
+    def memory_of(self, job: Job) -> int | None:
+        """The job's bytes per device when memory is shared here; None: whole devices."""
+        return job.memory_needed if self.capacity else None
+
+    def take(
+        self, job: Job, isolate: bool, avoid: frozenset[int] = frozenset()
+    ) -> Placement | None:
+        """Choose devices (warm worker first, aligned blocks next); None if the job won't fit.
+
+        avoid: devices the job may not use (a reservation it would delay).
+        """
         k = job.devices_needed
-        if self.slots <= 0 or (k == 0 and self.cpu_slots <= 0) or k > len(self.free):
+        if self.slots <= 0 or (k == 0 and self.cpu_slots <= 0):
             return None
-        placement = self._choose(job, k, isolate)
-        if len(placement.devices) != k:
+        memory = self.memory_of(job)
+        if memory is not None:
+            placement = self._take_memory(job, k, memory, isolate, avoid)
+        else:
+            placement = self._take_whole(job, k, isolate, avoid)
+        if placement is None:
             return None
         self.slots -= 1
         if k == 0:
             self.cpu_slots -= 1
+        return placement
+
+    def _take_whole(
+        self, job: Job, k: int, isolate: bool, avoid: frozenset[int]
+    ) -> Placement | None:
+        if k > len(self.free - avoid):
+            return None
+        everything = self.free
+        self.free = everything - avoid
+        try:
+            placement = self._choose(job, k, isolate)
+        finally:
+            self.free = everything
+        if len(placement.devices) != k:
+            return None
         self.free.difference_update(placement.devices)
         gone = {placement.reuse, *placement.retire}
         for worker in self.idle:
@@ -78,12 +116,67 @@ class Pool:
         self.idle = [w for w in self.idle if w.key not in gone]
         return placement
 
+    def room(self, device: int, retiring: bool = False) -> int:
+        """Bytes a memory job could still get on a device now (retiring=True: once the idle
+        workers on it have been retired); -1 when the device cannot take one at all."""
+        if device in self.held_back or (device not in self.free and device not in self.shared):
+            return -1
+        left = self.capacity.get(device, 0) - self.shared.get(device, 0)
+        if retiring:
+            return left
+        for worker in self.idle:
+            if device in worker.devices:
+                left -= left if worker.memory is None else worker.memory
+        return left
+
+    def _take_memory(
+        self, job: Job, k: int, memory: int, isolate: bool, avoid: frozenset[int]
+    ) -> Placement | None:
+        """Devices with room for memory bytes each: a warm worker of the same kind first,
+        then the fullest devices that still fit (whole devices stay free for whole jobs),
+        then devices whose idle workers must be retired first."""
+        if not isolate:
+            for worker in self.idle:
+                # Its own lease already holds the memory: the device need only be usable.
+                usable = all(self.room(d, retiring=True) >= memory for d in worker.devices)
+                same = worker.memory == memory and len(worker.devices) == k
+                if same and usable and avoid.isdisjoint(worker.devices):
+                    self.idle.remove(worker)
+                    self._use(worker.devices, memory)
+                    return Placement(job, worker.devices, reuse=worker.key)
+        candidates = sorted((self.room(d), d) for d in (self.free | set(self.shared)) - avoid)
+        ready = [d for room, d in candidates if room >= memory]
+        if len(ready) >= k:
+            chosen = tuple(sorted(ready[:k]))
+            self._use(chosen, memory)
+            return Placement(job, chosen)
+        later = [d for room, d in candidates if room < memory]
+        later = [d for d in later if self.room(d, retiring=True) >= memory]
+        if len(ready) + len(later) < k:
+            return None
+        chosen = tuple(sorted(ready + later[: k - len(ready)]))
+        retire = [w for w in self.idle if set(w.devices) & set(later[: k - len(ready)])]
+        for worker in retire:
+            self.idle.remove(worker)
+            if worker.memory is None:
+                self.held_back.update(worker.devices)  # held whole until it has exited
+            else:
+                self._use(worker.devices, worker.memory)  # still held until it has exited
+        self._use(chosen, memory)
+        return Placement(job, chosen, retire=tuple(w.key for w in retire))
+
+    def _use(self, devices: Iterable[int], memory: int) -> None:
+        for device in devices:
+            self.free.discard(device)
+            self.shared[device] = self.shared.get(device, 0) + memory
+
     def _choose(self, job: Job, k: int, isolate: bool) -> Placement:
         if job.device_uses and k:
             return self._least_used(job, k, isolate)
         if not isolate:
             for worker in self.idle:
-                if len(worker.devices) == k and self.free.issuperset(worker.devices):
+                whole = worker.memory is None
+                if whole and len(worker.devices) == k and self.free.issuperset(worker.devices):
                     return Placement(job, worker.devices, reuse=worker.key)
         warm = {d for w in self.idle if self.free.issuperset(w.devices) for d in w.devices}
         cold = sorted(self.free - warm)
@@ -98,9 +191,12 @@ class Pool:
             if len(chosen) >= k:
                 break
             if worker.devices and self.free.issuperset(worker.devices):
-                chosen.extend(worker.devices)
+                chosen.extend(d for d in worker.devices if d not in chosen)
                 retire.append(worker.key)
-        return Placement(job, tuple(sorted(chosen)[:k]), retire=tuple(retire))
+        picked = set(sorted(chosen)[:k])
+        # Every idle worker on a picked device goes (several memory workers may share one).
+        retire = [w.key for w in self.idle if set(w.devices) & picked]
+        return Placement(job, tuple(sorted(picked)), retire=tuple(retire))
 
     def _least_used(self, job: Job, k: int, isolate: bool) -> Placement:
         """For a rerun or repeat: the devices this test has run on least, warm or not."""
@@ -109,7 +205,7 @@ class Pool:
         retire = []
         for worker in self.idle:
             if set(worker.devices) & set(chosen):
-                if worker.devices == chosen and not isolate:
+                if worker.devices == chosen and not isolate and worker.memory is None:
                     return Placement(job, chosen, reuse=worker.key)
                 if not self.free.issuperset(worker.devices):
                     continue
@@ -208,7 +304,11 @@ class Scheduler:
         max_parallel: int,
         cpu_slots: int,
         isolate_all: bool = False,
+        capacity: Mapping[int, int] | None = None,
     ) -> None:
+        """capacity: what each device may hand out to memory requests (memory.capacity_of);
+        without it every job holds whole devices."""
+        self.capacity = dict(capacity or {})
         self.devices = tuple(devices)
         self.policy = policy
         self.max_parallel = max_parallel
@@ -224,14 +324,25 @@ class Scheduler:
         self, now: float, unavailable: Iterable[int] = (), idle: Sequence[IdleWorker] = ()
     ) -> list[Placement]:
         """Placements to start now; each is already counted as running."""
-        busy = {d for run in self.running.values() for d in run.devices}
+        out = set(unavailable)
+        shared: dict[int, int] = {}
+        busy: set[int] = set()
+        for run in self.running.values():
+            memory = run.job.memory_needed if self.capacity else None
+            for device in run.devices:
+                if memory is None:
+                    busy.add(device)
+                else:
+                    shared[device] = shared.get(device, 0) + memory
         cpu_running = sum(1 for run in self.running.values() if not run.devices)
         pool = Pool(
-            free=set(self.devices) - busy - set(unavailable),
+            free=set(self.devices) - busy - set(shared) - out,
             idle=list(idle),
             running=list(self.running.values()),
             slots=self.max_parallel - len(self.running),
             cpu_slots=self.cpu_slots - cpu_running,
+            capacity={d: c for d, c in self.capacity.items() if d in self.devices},
+            shared={d: used for d, used in shared.items() if d not in out | busy},
         )
         placements = self.policy.select(self.queue, pool, now, self.isolate_all)
         for placement in placements:
