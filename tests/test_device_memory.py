@@ -216,3 +216,41 @@ def test_worker_env_carries_the_declaration() -> None:
         "DEVPOOL_DEVICE_MEMORY": str(GiB),
         "DEVPOOL_DEVICE_TOTAL": str(4 * GiB),
     }
+
+
+def test_capacity_reports_device_memory_seconds(pytester: pytest.Pytester) -> None:
+    from devpool.capacity import collect_suite, render_text, report, to_json
+
+    pytester.makepyprojecttoml('[tool.devpool]\ndevice-memory = "2GiB"\n')
+    pytester.makepyfile(
+        test_mem="""
+        import pytest
+
+        @pytest.mark.device_memory("8GiB")
+        @pytest.mark.device_count(2)
+        def test_big(): pass
+
+        @pytest.mark.device_count(1)
+        def test_default(): pass
+
+        @pytest.mark.device_exclusive
+        def test_whole(): pass
+
+        def test_cpu(): pass
+        """
+    )
+    seen = collect_suite([str(pytester.path), "-p", "no:hypothesispytest"])
+    memory = {t.nodeid.split("::")[1]: t.device_memory for t in seen.tests}
+    assert memory == {
+        "test_big": 8 * GiB,
+        "test_default": 2 * GiB,
+        "test_whole": None,
+        "test_cpu": None,
+    }
+    rep = report(seen.tests, "sim", None, {}, 1.0)
+    assert rep.totals.memory_seconds == (2 * 8 + 2) * GiB
+    text = render_text(rep)
+    assert "memory GiB-s" in text
+    assert to_json(rep)["totals"]["device_memory_gib_seconds"] == 18.0
+    plain = report([t for t in seen.tests if t.device_memory is None], "sim", None, {}, 1.0)
+    assert "memory GiB-s" not in render_text(plain)

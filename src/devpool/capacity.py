@@ -6,9 +6,11 @@ Every collected test falls in exactly one state, in this order:
   quarantined          a quarantine marker: it runs, but does not gate;
   enabled              everything else.
 Costs and times count the tests that run (enabled and quarantined). A test costs
-device_count × nodes × estimate device-seconds. A row's wall time on a runner of D devices
-is a lower bound: max(device-seconds / D, CPU seconds / D, its longest test), since CPU tests
-run in CPU slots beside the device tests (a runner is assumed to have a core per device).
+device_count × nodes × estimate device-seconds; a device_memory test also costs its
+declared memory × device_count × nodes × estimate device-memory-seconds (GiB-s). A row's
+wall time on a runner of D devices is a lower bound: max(device-seconds / D, CPU seconds / D,
+its longest test), since CPU tests run in CPU slots beside the device tests (a runner is
+assumed to have a core per device).
 The timeline (optional) simulates devpool's own scheduler instead.
 """
 
@@ -45,10 +47,13 @@ class CollectedTest:
     platforms: tuple[str, ...] | None
     quarantined: bool
     disabled: bool
+    device_memory: int | None = None  # bytes per device, declared or the suite's default
 
     @property
     def request(self) -> Request:
-        return Request(self.device_count, self.platforms, self.nodes)
+        return Request(
+            self.device_count, self.platforms, self.nodes, device_memory=self.device_memory
+        )
 
 
 @dataclass
@@ -60,6 +65,7 @@ class Collection:
     table: dict[str, Any] = field(default_factory=dict)
     quarantine: list[Entry] = field(default_factory=list)  # [tool.devpool.quarantine] + file
     devices: str | None = None  # --devices after `--`, else [tool.devpool] devices (profile)
+    device_memory: int | None = None  # [tool.devpool] device-memory (profile)
     error: DevpoolError | None = None
 
 
@@ -98,7 +104,9 @@ class _Collector:
         pyproject = _pyproject(config)
         try:
             table = read_table(pyproject)
-            self.seen.devices = settings_from(vars(config.option), table, str(pyproject)).devices
+            settings = settings_from(vars(config.option), table, str(pyproject))
+            self.seen.devices = settings.devices
+            self.seen.device_memory = settings.device_memory
             for key in ("platforms", "quarantine"):
                 if not isinstance(table.get(key, {}), dict):
                     raise DevpoolError(f"{pyproject}: [tool.devpool] {key} must be a table")
@@ -122,7 +130,7 @@ class _Collector:
             return
         try:
             for item in items:
-                request = request_for(item, self.seen.platforms)
+                request = request_for(item, self.seen.platforms, self.seen.device_memory)
                 self.seen.tests.append(
                     CollectedTest(
                         item.nodeid,
@@ -131,6 +139,7 @@ class _Collector:
                         request.platforms,
                         quarantined=entry_from_marker(item) is not None,
                         disabled=_disabled(item),
+                        device_memory=request.device_memory,
                     )
                 )
         except DevpoolError as exc:
@@ -195,6 +204,7 @@ class Row:
     test_seconds: float = 0.0  # of the tests that run
     wall: float = 0.0  # lower bound on one runner of D devices (see the module docstring)
     cpu_seconds: float = 0.0  # of the CPU-only tests that run
+    memory_seconds: float = 0.0  # declared device memory × seconds (byte-seconds), that run
     _longest: float = 0.0
 
     @property
@@ -255,6 +265,7 @@ class CapacityReport:
             total.device_seconds += row.device_seconds
             total.test_seconds += row.test_seconds
             total.cpu_seconds += row.cpu_seconds
+            total.memory_seconds += row.memory_seconds
             total._longest = max(total._longest, row._longest)
         total.wall = _wall(total, self.devices_per_runner)
         return total
@@ -318,6 +329,8 @@ def report(
         seconds = default_estimate if estimate is None else estimate
         row.test_seconds += seconds
         row.device_seconds += test.device_count * test.nodes * seconds
+        if test.device_memory is not None:
+            row.memory_seconds += test.device_memory * test.device_count * test.nodes * seconds
         if test.device_count == 0:
             row.cpu_seconds += test.nodes * seconds
         row._longest = max(row._longest, seconds)
@@ -438,10 +451,16 @@ def _header(rep: CapacityReport) -> list[str]:
 
 
 _COLUMNS = ("devices", "enabled", "quarantined", "disabled", "other platform", "device-s", "wall")
+_MEMORY_COLUMN = "memory GiB-s"  # shown when some test declares device_memory
 
 
-def _cells(row: Row) -> list[str]:
-    return [
+def _columns(rep: CapacityReport) -> list[str]:
+    memory = [_MEMORY_COLUMN] if rep.totals.memory_seconds else []
+    return [*_COLUMNS[:6], *memory, _COLUMNS[6]]
+
+
+def _cells(row: Row, memory: bool = False) -> list[str]:
+    cells = [
         row.label,
         str(row.enabled),
         str(row.quarantined),
@@ -450,13 +469,18 @@ def _cells(row: Row) -> list[str]:
         f"{row.device_seconds:,.1f}",
         seconds_text(row.wall),
     ]
+    if memory:
+        cells.insert(6, f"{row.memory_seconds / 2**30:,.1f}")
+    return cells
 
 
 def render_text(rep: CapacityReport) -> str:
     """The report for a terminal."""
     lines = ["devpool capacity", *("  " + line for line in _header(rep)), ""]
-    table = [list(_COLUMNS), *(_cells(r) for r in rep.rows), _cells(rep.totals)]
-    widths = [max(len(cells[i]) for cells in table) for i in range(len(_COLUMNS))]
+    columns = _columns(rep)
+    memory = len(columns) > len(_COLUMNS)
+    table = [columns, *(_cells(r, memory) for r in rep.rows), _cells(rep.totals, memory)]
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(columns))]
     for number, cells in enumerate(table):
         first = cells[0].ljust(widths[0])
         rest = [cell.rjust(width) for cell, width in zip(cells[1:], widths[1:], strict=True)]
@@ -502,11 +526,12 @@ def render_markdown(rep: CapacityReport) -> str:
         "",
         *(_md(line) + "  " for line in _header(rep)),
         "",
-        "| " + " | ".join(_COLUMNS) + " |",
-        "| --- |" + " ---: |" * (len(_COLUMNS) - 1),
+        "| " + " | ".join(_columns(rep)) + " |",
+        "| --- |" + " ---: |" * (len(_columns(rep)) - 1),
     ]
-    lines += ["| " + " | ".join(_md(c) for c in _cells(r)) + " |" for r in rep.rows]
-    lines += ["| " + " | ".join(f"**{_md(c)}**" for c in _cells(total)) + " |", ""]
+    memory = bool(total.memory_seconds)
+    lines += ["| " + " | ".join(_md(c) for c in _cells(r, memory)) + " |" for r in rep.rows]
+    lines += ["| " + " | ".join(f"**{_md(c)}**" for c in _cells(total, memory)) + " |", ""]
 
     def section(title: str, body: list[str], open_: bool = False) -> None:
         lines.extend([f"<details{' open' if open_ else ''}><summary>{title}</summary>", ""])
@@ -560,6 +585,7 @@ def to_json(rep: CapacityReport) -> dict[str, Any]:
             "disabled": r.disabled,
             "skipped_by_platform": r.skipped_by_platform,
             "device_seconds": round(r.device_seconds, 3),
+            "device_memory_gib_seconds": round(r.memory_seconds / 2**30, 3),
             "test_seconds": round(r.test_seconds, 3),
             "wall_seconds": round(r.wall, 3),
         }
