@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -254,3 +255,31 @@ def test_capacity_reports_device_memory_seconds(pytester: pytest.Pytester) -> No
     assert to_json(rep)["totals"]["device_memory_gib_seconds"] == 18.0
     plain = report([t for t in seen.tests if t.device_memory is None], "sim", None, {}, 1.0)
     assert "memory GiB-s" not in render_text(plain)
+
+
+def test_the_watch_names_a_sim_overrun_and_keeps_the_peak(tmp_path: Path) -> None:
+    from devpool.memory import MemoryWatch
+
+    use = tmp_path / "use.json"
+    watch = MemoryWatch("sim", "sim", (0, 1), 8 * GiB, sim_file=use)
+    assert watch.poll() is None  # nothing written yet
+    use.write_text(json.dumps({"0": 6 * GiB, "1": 2 * GiB}))
+    assert watch.poll() is None
+    use.write_text(json.dumps({"0": int(14.2 * GiB)}))
+    overrun = watch.poll()
+    assert overrun is not None
+    assert overrun.describe() == "used 14.2 GiB on sim:0, declared 8 GiB"
+    assert watch.peak == {0: int(14.2 * GiB), 1: 2 * GiB}
+
+
+def test_torch_limit_is_skipped_without_a_declaration_or_torch() -> None:
+    from devpool.memory import apply_torch_limit
+
+    assert apply_torch_limit({}) is None
+    env = {"DEVPOOL_DEVICE_MEMORY": str(GiB), "DEVPOOL_DEVICE_TOTAL": str(4 * GiB)}
+    try:
+        import torch  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
+    except ImportError:
+        assert apply_torch_limit(env) is None
+    else:
+        assert apply_torch_limit(env) == 0.25

@@ -264,7 +264,9 @@ class Lease:
     def __repr__(self) -> str:
         state = "released" if self._released else "held"
         if self.amount is not None:
-            state += f", {self.amount} bytes each"
+            from devpool.sizes import format_size
+
+            state += f", {format_size(self.amount)} each"
         return f"Lease({self.platform}:{list(self.devices)}, {state}, {self.holder.describe()})"
 
 

@@ -61,7 +61,7 @@ def apply_torch_limit(environ: Mapping[str, str] | None = None) -> float | None:
         import torch  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return None
-    fraction = min(1.0, int(declared) / int(total))
+    fraction: float = min(1.0, int(declared) / int(total))
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             torch.cuda.set_per_process_memory_fraction(fraction, index)
