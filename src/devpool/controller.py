@@ -12,7 +12,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -47,8 +47,10 @@ from devpool.report.github import GitHubLog
 from devpool.report.junit import Attempt, fold_attempts
 from devpool.report.terminal import (
     Trouble,
+    lend_endings,
     print_repeats,
     print_summary,
+    take_back,
 )
 
 RELEASE_AFTER = 5  # passes in a row after which a quarantined test is ready to release
@@ -426,6 +428,19 @@ class Controller:
         if outcome == Outcome.FLAKY and report.when == "call":
             return "flaky", "K", ("FLAKY", {"red": report.failed, "yellow": not report.failed})
         return None
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True, specname="pytest_terminal_summary")
+    def pytest_terminal_summary_endings(self, terminalreporter: Any) -> Generator[None, None, None]:
+        """Timeouts, crashes and infra endings under FAILURES and in the short test summary
+        (-ra), as pytest shows any failure; the closing line still counts them apart.
+
+        Outermost, so the reports are lent before pytest's terminal writes those sections
+        and given back after, before it writes the closing line (see lend_endings)."""
+        lent = lend_endings(terminalreporter.stats)
+        try:
+            return (yield)
+        finally:
+            take_back(terminalreporter.stats, lent)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for note in self.quarantine_notes:

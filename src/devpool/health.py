@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from devpool import probes
 from devpool.context import RunContext
-from devpool.leases import Blocked, Holder, Lease, describe_blockers
+from devpool.inventory import format_ids
+from devpool.leases import Blocked, Holder, Lease
 from devpool.probes import CONTEXT, Fatal
 
 FOREIGN_RETRY = 0.5  # seconds before retrying a device another run held
@@ -40,6 +41,7 @@ class Foreign:
         self.retry_at: dict[int, float] = {}
         self.busy_notes: dict[int, str] = {}  # device → the foreign processes the probe saw
         self.probe_unknown = False
+        self.named: set[tuple[str, int] | None] = set()  # runs the waiting line has named
 
     def __bool__(self) -> bool:
         return bool(self.blocked)
@@ -85,27 +87,41 @@ class Foreign:
         return False
 
     def describe(self) -> str:
-        """Who holds or uses the devices we wait for, in one line."""
-        leased = [b for d, b in self.blocked.items() if d not in self.busy_notes]
-        parts = [describe_blockers(self.platform, leased)] if leased else []
+        """Who holds or uses the devices we wait for, in one line: one part per holder."""
+        parts = [self._held()] if self._leased() else []
         parts += [self.busy_notes[d] for d in sorted(self.blocked) if d in self.busy_notes]
         return "; ".join(parts)
 
     def mark(self, blocked: list[Blocked], now: float) -> None:
-        """Other runs hold these devices: wait, and say so once per holder."""
-        changed = False
+        """Other runs hold these devices: wait, and say so once per holder.
+
+        A run's tests come and go on its devices, and its devices on and off our list as
+        we recheck them: the line is said again only when a run it has not named yet holds
+        what we wait for, and it names each run once with all the devices it holds now.
+        """
         for entry in blocked:
-            old = self.blocked.get(entry.device)
-            # Say it again only when another run (not merely another test) holds it.
-            if old is None or _run_of(old) != _run_of(entry):
-                changed = True
             self.blocked[entry.device] = entry
             self.retry_at[entry.device] = now + FOREIGN_RETRY
-        if changed:
-            self.say(
-                "waiting for devices held by other runs: "
-                + describe_blockers(self.platform, list(self.blocked.values()))
-            )
+        runs = {_run_of(b) for b in self._leased()}
+        if runs - self.named:
+            self.named |= runs
+            self.say("waiting for devices held by other runs: " + self._held())
+
+    def _leased(self) -> list[Blocked]:
+        """Devices we wait for that another run's lease holds (not a foreign process)."""
+        return [b for d, b in sorted(self.blocked.items()) if d not in self.busy_notes]
+
+    def _held(self) -> str:
+        """The leased devices grouped by the run that holds them: `sim:0,1 held by pid ...`."""
+        by_run: dict[tuple[str, int] | None, list[Blocked]] = {}
+        for entry in self._leased():
+            by_run.setdefault(_run_of(entry), []).append(entry)
+        parts = []
+        for entries in by_run.values():
+            holder = entries[0].holder
+            who = holder.describe() if holder is not None else "an unknown holder"
+            parts.append(f"{self.platform}:{format_ids(e.device for e in entries)} held by {who}")
+        return "; ".join(parts)
 
     def recheck(self, now: float) -> None:
         """Forget devices that other runs released, so waits are charged to them only while true."""

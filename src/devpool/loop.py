@@ -107,11 +107,11 @@ class Loop:
                         continue
                     for message in messages:
                         self._on_message(slot, message)
+                        self._stop_if_asked()  # at the failure, not after the whole batch
                     if eof:
                         self._on_exit(slot)
                 self._check_exits()
-                if not self.stopped and (self.session.shouldfail or self.session.shouldstop):
-                    self._stop_dispatch()
+                self._stop_if_asked()
                 if self.stopped or (not self.scheduler.queue and not self.pool.starting):
                     self.pool.retire_idle(time.monotonic())
                 if not placed:
@@ -348,8 +348,7 @@ class Loop:
             if attempt.job is not slot.head:
                 self._job_started(slot, attempt.job, time.monotonic())
             attempt.start(self.ctx.emit, slot.log_size())
-            location = tuple(message["location"])
-            self.hook.pytest_runtest_logstart(nodeid=attempt.display, location=location)
+            self.replay.logstart(attempt.display, tuple(message["location"]))
         elif event == "report":
             attempt = slot.current
             if attempt is not None:
@@ -439,6 +438,7 @@ class Loop:
             self._requeue(slot, other, f"its worker pid {worker.pid} ended before it ran")
         slot.sent = []
         self._release_head(slot)
+        self._stop_if_asked()  # a crash that reached --maxfail starts nothing that waited
         for placement in self.pool.freed(worker.key):
             self._spawn(placement, time.monotonic())
 
@@ -595,6 +595,11 @@ class Loop:
             self.replay.synthesize(self.attempts[job.id], Outcome.INFRA, reason, 0.0)
 
     # ---- stopping -------------------------------------------------------------------------
+
+    def _stop_if_asked(self) -> None:
+        """-x / --maxfail: stop dispatching as soon as pytest's session says so."""
+        if not self.stopped and (self.session.shouldfail or self.session.shouldstop):
+            self._stop_dispatch()
 
     def _stop_dispatch(self) -> None:
         """-x / --maxfail reached: start nothing new, let running tests finish."""

@@ -25,6 +25,7 @@ from devpool.outcomes import RERUN, Outcome
 from devpool.plan import Job
 from devpool.report.junit import Attempt as JunitAttempt
 from devpool.report.terminal import Trouble, file_name, log_path, tail, write_test_log
+from devpool.stacks import readable_stacks
 
 Phase = Literal["setup", "call", "teardown"]
 Status = Literal["passed", "failed", "skipped"]
@@ -39,6 +40,20 @@ class Replay:
         self.hook = session.config.hook
         self.platform: Platform = ctx.inventory.platform
         self.ended: dict[str, int] = {}  # final outcome → tests, for the live display
+        # The terminal writes a test's node id at logstart and its result at logreport; with
+        # tests of several workers interleaved, -v would show ids with no result. Without its
+        # logstart, each report writes one whole line (id and result), as pytest's own -v does.
+        manager = session.config.pluginmanager
+        terminal = manager.get_plugin("terminalreporter")
+        self._logstart = (
+            manager.subset_hook_caller("pytest_runtest_logstart", [terminal])
+            if terminal is not None
+            else self.hook.pytest_runtest_logstart
+        )
+
+    def logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        """pytest_runtest_logstart for every plugin but the terminal (see __init__)."""
+        self._logstart(nodeid=nodeid, location=location)
 
     # ---- retries ------------------------------------------------------------------------
 
@@ -110,7 +125,7 @@ class Replay:
         if outcome.gates or outcome is Outcome.FLAKY:
             log = log_path(self.ctx.log_dir, attempt.display, attempt.number)
             write_test_log(log, self.log_header(attempt, worker, outcome), attempt.phases)
-        detail = f"{outcome.value} (worker log {worker.log.name})" if log else ""
+        detail = (_cause(attempt.phases) or outcome.value) if log else ""
         self.conclude(attempt, outcome, worker, detail, log)
         return outcome
 
@@ -132,7 +147,7 @@ class Replay:
         seen = {r.when: r for r in attempt.phases}
         started = attempt.started_wall > 0
         if not started:
-            self.hook.pytest_runtest_logstart(nodeid=job.display, location=job.location)
+            self.logstart(job.display, job.location)
         phases: list[tuple[Phase, Status, Any]]
         when: Phase
         if outcome is Outcome.SKIPPED:
@@ -147,8 +162,8 @@ class Replay:
                 when = "teardown"
             text = f"[devpool] {outcome.value.upper()}: {detail}"
             if extra:
-                text += "\n" + extra
-            phases = [(when, "failed", text)]
+                text += "\n" + readable_stacks(extra)
+            phases = [(when, "failed", Ending(text, detail, job.location))]
             if when != "teardown":
                 phases.append(("teardown", "passed", None))
         reports = list(seen.values())
@@ -208,8 +223,21 @@ class Replay:
         artifacts = self._artifacts(job, attempt.number, outcome, retried)
         if not retried:
             self.ended[outcome.value] = self.ended.get(outcome.value, 0) + 1
+            earlier = tuple(
+                path
+                for before in ctx.retried.get(job.display, [])
+                if (path := log_path(ctx.log_dir, job.display, before.attempt)).is_file()
+            )
             trouble = Trouble(
-                job.display, outcome, where, end - began, detail, log or Path(), gating, artifacts
+                job.display,
+                outcome,
+                where,
+                end - began,
+                detail,
+                log or Path(),
+                gating,
+                artifacts,
+                earlier,
             )
             if log is not None and (gating or outcome is Outcome.FLAKY):
                 ctx.troubles.append(trouble)
@@ -316,6 +344,51 @@ def _ranks(worker: WorkerHandle | None) -> dict[str, Any]:
     """A multi-node worker's ranks (node, devices, log of each), for the run record."""
     ranks = getattr(worker, "rank_info", None)
     return {"ranks": ranks} if ranks else {}
+
+
+class Reason:
+    """Where and why an ending devpool saw happened: pytest's reprcrash, for the one-line views
+    (the short test summary, --tb=line, the JUnit failure message)."""
+
+    def __init__(self, path: str, lineno: int, message: str) -> None:
+        self.path = path
+        self.lineno = lineno
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.lineno}: {self.message}"
+
+
+class Ending:
+    """The failure text of an ending pytest could not see (a timeout, a crash, infra).
+
+    pytest shows it as any failure: the whole text under FAILURES and in JUnit, and its
+    reason alone in the short test summary (`CRASHED test_x.py::test_a - worker pid ...`).
+    """
+
+    def __init__(self, text: str, reason: str, location: tuple[str, int | None, str]) -> None:
+        self.text = text
+        self.reprcrash = Reason(location[0], (location[1] or 0) + 1, reason)
+
+    def toterminal(self, tw: Any) -> None:
+        for line in self.text.splitlines():
+            tw.line(line)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _cause(reports: list[pytest.TestReport]) -> str:
+    """The first line of a test's first failure (`assert 1 == 2`), for the summary."""
+    for report in reports:
+        failed = report.failed or getattr(report, "devpool_outcome", None) == RERUN
+        if not failed or report.longrepr is None:
+            continue
+        crash = getattr(report.longrepr, "reprcrash", None)
+        message = str(crash.message) if crash is not None else str(report.longrepr)
+        lines = message.strip().splitlines()
+        return lines[0] if lines else ""
+    return ""
 
 
 def outcome_of(phases: list[pytest.TestReport]) -> Outcome:

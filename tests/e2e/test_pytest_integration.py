@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from devpool.report.terminal import SUMMARY_TAIL
+
 # hypothesis's pytest plugin, installed in this environment, costs ~0.5 s per process;
 # devpool's workers get the same arguments, so turning it off here speeds every worker too.
 FAST = ("-p", "no:hypothesispytest")
@@ -510,7 +512,7 @@ def test_failure_summary_shows_log_path_and_tail(pytester: pytest.Pytester, tmp_
     assert "  | noisy 080" in section
     assert not any("noisy 001" in line for line in section)
     tail = [line for line in section if line.startswith("  | ")]
-    assert len(tail) == 50
+    assert len(tail) == SUMMARY_TAIL  # a few last lines: FAILURES above holds the whole failure
 
 
 # ---- 11. [tool.devpool] -------------------------------------------------------------------

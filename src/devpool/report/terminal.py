@@ -13,7 +13,9 @@ import pytest
 from devpool.outcomes import Outcome
 from devpool.report.summary import repeat_rows
 
-TAIL_LINES = 50
+TAIL_LINES = 50  # of a test's log, in the run record (reports rendered from it show them)
+SUMMARY_TAIL = 5  # of a test's log, in the end-of-run summary: pytest showed the failure above
+STACK_LINES = 20  # at most, of the stack of a timed-out test's own thread, in that summary
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -29,6 +31,7 @@ class Trouble:
     log: Path
     gating: bool = True  # False for a flaky test that passed on a rerun
     artifacts: Path | None = None  # its devpool_artifacts folder, kept because it failed
+    earlier: tuple[Path, ...] = ()  # the logs of its attempts that ran again, first to last
 
 
 def file_name(nodeid: str, attempt: int) -> str:
@@ -91,6 +94,32 @@ def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
     return text.splitlines()[-lines:]
 
 
+def lend_endings(stats: dict[str, list[Any]]) -> list[tuple[str, Any]]:
+    """Put the failed reports of devpool's own categories (timeout, crashed, infra, a gating
+    flaky) among pytest's "failed" (call) or "error" (setup, teardown) terminal stats.
+
+    pytest builds FAILURES, ERRORS and the short test summary from those two keys only; the
+    reports keep their own word (CRASHED, TIMEOUT) there. Give them back with take_back
+    before the closing line, which counts each category apart ("1 failed, 1 crashed").
+    """
+    lent: list[tuple[str, Any]] = []
+    for key, reports in list(stats.items()):
+        if key in ("", "failed", "error"):
+            continue
+        for report in reports:
+            if getattr(report, "devpool_outcome", None) and getattr(report, "failed", False):
+                into = "failed" if report.when == "call" else "error"
+                stats.setdefault(into, []).append(report)
+                lent.append((into, report))
+    return lent
+
+
+def take_back(stats: dict[str, list[Any]], lent: list[tuple[str, Any]]) -> None:
+    """Undo lend_endings. The keys stay, empty or not: pytest colours a run with one red."""
+    for into, report in lent:
+        stats[into] = [r for r in stats.get(into, []) if r is not report]
+
+
 def print_repeats(tr: Any, results: Mapping[str, Sequence[tuple[Outcome, str]]]) -> None:
     """--devpool-repeat: each test's pass rate and the devices its failures happened on,
     the lowest pass rate first (then by node id)."""
@@ -102,33 +131,57 @@ def print_repeats(tr: Any, results: Mapping[str, Sequence[tuple[Outcome, str]]])
         tr.write_line(row.line(), red=bool(row.failed_on), green=not row.failed_on)
 
 
+def _shown(path: Path, cwd: Path) -> Path:
+    try:
+        return path.relative_to(cwd)
+    except ValueError:
+        return path
+
+
+def summary_tail(path: Path, lines: int = SUMMARY_TAIL) -> list[str]:
+    """The last lines of a test's log, without its header (the summary line says all that).
+
+    A timed-out test's log ends with the stack of the thread that ran it (see stacks.py):
+    that whole stack, so the line the test hung on is always there."""
+    text = tail(path)
+    if text and text[0].startswith("test:"):  # the whole log: its header ends at the first ----
+        text = text[next((i for i, line in enumerate(text) if line.startswith("---- ")), 0) :]
+    current = [i for i, line in enumerate(text) if line.startswith("Current thread 0x")]
+    if current and len(text) - current[-1] <= STACK_LINES:
+        return text[current[-1] :]
+    return text[-lines:]
+
+
 def print_summary(tr: Any, troubles: Sequence[Trouble], cwd: Path) -> None:
-    """The block a reader finds at the end of the log: every test that did not pass."""
+    """The block a reader finds at the end of the log: every test that did not pass.
+
+    Short on purpose: pytest's FAILURES section above holds each failure in full. Here each
+    test gets its outcome, devices, reason, the logs of all its attempts and a few last lines.
+    """
     flaky = [t for t in troubles if not t.gating]
     if flaky:
         tr.write_sep("-", f"devpool: {len(flaky)} flaky (failed, then passed on a rerun)")
         for trouble in flaky:
-            tr.write_line(
-                f"FLAKY    {trouble.nodeid}  [{trouble.devices}]  log: {trouble.log}", yellow=True
-            )
+            logs = ", ".join(str(_shown(p, cwd)) for p in [*trouble.earlier, trouble.log])
+            line = f"FLAKY    {trouble.nodeid}  [{trouble.devices}]  logs: {logs}"
+            tr.write_line(line, yellow=True)
     troubles = [t for t in troubles if t.gating]
     if not troubles:
         return
     count = len(troubles)
     tr.write_sep("=", f"devpool: {count} test{'s' if count != 1 else ''} did not pass", red=True)
     for trouble in troubles:
-        try:
-            shown = trouble.log.relative_to(cwd)
-        except ValueError:
-            shown = trouble.log
         tr.write_line(
             f"{trouble.outcome.value.upper():8} {trouble.nodeid}  [{trouble.devices}]  "
             f"{trouble.duration:.2f}s  {trouble.detail}",
             red=True,
             bold=True,
         )
-        tr.write_line(f"  log: {shown}")
+        tr.write_line(f"  log: {_shown(trouble.log, cwd)}")
+        if trouble.earlier:
+            earlier = ", ".join(str(_shown(p, cwd)) for p in trouble.earlier)
+            tr.write_line(f"  earlier attempts: {earlier}")
         if trouble.artifacts is not None:
             tr.write_line(f"  artifacts: {trouble.artifacts}")
-        for line in tail(trouble.log):
+        for line in summary_tail(trouble.log):
             tr.write_line(f"  | {line}")
