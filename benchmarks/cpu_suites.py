@@ -1,8 +1,9 @@
 """CPU-only suites: devpool (cold and warm history) vs pytest -n 2 (xdist) vs plain pytest.
 
-Run: python benchmarks/cpu_suites.py [--repeat 3] [--suite trivial|sleep50|both]
+Run: python benchmarks/cpu_suites.py [--repeat 3] [--suite trivial|sleep50|modules20|all]
 
-(a) 2,000 trivial tests; (b) 200 tests of 50 ms each. devpool runs with --devices sim:0-1
+(a) 2,000 trivial tests; (b) 200 tests of 50 ms each; (c) 2,000 trivial tests in 20
+modules of 100 (the shape of a real suite: many modules, issue 12). devpool runs with --devices sim:0-1
 and --devpool-cpu-slots 2 (two CPU workers, as -n 2), once with no duration history
 ("cold": the history file is deleted before each run) and once with the history of the
 previous runs ("warm": primed by one untimed run). All commands alternate within each
@@ -20,22 +21,32 @@ from common import PYTEST, Variant, alternate, devpool_options, show_ratio, suit
 
 TARGET = 1.0
 
-SUITES = {
+MODULE_OF_100 = """
+import pytest
+
+@pytest.mark.parametrize("i", range(100))
+def test_trivial(i):
+    assert i >= 0
+"""
+
+# suite → (title, {file name: text}); each suite lives in its own folder
+SUITES: dict[str, tuple[str, dict[str, str]]] = {
     "trivial": (
         "(a) 2,000 trivial CPU-only tests",
-        "test_trivial.py",
-        """
+        {
+            "test_trivial.py": """
 import pytest
 
 @pytest.mark.parametrize("i", range(2000))
 def test_trivial(i):
     assert i >= 0
-""",
+"""
+        },
     ),
     "sleep50": (
         "(b) 200 CPU-only tests of 50 ms",
-        "test_sleep50.py",
-        """
+        {
+            "test_sleep50.py": """
 import time
 
 import pytest
@@ -43,22 +54,27 @@ import pytest
 @pytest.mark.parametrize("i", range(200))
 def test_sleeps(i):
     time.sleep(0.05)
-""",
+"""
+        },
+    ),
+    "modules20": (
+        "(c) 2,000 trivial CPU-only tests in 20 modules of 100",
+        {f"test_m{m:02d}.py": MODULE_OF_100 for m in range(1, 21)},
     ),
 }
 
 
-def measure(root: Path, title: str, test_file: str, repeat: int) -> list[str]:
-    """Time the four variants on one suite; print them; return the ratio lines."""
-    cold = root / f"{test_file}.cold.sqlite"
-    warm = root / f"{test_file}.warm.sqlite"
+def measure(root: Path, title: str, repeat: int) -> list[str]:
+    """Time the four variants on one suite folder; print them; return the ratio lines."""
+    cold = root / "cold.sqlite"
+    warm = root / "warm.sqlite"
     cpu = ["--devpool-cpu-slots", "2"]
-    devpool_cold = [*PYTEST, test_file, *devpool_options(root, "sim:0-1", cold), *cpu]
-    devpool_warm = [*PYTEST, test_file, *devpool_options(root, "sim:0-1", warm), *cpu]
+    devpool_cold = [*PYTEST, *devpool_options(root, "sim:0-1", cold), *cpu]
+    devpool_warm = [*PYTEST, *devpool_options(root, "sim:0-1", warm), *cpu]
     timed(devpool_warm, root)  # primes the warm history; not counted
     variants = [
-        Variant("plain pytest", [*PYTEST, test_file]),
-        Variant("pytest -n 2", [*PYTEST, test_file, "-n", "2"]),
+        Variant("plain pytest", [*PYTEST]),
+        Variant("pytest -n 2", [*PYTEST, "-n", "2"]),
         Variant("devpool cold", devpool_cold, prepare=lambda: cold.unlink(missing_ok=True)),
         Variant("devpool warm", devpool_warm),
     ]
@@ -80,15 +96,16 @@ def measure(root: Path, title: str, test_file: str, repeat: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--suite", choices=["trivial", "sleep50", "both"], default="both")
+    parser.add_argument("--suite", choices=[*SUITES, "all"], default="all")
     args = parser.parse_args()
-    chosen = list(SUITES) if args.suite == "both" else [args.suite]
+    chosen = list(SUITES) if args.suite == "all" else [args.suite]
     with tempfile.TemporaryDirectory(prefix="devpool-cpu-") as tmp:
-        root = suite_root(Path(tmp), {SUITES[k][1]: SUITES[k][2] for k in chosen})
         summary = []
         for key in chosen:
-            title, test_file, _ = SUITES[key]
-            summary += [title, *measure(root, title, test_file, args.repeat)]
+            title, files = SUITES[key]
+            (Path(tmp) / key).mkdir()
+            root = suite_root(Path(tmp) / key, files)
+            summary += [title, *measure(root, title, args.repeat)]
     print(f"summary (medians of {args.repeat} alternating runs)")
     print("\n".join(summary))
 

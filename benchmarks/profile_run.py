@@ -1,0 +1,92 @@
+"""Where a devpool run spends its CPU: py-spy samples of the controller and of every worker.
+
+Run: python benchmarks/profile_run.py [--suite modules20] [--rate 200] [--top 15]
+
+Runs one devpool command on a CPU suite under `py-spy record --subprocesses` (py-spy is in
+the `[dev]` extra) and prints, per role (controller, workers together), the samples on CPU
+and the main threads' functions with the most samples, by own time and by inclusive time. py-spy
+samples only threads on CPU (no `--idle`), so a worker waiting for its next batch counts
+nothing: compare a role's samples with the run's wall time to see how busy it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from common import PYTEST, devpool_options, suite_root
+from cpu_suites import SUITES
+
+
+def _frame_name(frame: str) -> str:
+    """'replay (devpool/replay.py:71)' → 'devpool/replay.py:replay' (file and function)."""
+    name, _, where = frame.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    parts = Path(path).parts
+    short = "/".join(parts[-2:]) if parts else path
+    return f"{short}:{name}"
+
+
+def summarize(raw: Path, top: int) -> None:
+    """Print own-time and inclusive-time tables per role from py-spy's raw output."""
+    own: dict[str, Counter[str]] = {"controller": Counter(), "workers": Counter()}
+    incl: dict[str, Counter[str]] = {"controller": Counter(), "workers": Counter()}
+    total: Counter[str] = Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if len(frames) < 2:
+            continue
+        role = "workers" if "--devpool-worker" in frames[1] else "controller"
+        # frames[0] (and frames[1] for a worker) name the processes; the rest is the stack
+        code = [f for f in frames if not f.startswith("process ") and not f.startswith("thread")]
+        if not code or code[0].startswith("Thread._bootstrap"):
+            # Other threads: pytest-rerunfailures' status server waits in accept(), which
+            # py-spy counts as busy; the main thread is where the run's work is.
+            continue
+        n = int(count)
+        total[role] += n
+        own[role][_frame_name(code[-1])] += n
+        for name in {_frame_name(f) for f in code}:
+            incl[role][name] += n
+    for role in ("controller", "workers"):
+        print(f"{role}: {total[role]} samples on CPU")
+        print("  own time:")
+        for name, n in own[role].most_common(top):
+            print(f"    {n / max(1, total[role]):6.1%}  {name}")
+        print("  inclusive (devpool and pytest frames):")
+        shown = [
+            (name, n)
+            for name, n in incl[role].most_common()
+            if "devpool/" in name or "_pytest/" in name or "pluggy/" in name
+        ]
+        for name, n in shown[:top]:
+            print(f"    {n / max(1, total[role]):6.1%}  {name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=list(SUITES), default="modules20")
+    parser.add_argument("--rate", type=int, default=200, help="samples per second")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    _, files = SUITES[args.suite]
+    with tempfile.TemporaryDirectory(prefix="devpool-profile-") as tmp:
+        root = suite_root(Path(tmp), files)
+        history = root / "history.sqlite"
+        argv = [*PYTEST, *devpool_options(root, "sim:0-1", history), "--devpool-cpu-slots", "2"]
+        subprocess.run(argv, cwd=root, capture_output=True, check=True)  # warm history
+        raw = root / "spy.txt"
+        spy = ["py-spy", "record", "--subprocesses", "--format", "raw", "-r", str(args.rate)]
+        start = time.perf_counter()
+        subprocess.run([*spy, "-o", str(raw), "--", *argv], cwd=root, capture_output=True)
+        print(f"{args.suite}: one warm devpool run, {time.perf_counter() - start:.2f} s wall")
+        summarize(raw, args.top)
+
+
+if __name__ == "__main__":
+    main()
