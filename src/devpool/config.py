@@ -14,6 +14,7 @@ import pytest
 from devpool.errors import DevpoolError
 from devpool.inventory import Platform, load_platforms
 from devpool.leases import default_lock_dir
+from devpool.select.options import select_mode
 from devpool.sizes import parse_size
 
 if sys.version_info >= (3, 11):
@@ -164,6 +165,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
     Option("keep-runs", _positive_int, "run folders kept under .devpool/runs (default 20)"),
     Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
+    Option("select", select_mode, "selective runs: record, on, shadow or off (default off)"),
+    Option("select-base", _text, "the revision a baseline's commit must precede (HEAD)"),
     Option(
         "github",
         _flag,
@@ -242,6 +245,8 @@ class Settings:
     flaky_result: str = "pass"
     repeat: int = 1
     run_record: Path | None = None
+    select: str = "off"
+    select_base: str = "HEAD"
     keep_runs: int = 20
     github: bool | None = None
     keep_artifacts: bool = False

@@ -16,6 +16,8 @@ from devpool.inventory import resolve_inventory
 from devpool.leases import LockDir
 from devpool.markers import MARKERS
 from devpool.report.terminal import file_name
+from devpool.select import DEPENDS_ON_MARKER
+from devpool.select.options import mode_of
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -46,11 +48,18 @@ def _pyproject(config: pytest.Config) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     for text in MARKERS.values():
         config.addinivalue_line("markers", text)
+    config.addinivalue_line("markers", DEPENDS_ON_MARKER)
     worker_spec = config.getoption("devpool_worker")
     if worker_spec:
+        from devpool.select.record import register_worker
         from devpool.worker import WorkerSession
 
         config.pluginmanager.register(WorkerSession(config, worker_spec), "devpool-worker")
+        try:
+            table = read_table(_pyproject(config))
+        except DevpoolError:
+            table = {}  # the controller said so already
+        register_worker(config, mode_of(config.getoption("devpool_select"), table))
         return
     try:
         _configure_controller(config)
@@ -88,6 +97,9 @@ def _configure_controller(config: pytest.Config) -> None:
     config.pluginmanager.register(
         Controller(config, settings, inventory, lock_dir), "devpool-controller"
     )
+    from devpool.select.session import register_controller
+
+    register_controller(config, settings, read_table(pyproject), str(pyproject))
 
 
 @pytest.fixture

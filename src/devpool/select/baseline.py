@@ -1,0 +1,357 @@
+"""Baselines: immutable generations, each a manifest and a dependency database.
+
+A generation lives in .devpool/select/<bucket id>/<generation id>/ as manifest.json and
+deps.json. It is written in a temporary folder and renamed into place, so a reader never
+sees half of one; nothing rewrites it afterwards. The manifest says what the baseline is
+valid for (bucket, platform, runtime shape and identity, compatibility inputs, commit)
+and holds the database's sha256. `export` / `import_generation` move one as a tar file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import platform as host_platform
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from devpool.select.fingerprints import file_hash, library_stamp, project_rel
+from devpool.select.options import SelectOptions
+
+SCHEMA = 1
+MANIFEST, DATABASE = "manifest.json", "deps.json"
+_RANK = {"passed": 0, "skipped": 1, "failed": 2}  # the worst of a test's attempts counts
+
+
+class BaselineProblem(Exception):
+    """The baseline cannot be trusted; the message is the one-line reason for a full run."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """The part of the suite a baseline covers: paths (relative to the rootdir), -m, -k."""
+
+    paths: tuple[str, ...]
+    markexpr: str = ""
+    keyword: str = ""
+
+    @property
+    def id(self) -> str:
+        text = json.dumps([self.paths, self.markexpr, self.keyword])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "paths": list(self.paths),
+            "markexpr": self.markexpr,
+            "keyword": self.keyword,
+        }
+
+
+def bucket_of(root: Path, cwd: Path, args: Sequence[str], markexpr: str, keyword: str) -> Bucket:
+    """The bucket of a pytest command line: its paths made relative to the rootdir."""
+    paths = set()
+    for arg in args or ["."]:
+        path, sep, rest = arg.partition("::")
+        rel = os.path.relpath(os.path.abspath(os.path.join(cwd, path)), root).replace(os.sep, "/")
+        paths.add(rel + sep + rest)
+    return Bucket(tuple(sorted(paths)), markexpr or "", keyword or "")
+
+
+def identity(key_packages: Iterable[str]) -> dict[str, Any]:
+    """Python, the exact versions of the key packages, and the driver where it is known."""
+    packages: dict[str, str | None] = {}
+    for name in sorted(set(key_packages)):
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            packages[name] = None
+    return {
+        "python": f"{sys.implementation.name} {host_platform.python_version()}",
+        "machine": host_platform.machine(),
+        "packages": packages,
+        "driver": _driver(),
+    }
+
+
+def _driver() -> str | None:
+    """The NVIDIA kernel driver line, read without starting any tool; None elsewhere."""
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return text.splitlines()[0].strip() if text else None
+
+
+_SKIP_DIRS = {".git", ".devpool", "__pycache__", ".tox", "node_modules", "site-packages"}
+
+
+def compatibility_inputs(
+    root: Path, bucket: Bucket, options: SelectOptions, inifile: str | None
+) -> dict[str, str | None]:
+    """Files whose change voids the baseline: conftest.py files of the bucket's ancestors
+    (and, for a folder, those below it), the inifile and the [tool.devpool.select] inputs."""
+    found: set[Path] = set()
+    for entry in bucket.paths:
+        target = (root / entry.partition("::")[0]).resolve()
+        folder = target if target.is_dir() else target.parent
+        for parent in (folder, *folder.parents):
+            if parent == root or root in parent.parents:
+                found.add(parent / "conftest.py")
+        if target.is_dir():
+            for dirpath, dirnames, filenames in os.walk(target):
+                dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS and not d.startswith(".")]
+                if "conftest.py" in filenames:
+                    found.add(Path(dirpath) / "conftest.py")
+    if inifile:
+        found.add(root / inifile)
+    for pattern in options.inputs:
+        found.update(p for p in root.glob(pattern) if p.is_file())
+    result: dict[str, str | None] = {}
+    for path in found:
+        rel = project_rel(root, str(path))
+        if rel is not None and path.is_file():
+            result[rel] = file_hash(path)
+    return result
+
+
+def git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, check=False, timeout=60
+    )
+
+
+def source_state(root: Path) -> tuple[str | None, list[str]]:
+    """The commit checked out and the files that differ from it (changed or untracked)."""
+    head = git(root, "rev-parse", "HEAD")
+    if head.returncode != 0:
+        return None, []
+    return head.stdout.strip(), changed_since(root, head.stdout.strip())
+
+
+def changed_since(root: Path, commit: str) -> list[str]:
+    """Files under root that differ from commit in the working tree, or are new (untracked)."""
+    diff = git(root, "diff", "--name-only", "--relative", commit)
+    if diff.returncode != 0:
+        raise BaselineProblem(
+            f"git diff against the baseline's commit {commit[:12]} failed: "
+            f"{diff.stderr.strip().splitlines()[-1:] or ['?']}"
+        )
+    new = git(root, "ls-files", "--others", "--exclude-standard")
+    found = {*diff.stdout.split("\n"), *new.stdout.split("\n")} - {""}
+    # devpool's own folder and caches are no source, tracked or not.
+    return sorted(p for p in found if not p.startswith(_NOT_SOURCE) and "__pycache__/" not in p)
+
+
+_NOT_SOURCE = (".devpool/", ".pytest_cache/")
+
+
+class Builder:
+    """The controller gathers each test's dependencies here, then writes one generation."""
+
+    def __init__(self) -> None:
+        self.tests: dict[str, dict[str, Any]] = {}
+
+    def add(self, deps: Mapping[str, Any], outcome: str, devices: int) -> None:
+        nodeid = str(deps["nodeid"])
+        test = self.tests.get(nodeid)
+        if test is None:
+            self.tests[nodeid] = {"outcome": outcome, "devices": devices, **deps}
+            return
+        if _RANK.get(outcome, 2) > _RANK.get(test["outcome"], 2):
+            test["outcome"] = outcome
+        if not deps.get("recorded") or not test.get("recorded"):
+            test["recorded"], test["why"] = False, test.get("why") or deps.get("why")
+            return
+        for kind in ("blocks", "files", "libs"):  # an attempt again: the union of both
+            for key, value in deps.get(kind, {}).items():
+                old = test[kind].setdefault(key, value)
+                if old != value:
+                    test[kind][key] = "conflict"  # changed during the run: never equal
+        test["globs"] = sorted({*test.get("globs", []), *deps.get("globs", [])})
+
+    def database(self, lib_hashes: Mapping[str, str | None]) -> dict[str, Any]:
+        """The deps.json content: each fingerprint once, tests point at them by index."""
+        tables: dict[str, dict[tuple[Any, ...], int]] = {"blocks": {}, "files": {}, "libs": {}}
+        tests: dict[str, Any] = {}
+        for nodeid, test in sorted(self.tests.items()):
+            entry: dict[str, Any] = {
+                "outcome": test["outcome"],
+                "devices": test["devices"],
+                "recorded": bool(test.get("recorded")),
+                "why": test.get("why") or "",
+            }
+            if entry["recorded"]:
+                for kind in ("blocks", "files"):
+                    table = tables[kind]
+                    entry[kind] = [
+                        table.setdefault((k, v), len(table)) for k, v in sorted(test[kind].items())
+                    ]
+                libs = tables["libs"]
+                entry["libs"] = [
+                    libs.setdefault(
+                        (path, *(stamp or (None, None)), lib_hashes.get(path)), len(libs)
+                    )
+                    for path, stamp in sorted(test["libs"].items())
+                ]
+                entry["globs"] = list(test.get("globs", []))
+            tests[nodeid] = entry
+        return {kind: [list(key) for key in table] for kind, table in tables.items()} | {
+            "tests": tests
+        }
+
+    def library_paths(self) -> set[str]:
+        return {path for test in self.tests.values() for path in test.get("libs", {})}
+
+
+def library_hashes(store: Path, paths: Iterable[str]) -> dict[str, str | None]:
+    """Content hashes of shared libraries, cached on (path, size, mtime) beside the store."""
+    cache_path = store / "library-hashes.json"
+    try:
+        cache = json.loads(cache_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cache = {}
+    result: dict[str, str | None] = {}
+    for path in paths:
+        stamp = library_stamp(path)
+        key = f"{path}|{stamp}"
+        if key not in cache:
+            cache[key] = file_hash(Path(path)) if stamp else None
+        result[path] = cache[key]
+    store.mkdir(parents=True, exist_ok=True)
+    _write_atomic(cache_path, json.dumps(cache).encode())
+    return result
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class Store:
+    """The generations of every bucket under <rootdir>/.devpool/select."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, manifest: dict[str, Any], database: Mapping[str, Any]) -> Path:
+        """Write one generation: a temporary folder renamed into place, never rewritten."""
+        data = json.dumps(database, separators=(",", ":"), sort_keys=True).encode()
+        now = time.time()  # ids sort by time: the newest generation is the last name
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+        generation = f"{stamp}.{int(now * 1e6) % 1000000:06d}Z-{uuid.uuid4().hex[:6]}"
+        manifest = {
+            **manifest,
+            "generation": generation,
+            "created": time.time(),
+            "db_sha256": hashlib.sha256(data).hexdigest(),
+        }
+        folder: Path = self.path / str(manifest["bucket"]["id"])
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".tmp-{generation}"
+        tmp.mkdir()
+        (tmp / DATABASE).write_bytes(data)
+        (tmp / MANIFEST).write_text(
+            json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8"
+        )
+        os.rename(tmp, folder / generation)
+        return folder / generation
+
+    def latest(self, bucket_id: str) -> Path | None:
+        """The newest generation of a bucket (ids sort by time); None when it has none."""
+        folder = self.path / bucket_id
+        if not folder.is_dir():
+            return None
+        names = sorted(
+            p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
+        )
+        return folder / names[-1] if names else None
+
+    def all_latest(self) -> list[Path]:
+        if not self.path.is_dir():
+            return []
+        found = (self.latest(p.name) for p in self.path.iterdir() if p.is_dir())
+        return sorted(p for p in found if p is not None)
+
+    def import_generation(self, archive: Path) -> Path:
+        """Read an exported generation into the store, checked first; returns its folder."""
+        try:
+            with tarfile.open(archive, "r:*") as tar:
+                files = {}
+                for member in tar.getmembers():
+                    name = member.name.rsplit("/", 1)[-1]
+                    handle = tar.extractfile(member) if member.isfile() else None
+                    if name in (MANIFEST, DATABASE) and handle is not None:
+                        files[name] = handle.read()
+        except (OSError, tarfile.TarError) as exc:
+            raise BaselineProblem(f"{archive} is not a devpool baseline export: {exc}") from None
+        if set(files) != {MANIFEST, DATABASE}:
+            raise BaselineProblem(f"{archive} holds no {MANIFEST} and {DATABASE}")
+        manifest, _ = check_generation(files[MANIFEST], files[DATABASE], str(archive))
+        folder: Path = self.path / str(manifest["bucket"]["id"])
+        target: Path = folder / str(manifest["generation"])
+        if target.exists():
+            return target
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".tmp-{uuid.uuid4().hex}"
+        tmp.mkdir()
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        os.rename(tmp, target)
+        return target
+
+
+def export_generation(generation: Path, archive: Path) -> None:
+    """Write one generation as a tar file (manifest.json and deps.json)."""
+    with tarfile.open(archive, "w:gz") as tar:
+        for name in (MANIFEST, DATABASE):
+            data = (generation / name).read_bytes()
+            info = tarfile.TarInfo(f"{generation.name}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def load_generation(generation: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read and check a generation, without writing anything; BaselineProblem says why not."""
+    try:
+        manifest_bytes = (generation / MANIFEST).read_bytes()
+        database_bytes = (generation / DATABASE).read_bytes()
+    except OSError as exc:
+        raise BaselineProblem(f"baseline {generation.name} cannot be read: {exc}") from None
+    return check_generation(manifest_bytes, database_bytes, f"baseline {generation.name}")
+
+
+def check_generation(
+    manifest_bytes: bytes, database_bytes: bytes, where: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        manifest = json.loads(manifest_bytes)
+    except ValueError:
+        raise BaselineProblem(f"{where}: its manifest is damaged (not JSON)") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        raise BaselineProblem(
+            f"{where}: schema {manifest.get('schema') if isinstance(manifest, dict) else '?'}"
+            f" is not devpool's baseline schema {SCHEMA}"
+        )
+    if hashlib.sha256(database_bytes).hexdigest() != manifest.get("db_sha256"):
+        raise BaselineProblem(f"{where}: its database is damaged (checksum mismatch)")
+    try:
+        database = json.loads(database_bytes)
+        tests = database["tests"]
+        assert isinstance(tests, dict)
+        assert all(isinstance(database[k], list) for k in ("blocks", "files", "libs"))
+    except (ValueError, KeyError, AssertionError, TypeError):
+        raise BaselineProblem(f"{where}: its database is damaged (unreadable)") from None
+    return manifest, database

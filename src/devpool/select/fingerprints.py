@@ -1,0 +1,162 @@
+"""Fingerprints: code blocks of Python files, data files, shared libraries.
+
+A Python file is cut into blocks: each function body on its own and the module's
+top-level code (everything outside function bodies, signatures and decorators
+included). Hashes come from the AST without line numbers, so a moved function or an
+edited comment changes nothing, while any edit inside one body changes that block alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+TOP = "<module>"  # the block name of a module's top-level code
+_CHUNK = 1 << 20
+
+
+def file_hash(path: Path) -> str | None:
+    """sha256 of a file's content; None when it cannot be read (gone, a folder)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(_CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ModuleBlocks:
+    """One Python file's blocks: key → hash, and the line span of each function."""
+
+    rel: str  # the file, relative to the rootdir, posix
+    hashes: dict[str, str]
+    spans: tuple[tuple[int, int, str], ...]  # (first line, last line, key), outer first
+
+    def block_at(self, line: int) -> str:
+        """The key of the innermost function holding this line, else the top level."""
+        found = self.key(TOP)
+        for start, end, key in self.spans:
+            if start <= line <= end:
+                found = key  # spans are outer first: the last match is the innermost
+        return found
+
+    def key(self, name: str) -> str:
+        return f"{self.rel}::{name}"
+
+
+def blocks_of_source(rel: str, source: str) -> ModuleBlocks:
+    """Cut a module's source into blocks; a file that does not parse is one block."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ModuleBlocks(rel, {f"{rel}::{TOP}": text_hash(source)}, ())
+    hashes: dict[str, str] = {}
+    spans: list[tuple[int, int, str]] = []
+    seen: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                seen[name] = seen.get(name, 0) + 1
+                if seen[name] > 1:  # the same name defined again (if/else, redefinition)
+                    name = f"{name}#{seen[name]}"
+                key = f"{rel}::{name}"
+                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                spans.append((start, child.end_lineno or child.lineno, key))
+                visit(child, name + ".<locals>.")
+                # Children first: their bodies are already blanked, so this hash covers
+                # this body alone; then blank it for the blocks around it.
+                hashes[key] = text_hash(ast.dump(child))
+                child.body = [ast.Pass()]
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    hashes[f"{rel}::{TOP}"] = text_hash(ast.dump(tree))
+    return ModuleBlocks(rel, hashes, tuple(spans))
+
+
+class BlockCache:
+    """Blocks of the project's Python files under root, parsed once per (size, mtime)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._cache: dict[str, tuple[tuple[int, int], ModuleBlocks]] = {}
+
+    def rel(self, filename: str) -> str | None:
+        """The path relative to root when it is one of the project's own files, else None."""
+        return project_rel(self.root, filename)
+
+    def blocks(self, rel: str) -> ModuleBlocks | None:
+        path = self.root / rel
+        try:
+            stat = path.stat()
+        except OSError:
+            return None
+        stamp = (stat.st_size, stat.st_mtime_ns)
+        cached = self._cache.get(rel)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        blocks = blocks_of_source(rel, source)
+        self._cache[rel] = (stamp, blocks)
+        return blocks
+
+
+_EXCLUDED_PARTS = {"site-packages", "dist-packages", ".git", ".devpool", "__pycache__", ".tox"}
+
+
+def project_rel(root: Path, filename: str) -> str | None:
+    """filename relative to root (posix) when it is inside root and not an installed package."""
+    if not filename or filename.startswith("<"):
+        return None
+    path = os.path.abspath(filename)
+    base = str(root)
+    if not path.startswith(base + os.sep):
+        return None
+    rel = path[len(base) + 1 :]
+    parts = rel.split(os.sep)
+    if _EXCLUDED_PARTS.intersection(parts) or any(p.startswith((".venv", "venv")) for p in parts):
+        return None
+    return "/".join(parts)
+
+
+def library_stamp(path: str) -> tuple[int, int] | None:
+    """(size, mtime in ns) of a shared library; None when it is gone."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_size, stat.st_mtime_ns)
+
+
+def mapped_libraries(maps: Path = Path("/proc/self/maps")) -> set[str]:
+    """Shared libraries this process has mapped (Linux); empty where /proc is not there."""
+    try:
+        text = maps.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    found = set()
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            name = os.path.basename(parts[5])
+            if ".so" in name and not parts[5].endswith(" (deleted)"):
+                found.add(parts[5])
+    return found

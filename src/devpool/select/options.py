@@ -1,0 +1,88 @@
+"""[tool.devpool.select]: what selection treats as inputs, identity and noise."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from devpool.errors import DevpoolError
+
+MODES = ("record", "on", "shadow", "off")
+DEFAULT_IGNORE = ("*.md", "*.rst", "docs/*", "LICENSE*", ".gitignore")
+DEFAULT_KEY_PACKAGES = ("pytest",)
+
+
+def select_mode(value: object) -> str:
+    """--devpool-select / [tool.devpool] select: a mode, or the [tool.devpool.select] table."""
+    if isinstance(value, Mapping):
+        value = value.get("mode", "off")
+    if value not in MODES:
+        raise ValueError("one of " + ", ".join(repr(m) for m in MODES))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class SelectOptions:
+    """The [tool.devpool.select] table, checked."""
+
+    inputs: tuple[str, ...] = ()  # globs: compatibility inputs, a change means a full run
+    ignore: tuple[str, ...] = DEFAULT_IGNORE  # globs: changes that affect no test
+    key_packages: tuple[str, ...] = DEFAULT_KEY_PACKAGES  # exact versions in the identity
+    max_age_days: float = 14.0
+
+    def ignored(self, rel: str) -> bool:
+        return matches(rel, self.ignore)
+
+
+_KEYS = {"mode", "inputs", "ignore", "key-packages", "max-age-days"}
+
+
+def select_options(table: Mapping[str, Any], where: str) -> SelectOptions:
+    """Read [tool.devpool.select] (absent, or a mode string: the defaults)."""
+    section = table.get("select")
+    if not isinstance(section, Mapping):
+        return SelectOptions()
+    unknown = sorted(set(section) - _KEYS)
+    if unknown:
+        raise DevpoolError(
+            f"{where}: [tool.devpool.select] has unknown key {unknown[0]!r}; "
+            f"known keys: {', '.join(sorted(_KEYS))}"
+        )
+    values: dict[str, Any] = {}
+    for key in ("inputs", "ignore", "key-packages"):
+        if key in section:
+            items = section[key]
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise DevpoolError(
+                    f"{where}: [tool.devpool.select] {key} must be a list of strings"
+                )
+            values[key.replace("-", "_")] = tuple(items)
+    if "max-age-days" in section:
+        age = section["max-age-days"]
+        if isinstance(age, bool) or not isinstance(age, (int, float)) or age <= 0:
+            raise DevpoolError(f"{where}: [tool.devpool.select] max-age-days must be a number > 0")
+        values["max_age_days"] = float(age)
+    return SelectOptions(**values)
+
+
+def matches(rel: str, globs: tuple[str, ...] | list[str]) -> bool:
+    """Whether a posix path relative to the rootdir matches one of the globs.
+
+    `*` crosses folders (fnmatch), and a glob without a folder also matches the file name
+    in any folder, as .gitignore does."""
+    name = rel.rsplit("/", 1)[-1]
+    return any(
+        fnmatch.fnmatchcase(rel, g) or ("/" not in g and fnmatch.fnmatchcase(name, g))
+        for g in globs
+    )
+
+
+def mode_of(option: str | None, table: Mapping[str, Any]) -> str:
+    """The select mode: the command line's, else [tool.devpool] select, else off."""
+    raw: object = option if option is not None else table.get("select", "off")
+    try:
+        return select_mode(raw)
+    except ValueError:
+        return "off"  # the controller reports the bad value; a worker just does not record
