@@ -21,6 +21,7 @@ from devpool.report.github import write_step_summary
 from devpool.report.jsonout import render_json
 from devpool.report.markdown import render_markdown
 from devpool.report.text import render_text
+from devpool.select.cli import add_select_command, build_transfer_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -190,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_run)
     add_capacity_commands(commands)
+    add_select_command(commands)
     return parser
 
 
@@ -213,6 +215,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     """The command line as a namespace; everything after `--` reaches pytest untouched."""
     argv = list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "select":
+        at = argv.index("select")
+        if argv[at + 1 : at + 2] in (["export"], ["import"]):
+            transfer = build_transfer_parser(_Parser, argv[at + 1])
+            parsed: argparse.Namespace = transfer.parse_args(argv[:at] + argv[at + 2 :])
+            return parsed
     if command == "shard":
         at = argv.index("shard")
         if argv[at + 1 : at + 2] == ["verify"]:

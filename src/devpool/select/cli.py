@@ -1,0 +1,117 @@
+"""`devpool select`: what a run with --devpool-select on would run, and why; export/import.
+
+    devpool select [--base REV] [--explain] [-m EXPR] [-k EXPR] [PATH ...]
+    devpool select export ARCHIVE [-m EXPR] [-k EXPR] [PATH ...]
+    devpool select import ARCHIVE
+
+The bucket (PATHs, -m, -k) must be spelled as the pytest command line that recorded it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from devpool.config import read_table
+from devpool.errors import DevpoolError
+from devpool.project import find_pyproject
+from devpool.select.baseline import (
+    BaselineProblem,
+    Bucket,
+    bucket_of,
+    export_generation,
+    identity,
+)
+from devpool.select.diff import Current, select
+from devpool.select.options import SelectOptions, select_options
+from devpool.select.session import store_for
+
+
+def _project(cwd: Path) -> tuple[Path, SelectOptions]:
+    """The rootdir (the folder of the nearest pyproject.toml, else here) and its options."""
+    pyproject = find_pyproject(cwd)
+    root = pyproject.parent if pyproject is not None else cwd
+    return root, select_options(read_table(pyproject), str(pyproject))
+
+
+def _bucket(args: argparse.Namespace, root: Path, cwd: Path) -> Bucket:
+    return bucket_of(root, cwd, args.paths, args.markexpr or "", args.keyword or "")
+
+
+def _select(args: argparse.Namespace) -> int:
+    cwd = Path.cwd()
+    root, options = _project(cwd)
+    current = Current(
+        root=root,
+        bucket=_bucket(args, root, cwd),
+        options=options,
+        identity=identity(options.key_packages),
+        rev=args.base,
+    )
+    selection = select(store_for(root), current)
+    print(f"devpool select: {selection.summary()}")
+    if selection.full_reason is not None:
+        return 0
+    for nodeid, why in sorted(selection.selected.items()):
+        print(f"selected    {nodeid}" + (f": {why}" if args.explain else ""))
+    if args.explain:
+        for nodeid, why in sorted(selection.deselected.items()):
+            print(f"deselected  {nodeid}: {why}")
+        for note in selection.notes:
+            print(f"note        {note}")
+    print("tests that are not in the baseline (new ones) run too under --devpool-select on")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    cwd = Path.cwd()
+    root, _ = _project(cwd)
+    bucket = _bucket(args, root, cwd)
+    generation = store_for(root).latest(bucket.id)
+    if generation is None:
+        raise DevpoolError(f"no baseline for the bucket {' '.join(bucket.paths)} to export")
+    export_generation(generation, Path(args.archive))
+    print(f"devpool select: exported baseline {generation.name} to {args.archive}")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    root, _ = _project(Path.cwd())
+    if not Path(args.archive).is_file():
+        raise DevpoolError(f"{args.archive}: no such file to import")
+    try:
+        folder = store_for(root).import_generation(Path(args.archive))
+    except BaselineProblem as exc:
+        raise DevpoolError(str(exc)) from None
+    print(f"devpool select: imported baseline {folder.name}")
+    return 0
+
+
+def _bucket_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-m", dest="markexpr", default="", help="the run's -m expression")
+    parser.add_argument("-k", dest="keyword", default="", help="the run's -k expression")
+    parser.add_argument("paths", nargs="*", help="the run's test paths (default: .)")
+
+
+def add_select_command(commands: Any) -> None:
+    """`devpool select` on the devpool command's subparsers."""
+    parser = commands.add_parser(
+        "select", help="which tests a change can affect, from the newest baseline"
+    )
+    parser.add_argument("--base", default="HEAD", help="the baseline's commit must precede it")
+    parser.add_argument("--explain", action="store_true", help="say why for every test")
+    _bucket_arguments(parser)
+    parser.set_defaults(func=_select)
+
+
+def build_transfer_parser(parser_class: type[argparse.ArgumentParser], verb: str) -> Any:
+    """`devpool select export|import ARCHIVE` (their own parsers: select takes paths)."""
+    parser = parser_class(prog=f"devpool select {verb}")
+    parser.add_argument("archive", help="the .tar.gz file of one generation")
+    if verb == "export":
+        _bucket_arguments(parser)
+        parser.set_defaults(func=_export)
+    else:
+        parser.set_defaults(func=_import)
+    return parser
