@@ -1,7 +1,8 @@
 """The run record: JSON lines with a versioned schema, written as things happen.
 
 Each line is one event. A controller killed at any moment leaves every line it had
-written; a record without a `session_end` line is a run that was cut. The reader takes
+written (the moves of attempts and phase reports wait up to 0.2 s in memory, every
+other line is flushed at once, see BUFFERED); a record without a `session_end` line is a run that was cut. The reader takes
 a damaged file up to the damage and says, in one sentence, where and what was lost.
 
 Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
@@ -38,8 +39,17 @@ SCHEMA_VERSION = 1
 _GATING_NAMES = frozenset({"failed", "error", "timeout", "crashed", "infra"})
 
 
+# Lines that may wait in memory a moment: the moves of attempts and their phase reports
+# come several a test, and a line each flushed on its own costs the controller CPU that its
+# workers need. Every other line (job_start, job_end, lease, session_*) flushes at once,
+# with whatever waited before it, in order: a SIGKILLed controller keeps every job_end it
+# wrote, and loses at most the moves and reports of the last BUFFER_SECONDS.
+BUFFERED = frozenset({"attempt", "report"})
+BUFFER_SECONDS = 0.2
+
+
 class RecordWriter:
-    """Appends events to the record and flushes each line, so a SIGKILL loses nothing written."""
+    """Appends events to the record; every line but the BUFFERED kinds is flushed at once."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -48,16 +58,29 @@ class RecordWriter:
         self._file: IO[str] | None = open(  # noqa: SIM115 - open for the whole run
             path, "a", encoding="utf-8", errors="backslashreplace"
         )
+        self._waiting: list[str] = []
+        self._flushed_at = time.monotonic()
 
     def write(self, event_type: str, **fields: Any) -> None:
         if self._file is None:
             return
         event = {"v": SCHEMA_VERSION, "type": event_type, "time": round(time.time(), 3), **fields}
-        self._file.write(json.dumps(event, default=str, ensure_ascii=False) + "\n")
+        self._waiting.append(json.dumps(event, default=str, ensure_ascii=False) + "\n")
+        if event_type not in BUFFERED or time.monotonic() - self._flushed_at >= BUFFER_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write and flush the lines that wait."""
+        if self._file is None or not self._waiting:
+            return
+        self._file.write("".join(self._waiting))
+        self._waiting.clear()
         self._file.flush()
+        self._flushed_at = time.monotonic()
 
     def close(self) -> None:
         if self._file is not None:
+            self.flush()
             self._file.close()
             self._file = None
 

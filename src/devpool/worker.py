@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from devpool import capture, compat, protocol, worklist
+from devpool import capture, compat, memory, protocol, worklist
 
 # Options that select or stop tests belong to the controller alone: the worker must be
 # able to run any node id it is sent, and never stop itself on a failure.
@@ -101,6 +102,10 @@ class WorkerSession:
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         items = {item.nodeid: item for item in session.items}
         order = {item.nodeid: index for index, item in enumerate(session.items)}
+        # What collection built lives as long as the process: out of the collector's sight,
+        # each later collection (and pytest's five at exit) scans only what tests create.
+        gc.freeze()
+        memory.apply_torch_limit()  # a share of a device: torch's allocator stays inside it
         self.send({"ev": "ready", "pid": os.getpid(), "collected": len(items)})
         setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
         commands = protocol.Commands(self.fd_in)
