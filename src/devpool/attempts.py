@@ -86,6 +86,8 @@ class Attempt:
     kill_stage: int = 0  # 0 none, 1 stacks asked, 2 SIGTERM sent, 3 SIGKILL sent
     kill_at: float = 0.0
     requeues: int = 0  # times it went back to the queue untouched (not its fault)
+    overrun: str = ""  # it used more device memory than it declared: why it failed
+    peak_memory: dict[int, int] = field(default_factory=dict)  # device → bytes, when watched
     history: list[tuple[State, float]] = field(default_factory=list)
 
     @property

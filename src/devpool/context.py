@@ -37,6 +37,7 @@ class RunContext(Protocol):
     probe: Probe | None
     fatal: FatalPatterns
     quarantined: dict[str, Entry]
+    memory: dict[int, int]  # bytes each device hands out to device_memory tests ({}: none)
 
     # Findings, for the summary at the end of the run.
     troubles: list[Trouble]

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from devpool import compat, probes, shards, worklist
+from devpool import compat, memory, probes, shards, worklist
 from devpool.backends import Backend
 from devpool.backends.local import LocalBackend
 from devpool.config import Settings
@@ -91,6 +91,7 @@ class Controller:
         self.quarantine_failures: list[Trouble] = []
         self.bad_devices: dict[int, str] = {}  # device → why it was retired this session
         self.device_notes: list[str] = []  # devices checked after an error and kept
+        self.memory: dict[int, int] = {}  # bytes each device hands out to device_memory tests
         self.artifacts_dir = self.run_dir / "artifacts"
         self.fatal = FatalPatterns.for_platform(
             inventory.platform.name, inventory.platform.kind, settings.fatal_patterns
@@ -253,7 +254,7 @@ class Controller:
         dropped: list[pytest.Item] = []
         for item in items:
             try:
-                request = request_for(item, self.settings.platforms)
+                request = request_for(item, self.settings.platforms, self.settings.device_memory)
             except DevpoolError as exc:
                 raise pytest.UsageError(str(exc)) from None
             if request.platforms is not None and not (
@@ -369,12 +370,20 @@ class Controller:
             self.github = GitHubLog(self.inventory.platform.name, locations)
             self.listeners.append(self.github)
         default = self.settings.default_estimate
+        jobs = self._jobs(session.items)
+        if self.settings.backend == "local" and any(j.request.device_memory for j in jobs):
+            self.memory = memory.capacity_of(self.inventory, self.settings.memory_reserve)
         plan = build_plan(
-            self._jobs(session.items),
+            jobs,
             self.inventory,
             backend=self.settings.backend,
             estimate=lambda job: self.estimates.get(job.nodeid, default),
+            memory=self.memory,
         )
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        for note in plan.notes:
+            if terminal is not None:
+                terminal.write_line(f"devpool: {note}")
         backend = self.make_backend(session.config)
         check = getattr(backend, "unsatisfiable", None)
         if check is not None:  # the cluster's real shape: nodes, devices per node
@@ -490,7 +499,9 @@ class Controller:
     def _jobs(self, items: list[pytest.Item]) -> list[Job]:
         jobs = []
         for index, item in enumerate(items):
-            request = self.requests.get(item.nodeid) or request_for(item, self.settings.platforms)
+            request = self.requests.get(item.nodeid) or request_for(
+                item, self.settings.platforms, self.settings.device_memory
+            )
             if request.nodes > 1 and not request.isolate:
                 # A multi-node test's ranks serve that test alone: never batched nor reused.
                 request = replace(request, isolate=True)

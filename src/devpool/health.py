@@ -128,8 +128,12 @@ class Foreign:
         for device in [d for d, at in self.retry_at.items() if at <= now]:
             holder = Holder.for_this_process(self.ctx.run_id, "probe")
             got = self.ctx.lock_dir.try_acquire(self.platform, [device], holder)
-            if isinstance(got, Lease):
-                got.release()
+            shared = isinstance(got, list) and any(b.shares for b in got)
+            if isinstance(got, Lease) or shared:
+                # Free, or shared by partial holders: a memory request may still fit there,
+                # so the next placement tries it (and marks it again if it does not fit).
+                if isinstance(got, Lease):
+                    got.release()
                 self.blocked.pop(device, None)
                 self.retry_at.pop(device, None)
                 self.busy_notes.pop(device, None)  # the probe runs again at the next lease

@@ -9,6 +9,7 @@ nothing left can be placed, the jobs that are left end `infra` with the reason.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import Any
@@ -22,6 +23,7 @@ from devpool.context import RunContext
 from devpool.fairshare import Waiter, WaitingRoom, fair_limit
 from devpool.health import FOREIGN_RETRY, DeviceHealth, Foreign
 from devpool.leases import Holder, Lease
+from devpool.memory import MemoryWatch
 from devpool.outcomes import Outcome
 from devpool.plan import Job, Plan
 from devpool.policies import Backfill
@@ -57,6 +59,7 @@ class Loop:
             max(1, settings.max_parallel or max(len(ctx.inventory.devices), settings.cpu_slots)),
             settings.cpu_slots,
             isolate_all=settings.isolation == "job",
+            capacity=ctx.memory,
         )
         self.backend = backend
         self.pool = WorkerPool(ctx, backend, plan)
@@ -73,6 +76,7 @@ class Loop:
         self.waiting_since: float | None = None  # wall clock, while other runs block us
         self.blocked_since: dict[int, float] = {}
         self.delayed: list[tuple[float, Job]] = []  # reruns waiting out their delay
+        self.watches: dict[int, MemoryWatch] = {}  # worker key → its running test's watch
 
     @property
     def ended(self) -> dict[str, int]:
@@ -81,6 +85,9 @@ class Loop:
     # ---- main loop ------------------------------------------------------------------------
 
     def run(self) -> None:
+        # The collected items and the plan live to the end of the run: out of the cyclic
+        # collector's sight, its passes (and pytest's five at exit) skip them.
+        gc.freeze()
         now = time.monotonic()
         for job in self.plan.jobs:
             job.queued_at = now
@@ -94,6 +101,8 @@ class Loop:
             while self._busy():
                 now = time.monotonic()
                 self.pool.escalate(now, self.ctx.settings.timeout_grace)
+                if self.watches:
+                    self._watch_running()
                 self._tend_health(now)
                 placed = False
                 if not self.stopped:
@@ -207,7 +216,12 @@ class Loop:
                 held = self.pool.held()
                 cold = sorted(set(self.ctx.inventory.devices) - held - set(unavailable))
                 unavailable += cold[max(0, self.limit - len(held)) :]
-            idle = [IdleWorker(s.key, s.worker.devices) for s in self.pool.idle.values()]
+            idle = [
+                IdleWorker(
+                    s.key, s.worker.devices, s.worker.lease.amount if s.worker.lease else None
+                )
+                for s in self.pool.idle.values()
+            ]
             placements = self.scheduler.schedule(now, unavailable, idle)
             if not placements:
                 return placed
@@ -237,7 +251,17 @@ class Loop:
         lease: Lease | None = None
         if placement.devices and self.backend.local_leases:
             holder = Holder.for_this_process(self.ctx.run_id, job.nodeid)
-            got = self.ctx.lock_dir.try_acquire(self.platform.name, placement.devices, holder)
+            lock_dir = self.ctx.lock_dir
+            if self.scheduler.capacity and job.memory_needed:  # a share of each device
+                got = lock_dir.try_acquire_memory(
+                    self.platform.name,
+                    placement.devices,
+                    job.memory_needed,
+                    self.ctx.memory,
+                    holder,
+                )
+            else:
+                got = lock_dir.try_acquire(self.platform.name, placement.devices, holder)
             if not isinstance(got, Lease):
                 self.scheduler.unplace(job)
                 self.foreign.mark(got, now)
@@ -306,6 +330,8 @@ class Loop:
             following = queue.peek(k)
             if following.request.isolate or _small(following) > budget:
                 break
+            if following.memory_needed != head.memory_needed:  # a worker's lease is of one kind
+                break
             batch.append(queue.pop(k))
             budget -= _small(following)
         return batch
@@ -348,11 +374,15 @@ class Loop:
             if attempt.job is not slot.head:
                 self._job_started(slot, attempt.job, time.monotonic())
             attempt.start(self.ctx.emit, slot.log_size())
+            self._watch(slot, attempt)
             self.replay.logstart(attempt.display, tuple(message["location"]))
         elif event == "report":
             attempt = slot.current
             if attempt is not None:
-                self.replay.replay(attempt, message["data"], slot.worker)
+                data = message["data"]
+                if data.get("when") == "call" and self._overran(slot, attempt):
+                    data.update(outcome="failed", longrepr=f"[devpool] {attempt.overrun}")
+                self.replay.replay(attempt, data, slot.worker)
         elif event == "finish":
             attempt = slot.current
             if attempt is not None:
@@ -451,6 +481,10 @@ class Loop:
         captured = crash_output(worker.log)  # what the test wrote under pytest's capture
         if captured:
             own += "\n" + captured
+        if attempt.overrun:  # devpool ended it for using more memory than it declared
+            attempt.move(State.CRASHED, self.ctx.emit)
+            self._end(attempt, Outcome.FAILED, attempt.overrun, slot, duration, own)
+            return
         if slot.killed_for is attempt:
             attempt.move(State.TIMED_OUT, self.ctx.emit)
             limit = attempt.job.request.timeout or 0.0
@@ -538,6 +572,43 @@ class Loop:
             slot.later.append(job)  # queued once the slot's placement is released
         else:
             self.scheduler.add(job)
+
+    # ---- device memory --------------------------------------------------------------------
+
+    def _watch(self, slot: Slot, attempt: Attempt) -> None:
+        """A test of a memory lease started: watch what it uses on its devices."""
+        declared = attempt.job.memory_needed
+        if not self.ctx.memory or not declared:
+            return
+        self.watches[slot.key] = MemoryWatch(
+            self.platform.name,
+            self.platform.kind,
+            slot.worker.devices,
+            declared,
+            sim_file=slot.memory_file,
+            pids=[slot.worker.pid],
+        )
+
+    def _overran(self, slot: Slot, attempt: Attempt) -> bool:
+        """Look at a watched test's memory once; an overrun fails it (said in attempt.overrun)."""
+        watch = self.watches.get(slot.key)
+        if watch is None or attempt.overrun:
+            return bool(attempt.overrun)
+        found = watch.poll()
+        attempt.peak_memory = dict(watch.peak)
+        if found is not None:
+            attempt.overrun = found.describe()
+            slot.dirty = True
+        return found is not None
+
+    def _watch_running(self) -> None:
+        """Running tests that use more memory than they declared end now, `failed`."""
+        for slot in list(self.pool.slots.values()):
+            attempt = slot.current
+            if attempt is None:
+                self.watches.pop(slot.key, None)
+            elif not attempt.overrun and self._overran(slot, attempt):
+                self.pool.kill(slot)  # its exit ends the attempt with the overrun
 
     # ---- device health --------------------------------------------------------------------
 

@@ -85,6 +85,13 @@ class Overrun:
         )
 
 
+def reset_sim_usage(environ: Mapping[str, str] | None = None) -> None:
+    """In a worker, before each test: a sim test's use starts from nothing."""
+    path = (os.environ if environ is None else environ).get(SIM_MEMORY_FILE)
+    if path:
+        Path(path).unlink(missing_ok=True)
+
+
 def read_sim_usage(path: Path, devices: Iterable[int]) -> dict[int, int]:
     """What a sim test wrote to DEVPOOL_SIM_MEMORY_FILE: bytes per device.
 

@@ -14,6 +14,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devpool import memory
 from devpool.attempts import Attempt, State
 from devpool.backends import Backend
 from devpool.backends import WorkerHandle as Worker
@@ -41,6 +42,8 @@ class Slot:
     killed_for: Attempt | None = None  # devpool is ending it for this attempt's deadline
     dirty: bool = False  # something failed here: the worker is not reused
     later: list[Job] = field(default_factory=list)  # queued again once the placement ends
+    streamed: int = 0  # parts sent after the batch's first ("more"), numbered from 1
+    memory_file: Path | None = None  # sim: where its tests write the device memory they use
 
     @property
     def key(self) -> int:
@@ -90,13 +93,19 @@ class WorkerPool:
     def spawn(self, placement: Placement, lease: Lease | None, now: float) -> Slot:
         job = placement.job
         env = self._env(placement.devices, job)
+        memory_file = None
+        if self.ctx.memory and job.memory_needed:
+            env.update(memory.worker_env(job.memory_needed, self.ctx.memory))
+            if self.ctx.inventory.platform.kind == "sim":
+                memory_file = self.ctx.log_dir / f"memory-{job.id}-{job.attempt}.json"
+                env[memory.SIM_MEMORY_FILE] = str(memory_file)
         worker = self.backend.start(placement.devices, lease, env, job.request)
         if lease is not None:
             lease.set_job(job.nodeid, worker.pid)
         limit = self.ctx.settings.worker_start_timeout
         if not self.backend.local_leases:  # a cluster may first wait for room, up to this
             limit += self.ctx.settings.lease_timeout
-        slot = Slot(worker, ready_by=now + limit)
+        slot = Slot(worker, ready_by=now + limit, memory_file=memory_file)
         self.slots[worker.key] = slot
         return slot
 
@@ -104,11 +113,27 @@ class WorkerPool:
         """Send a batch; False when the worker is gone (its exit is handled as usual)."""
         slot.head = head
         slot.sent = list(attempts)
+        slot.streamed = 0
         if slot.worker.lease is not None and slot.worker.lease.holder.job != head.nodeid:
             slot.worker.lease.set_job(head.nodeid, slot.worker.pid)
         message = {
             "op": "run",
             "job": head.id,
+            "tests": [
+                {"nodeid": a.nodeid, "display": a.display, "attempt": a.number} for a in attempts
+            ],
+        }
+        return slot.worker.send(message)
+
+    def extend(self, slot: Slot, attempts: list[Attempt]) -> bool:
+        """Send the next part of the running batch before the worker runs dry ("more")."""
+        assert slot.head is not None
+        slot.streamed += 1
+        slot.sent += attempts
+        message = {
+            "op": "more",
+            "job": slot.head.id,
+            "seq": slot.streamed,
             "tests": [
                 {"nodeid": a.nodeid, "display": a.display, "attempt": a.number} for a in attempts
             ],

@@ -286,6 +286,7 @@ class Replay:
             quarantined=quarantine.describe() if quarantine is not None else None,
             artifacts=str(artifacts) if artifacts is not None else None,
             **_ranks(worker),
+            **({"memory_peak": attempt.peak_memory} if attempt.peak_memory else {}),
         )
         attempt.move(State.CONCLUDED, ctx.emit, outcome=outcome.value, retried=retried)
 

@@ -1,0 +1,154 @@
+"""End to end: tests that declare device memory share a device, within its capacity.
+
+Real sessions on sim devices with `memory = "10GiB"`: memory tests run side by side on
+one device, never more than fits, never beside a whole-device test; a test that uses more
+than it declared ends `failed` with the amounts; peaks land in the run record.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FAST = ("-p", "devpool.plugin", "-p", "no:cacheprovider", "-p", "no:randomly")
+
+PRELUDE = """
+import json, os, time
+from pathlib import Path
+import pytest
+
+SPANS = Path({spans!r})
+
+
+def hold(kind, seconds=0.6, used=None):
+    began = time.time()
+    if used is not None:
+        Path(os.environ["DEVPOOL_SIM_MEMORY_FILE"]).write_text(json.dumps(used))
+    time.sleep(seconds)
+    name = f"{{kind}}-{{os.getpid()}}-{{began}}"
+    SPANS.joinpath(name).write_text(json.dumps(
+        {{"kind": kind, "devices": os.environ["DEVPOOL_DEVICES"], "start": began,
+          "end": time.time(), "declared": os.environ.get("DEVPOOL_DEVICE_MEMORY")}}
+    ))
+"""
+
+
+@pytest.fixture(autouse=True)
+def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+
+
+def run(pytester: pytest.Pytester, body: str, *args: str) -> tuple[pytest.RunResult, Path, Path]:
+    spans = pytester.path / "spans"
+    spans.mkdir()
+    pytester.makepyprojecttoml(
+        """
+        [tool.devpool.platforms]
+        sim = { memory = "10GiB" }
+        """
+    )
+    pytester.makepyfile(
+        test_share=PRELUDE.format(spans=str(spans)) + textwrap.dedent(body),
+    )
+    record = pytester.path / "record.jsonl"
+    lock = pytester.path / "locks"
+    lock.mkdir()
+    result = pytester.runpytest_subprocess(
+        *FAST,
+        f"--devpool-lock-dir={lock}",
+        f"--devpool-run-record={record}",
+        "--devpool-memory-reserve=0",
+        *args,
+        timeout=120,
+    )
+    return result, spans, record
+
+
+def spans_of(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in folder.iterdir()]
+
+
+def test_memory_tests_share_a_device_within_its_capacity(pytester: pytest.Pytester) -> None:
+    result, spans, _ = run(
+        pytester,
+        """
+        @pytest.mark.device_memory("4GiB")
+        @pytest.mark.parametrize("n", range(6))
+        def test_small(n):
+            hold("small")
+
+        @pytest.mark.device_exclusive
+        def test_whole():
+            hold("whole")
+        """,
+        "--devices",
+        "sim:0",
+        "--devpool-cpu-slots=4",
+        "--devpool-max-parallel=4",
+    )
+    assert result.ret == 0, "\n".join(result.outlines)
+    seen = spans_of(spans)
+    assert len(seen) == 7
+    small = [s for s in seen if s["kind"] == "small"]
+    assert all(s["declared"] == str(4 * 2**30) for s in small), small
+    # At every moment: at most two 4 GiB tests on the 10 GiB device, never beside the whole one.
+    moments = sorted({s["start"] for s in seen} | {s["end"] - 1e-6 for s in seen})
+    overlapped = False
+    for t in moments:
+        now = [s for s in seen if s["start"] <= t < s["end"]]
+        kinds = [s["kind"] for s in now]
+        assert kinds.count("small") * 4 <= 10, now
+        assert "whole" not in kinds or len(kinds) == 1, now
+        overlapped = overlapped or kinds.count("small") == 2
+    assert overlapped, "memory tests never ran side by side"
+
+
+def test_a_test_that_uses_more_than_it_declared_fails_saying_so(
+    pytester: pytest.Pytester,
+) -> None:
+    result, _, record = run(
+        pytester,
+        """
+        @pytest.mark.device_memory("2GiB")
+        def test_greedy():
+            hold("greedy", seconds=0.1, used=3 * 2**30)
+
+        @pytest.mark.device_memory("2GiB")
+        def test_modest():
+            hold("modest", seconds=0.1, used=2**30)
+        """,
+        "--devices",
+        "sim:0",
+    )
+    text = "\n".join(result.outlines)
+    assert result.ret == 1, text
+    assert "used 3 GiB on sim:0, declared 2 GiB" in text, text
+    ends = {
+        json.loads(line)["nodeid"].split("::")[-1]: json.loads(line)
+        for line in record.read_text().splitlines()
+        if json.loads(line)["type"] == "job_end"
+    }
+    assert ends["test_greedy"]["outcome"] == "failed"
+    assert ends["test_modest"]["outcome"] == "passed"
+    assert ends["test_modest"]["memory_peak"] == {"0": 2**30}
+
+
+def test_a_request_larger_than_the_device_is_unsatisfiable(pytester: pytest.Pytester) -> None:
+    result, _, _ = run(
+        pytester,
+        """
+        @pytest.mark.device_memory("11GiB")
+        def test_too_big():
+            pass
+        """,
+        "--devices",
+        "sim:0",
+    )
+    text = "\n".join(result.outlines)
+    assert result.ret == 1, text
+    assert "needs 1 device × 11 GiB" in text, text
