@@ -87,6 +87,8 @@ class Attempt:
     kill_at: float = 0.0
     requeues: int = 0  # times it went back to the queue untouched (not its fault)
     overrun: str = ""  # it used more device memory than it declared: why it failed
+    alone: bool = False  # a run alone after running out of memory beside other tests
+    alone_next: bool = False  # this attempt ran out beside others: the next runs alone
     peak_memory: dict[int, int] = field(default_factory=dict)  # device → bytes, when watched
     history: list[tuple[State, float]] = field(default_factory=list)
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 import gc
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from devpool import memory
 from devpool.attempts import Attempt, State
 from devpool.backends import Backend
 from devpool.capture import crash_output
@@ -77,6 +79,7 @@ class Loop:
         self.blocked_since: dict[int, float] = {}
         self.delayed: list[tuple[float, Job]] = []  # reruns waiting out their delay
         self.watches: dict[int, MemoryWatch] = {}  # worker key → its running test's watch
+        self.alone: set[int] = set()  # jobs run again alone after running out of memory
 
     @property
     def ended(self) -> dict[str, int]:
@@ -297,6 +300,26 @@ class Loop:
         if not self.pool.send(slot, job, attempts):
             self.pool.kill(slot)  # its exit is handled as usual
 
+    def _stream(self, slot: Slot) -> None:
+        """Send a batch's next part while the worker still has tests of it to run: batches
+        stream, with no round trip to the controller between two parts."""
+        head = slot.head
+        if head is None or slot.stopping or slot.dirty or slot.killed_for is not None:
+            return
+        unstarted = [a.job for a in slot.sent if a.state is State.SENT]
+        if len(unstarted) * 2 > BATCH_MAX or sum(map(_small, unstarted)) * 2 > BATCH_SECONDS:
+            return  # enough left that the worker cannot run dry before the next look
+        jobs = self._batch_after(head)
+        if not jobs:
+            return
+        attempts = [self.attempts[j.id] for j in jobs]
+        for attempt in attempts:
+            attempt.worker = slot.key
+            attempt.devices = slot.worker.devices
+            attempt.move(State.SENT, self.ctx.emit, worker_pid=slot.worker.pid)
+        if not self.pool.extend(slot, attempts):
+            self.pool.kill(slot)  # its exit is handled as usual
+
     def _job_started(self, slot: Slot, job: Job, now: float) -> None:
         job.waited = now - job.queued_at
         for device in slot.worker.devices:
@@ -376,12 +399,15 @@ class Loop:
             attempt.start(self.ctx.emit, slot.log_size())
             self._watch(slot, attempt)
             self.replay.logstart(attempt.display, tuple(message["location"]))
+            self._stream(slot)
         elif event == "report":
             attempt = slot.current
             if attempt is not None:
                 data = message["data"]
                 if data.get("when") == "call" and self._overran(slot, attempt):
                     data.update(outcome="failed", longrepr=f"[devpool] {attempt.overrun}")
+                elif data.get("outcome") == "failed" and self._out_of_memory_beside(attempt, data):
+                    attempt.retry = attempt.alone_next = True
                 self.replay.replay(attempt, data, slot.worker)
         elif event == "finish":
             attempt = slot.current
@@ -396,6 +422,8 @@ class Loop:
                 why = f"the worker did not collect {attempt.nodeid} (see {slot.worker.log})"
                 self._end(attempt, Outcome.INFRA, why, slot)
         elif event == "done":
+            if int(message.get("through", 0)) < slot.streamed:
+                return  # a part sent meanwhile is on its way: the worker answers it too
             for attempt in [a for a in slot.sent if a.state is State.SENT]:
                 self._requeue(slot, attempt, "its batch ended before it ran")
             slot.sent = []
@@ -542,13 +570,16 @@ class Loop:
     def _again(self, slot: Slot | None, attempt: Attempt, outcome: Outcome) -> None:
         """A failed attempt runs again as a new attempt (a fresh worker, other devices first)."""
         job = attempt.job
-        if outcome in (Outcome.CRASHED, Outcome.INFRA):
+        if attempt.alone_next:  # not its doing: once more, alone on a whole device
+            job.request = replace(job.request, device_memory=None, device_exclusive=True)
+            self.alone.add(job.id)
+        elif outcome in (Outcome.CRASHED, Outcome.INFRA):
             job.retries_infra += 1
         else:
             job.retries_failed += 1
         job.attempt += 1
         job.queued_at = time.monotonic()
-        self.attempts[job.id] = Attempt(job, job.attempt)
+        self.attempts[job.id] = Attempt(job, job.attempt, alone=attempt.alone_next)
         delay = job.request.reruns_delay
         if delay is None:
             delay = self.ctx.settings.reruns_delay
@@ -600,6 +631,26 @@ class Loop:
             attempt.overrun = found.describe()
             slot.dirty = True
         return found is not None
+
+    def _out_of_memory_beside(self, attempt: Attempt, data: dict[str, Any]) -> bool:
+        """A test of a shared device ran out of memory within its own declaration: a
+        neighbour took the rest. It runs once more, alone, and is not blamed for it."""
+        job = attempt.job
+        if not self.ctx.memory or not job.memory_needed or attempt.overrun:
+            return False
+        if job.id in self.alone:
+            return False
+        text = f"{data.get('longrepr')}\n{data.get('sections')}"
+        if not memory.ran_out(text):
+            return False
+        note = (
+            f"{self.replay.where(attempt.devices)}: {attempt.display} ran out of memory beside "
+            "other tests, within what it declared; retried alone on a whole device"
+        )
+        self.ctx.device_notes.append(note)
+        self.ctx.emit("memory_retry", nodeid=attempt.display, devices=list(attempt.devices))
+        self.say(note)
+        return True
 
     def _watch_running(self) -> None:
         """Running tests that use more memory than they declared end now, `failed`."""

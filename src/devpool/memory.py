@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,18 @@ class Overrun:
             f"used {format_size(self.used)} on {self.platform}:{self.device}, "
             f"declared {format_size(self.declared)}"
         )
+
+
+# Out-of-memory errors of each platform's runtime (sim: what a test under test prints).
+OUT_OF_MEMORY = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|HIP out of memory|NPU out of memory"
+    r"|DEVPOOL-SIM-OOM"
+)
+
+
+def ran_out(text: str) -> bool:
+    """Whether a failure's text says the device ran out of memory."""
+    return OUT_OF_MEMORY.search(text) is not None
 
 
 def reset_sim_usage(environ: Mapping[str, str] | None = None) -> None:

@@ -102,7 +102,7 @@ class Replay:
                 report.devpool_outcome = RERUN  # type: ignore[attr-defined]
             elif job.nodeid in self.ctx.quarantined:
                 self._excuse(report, job)
-        elif report.when == "call" and report.passed and attempt.number > 1:
+        elif report.when == "call" and report.passed and attempt.number > 1 and not attempt.alone:
             report.devpool_outcome = Outcome.FLAKY.value  # type: ignore[attr-defined]
             if self.ctx.settings.flaky_result == "fail":
                 report.outcome = "failed"

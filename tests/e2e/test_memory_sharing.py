@@ -152,3 +152,29 @@ def test_a_request_larger_than_the_device_is_unsatisfiable(pytester: pytest.Pyte
     text = "\n".join(result.outlines)
     assert result.ret == 1, text
     assert "needs 1 device × 11 GiB" in text, text
+
+
+def test_out_of_memory_beside_others_runs_again_alone_and_is_not_blamed(
+    pytester: pytest.Pytester,
+) -> None:
+    result, spans, record = run(
+        pytester,
+        """
+        @pytest.mark.device_memory("4GiB")
+        def test_victim():
+            if os.environ.get("DEVPOOL_DEVICE_MEMORY"):  # shared: a neighbour took the rest
+                hold("victim-shared", seconds=0.1, used=2**30)
+                raise RuntimeError("DEVPOOL-SIM-OOM: out of memory on the device")
+            hold("victim-alone", seconds=0.1)
+        """,
+        "--devices",
+        "sim:0",
+    )
+    text = "\n".join(result.outlines)
+    assert result.ret == 0, text
+    assert "ran out of memory beside other tests" in text and "retried alone" in text, text
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    finals = [e for e in lines if e["type"] == "job_end" and not e["retried"]]
+    assert [e["outcome"] for e in finals] == ["passed"], finals  # not flaky, not blamed
+    assert [e["type"] for e in lines].count("memory_retry") == 1
+    assert sorted(s["kind"] for s in spans_of(spans)) == ["victim-alone", "victim-shared"]
