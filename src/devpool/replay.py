@@ -80,7 +80,7 @@ class Replay:
         self._judge(report, attempt)
         if report.when == "teardown":
             outcome = outcome_of([*attempt.phases, report])
-            self._properties(report, attempt.job, attempt.devices, outcome)
+            self._properties(report, attempt, outcome)
         attempt.phases.append(report)
         self.hook.pytest_runtest_logreport(report=report)
         self.ctx.emit(
@@ -184,7 +184,7 @@ class Replay:
             elif status == "failed" and job.nodeid in self.ctx.quarantined:
                 self._excuse(report, job)
             if when == "teardown":
-                self._properties(report, job, attempt.devices, outcome)
+                self._properties(report, attempt, outcome)
             reports.append(report)
             self.hook.pytest_runtest_logreport(report=report)
         attempt.phases = reports
@@ -290,19 +290,21 @@ class Replay:
         )
         attempt.move(State.CONCLUDED, ctx.emit, outcome=outcome.value, retried=retried)
 
-    def _properties(
-        self, report: pytest.TestReport, job: Job, devices: tuple[int, ...], outcome: Outcome
-    ) -> None:
+    def _properties(self, report: pytest.TestReport, attempt: Attempt, outcome: Outcome) -> None:
         """devpool's facts on the report closing a test; --junitxml writes them as properties."""
+        job = attempt.job
         report.user_properties = [
             *report.user_properties,
             ("devpool.outcome", outcome.value),
-            ("devpool.devices", self.where(devices)),
+            ("devpool.devices", self.where(attempt.devices)),
             ("devpool.platform", self.platform.name),
             ("devpool.host", self.ctx.host),
             ("devpool.queue_wait", f"{job.waited:.3f}"),
             ("devpool.attempt", str(job.attempt)),
         ]
+        if attempt.peak_memory:  # bytes at the peak on each device, as the watch saw them
+            peaks = ",".join(f"{d}:{b}" for d, b in sorted(attempt.peak_memory.items()))
+            report.user_properties.append(("devpool.memory_peak", peaks))
 
     def _artifacts(self, job: Job, number: int, outcome: Outcome, retried: bool) -> Path | None:
         """Keep a test's devpool_artifacts folder when it did not pass (or when asked to)."""

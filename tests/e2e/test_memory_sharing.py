@@ -124,10 +124,13 @@ def test_a_test_that_uses_more_than_it_declared_fails_saying_so(
         """,
         "--devices",
         "sim:0",
+        "--junitxml=junit.xml",
     )
     text = "\n".join(result.outlines)
     assert result.ret == 1, text
     assert "used 3 GiB on sim:0, declared 2 GiB" in text, text
+    junit = (pytester.path / "junit.xml").read_text()
+    assert f'name="devpool.memory_peak" value="0:{2**30}"' in junit, junit
     ends = {
         json.loads(line)["nodeid"].split("::")[-1]: json.loads(line)
         for line in record.read_text().splitlines()
