@@ -1,0 +1,313 @@
+"""End to end: selective runs (--devpool-select) in a real git repository on sim devices.
+
+Each test writes a small project, commits it, records a baseline with a real pytest
+session (workers are processes), changes one thing and checks which tests the next
+session runs, from its run record: only those a change can affect, or all of them with
+the reason when the baseline cannot be trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FAST = ("-p", "devpool.plugin", "-p", "no:hypothesispytest", "-p", "no:cacheprovider")
+
+PROJECT = {
+    "pyproject.toml": """
+        [tool.pytest.ini_options]
+        pythonpath = ["."]
+        """,
+    # pytester keeps each session's basetemp, stdout and stderr in the project: no sources.
+    ".gitignore": ".devpool/\n__pycache__/\nbuild/\nrunpytest-*\nstdout\nstderr\n",
+    "lib.py": """
+        def add(a, b):
+            return a + b
+
+
+        def mul(a, b):
+            return a * b
+        """,
+    "configs/model.yaml": "depth: 2\n",
+    "kernels/a.cu": "// kernel a\n",
+    "tests/conftest.py": "# the bucket's conftest\n",
+    "tests/test_math.py": """
+        import lib
+
+
+        def test_add():
+            assert lib.add(2, 3) == 5
+
+
+        def test_mul():
+            assert lib.mul(2, 3) == 6
+
+
+        def test_both():
+            assert lib.add(1, 1) + lib.mul(1, 1) == 3
+        """,
+    "tests/test_data.py": """
+        import os
+        from pathlib import Path
+
+        import pytest
+
+        ROOT = Path(__file__).parent.parent
+
+
+        def test_reads_config():
+            assert "depth" in (ROOT / "configs" / "model.yaml").read_text()
+
+
+        def test_plain():
+            assert os.environ.get("BREAK_PLAIN") is None
+
+
+        @pytest.mark.depends_on("kernels/*.cu")
+        def test_kernels():
+            pass
+
+
+        @pytest.mark.device_count(8)
+        def test_eight(devpool_devices):
+            assert len(devpool_devices) == 8
+        """,
+}
+MATH = {f"tests/test_math.py::test_{n}" for n in ("add", "mul", "both")}
+DATA = {f"tests/test_data.py::test_{n}" for n in ("reads_config", "plain", "kernels", "eight")}
+
+
+@pytest.fixture(autouse=True)
+def _no_plugin_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    for name in ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "CI", "BREAK_PLAIN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+        cwd=root,
+        check=True,
+        capture_output=True,
+    )
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"))
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> Path:
+    root = pytester.path
+    write(root, PROJECT)
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "init")
+    return root
+
+
+class Run:
+    """One pytest session in the project, read back from its run record."""
+
+    def __init__(self, pytester: pytest.Pytester, tmp: Path, name: str, *args: str) -> None:
+        self.record = tmp / f"{name}.jsonl"
+        self.result = pytester.runpytest_subprocess(
+            *FAST,
+            f"--devpool-lock-dir={tmp / 'locks'}",
+            f"--devpool-run-record={self.record}",
+            "--devpool-skip-unsatisfiable",
+            *args,
+            "tests",
+            timeout=120,
+        )
+        self.events = [json.loads(line) for line in self.record.read_text().splitlines()]
+
+    @property
+    def ran(self) -> set[str]:
+        """Node ids that ran or were reported skipped (unsatisfiable ones too)."""
+        return {e["nodeid"] for e in self.events if e["type"] == "job_end"}
+
+    @property
+    def select(self) -> dict[str, Any]:
+        (event,) = [e for e in self.events if e["type"] == "select"]
+        return event
+
+    def output(self) -> str:
+        return "\n".join(self.result.outlines)
+
+
+def record(pytester: pytest.Pytester, tmp: Path, devices: str = "sim:0-1") -> Run:
+    run = Run(pytester, tmp, "record", "--devices", devices, "--devpool-select", "record")
+    assert run.result.ret == 0, run.output()
+    assert "devpool select: recorded baseline" in run.output()
+    return run
+
+
+def test_an_edit_inside_one_function_selects_only_the_tests_that_ran_it(
+    pytester: pytest.Pytester, project: Path, tmp_path: Path
+) -> None:
+    recorded = record(pytester, tmp_path)
+    assert recorded.ran == MATH | DATA
+    lib = project / "lib.py"
+    lib.write_text(lib.read_text().replace("return a * b", "return b * a"))
+    run = Run(pytester, tmp_path, "on", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.result.ret == 0, run.output()
+    # test_eight was never run (unsatisfiable at 2 devices): no evidence, so it is kept.
+    expected = {"tests/test_math.py::test_mul", "tests/test_math.py::test_both"}
+    assert run.ran == expected | {"tests/test_data.py::test_eight"}
+    assert run.select["full_run"] is False
+    assert run.select["selected"] == 3 and run.select["total"] == 7
+    explain = subprocess.run(
+        [sys.executable, "-m", "devpool.cli", "select", "--explain", "tests"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "selected    tests/test_math.py::test_mul: code block lib.py::mul changed" in explain
+    assert "deselected  tests/test_math.py::test_add: its" in explain
+
+
+def test_a_data_file_or_a_declared_input_selects_its_readers(
+    pytester: pytest.Pytester, project: Path, tmp_path: Path
+) -> None:
+    record(pytester, tmp_path)
+    (project / "configs" / "model.yaml").write_text("depth: 3\n")
+    run = Run(pytester, tmp_path, "data", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.ran == {"tests/test_data.py::test_reads_config", "tests/test_data.py::test_eight"}
+    git(project, "checkout", "configs/model.yaml")
+    (project / "kernels" / "b.cu").write_text("// a new kernel\n")  # untracked, in the glob
+    run = Run(pytester, tmp_path, "glob", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.ran == {"tests/test_data.py::test_kernels", "tests/test_data.py::test_eight"}
+
+
+def test_a_test_skipped_at_four_devices_is_selected_at_eight(
+    pytester: pytest.Pytester, project: Path, tmp_path: Path
+) -> None:
+    recorded = record(pytester, tmp_path, devices="sim:0-3")
+    assert "tests/test_data.py::test_eight" in recorded.ran  # skipped: unsatisfiable at 4
+    run = Run(pytester, tmp_path, "eight", "--devices", "sim:0-7", "--devpool-select", "on")
+    assert run.result.ret == 0, run.output()
+    assert run.ran == {"tests/test_data.py::test_eight"}
+    run.result.stdout.fnmatch_lines(["*1 passed, 6 deselected*"])
+
+
+def test_a_changed_conftest_of_the_bucket_gives_a_full_run_with_the_reason(
+    pytester: pytest.Pytester, project: Path, tmp_path: Path
+) -> None:
+    record(pytester, tmp_path)
+    # A conftest.py outside the bucket keeps its baseline valid.
+    write(project, {"tools/conftest.py": "# another bucket's conftest\n"})
+    run = Run(pytester, tmp_path, "other", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.select["full_run"] is False and run.ran == {"tests/test_data.py::test_eight"}
+    (project / "tests" / "conftest.py").write_text("# the bucket's conftest, edited\n")
+    run = Run(pytester, tmp_path, "full", "--devices", "sim:0-1", "--devpool-select", "on")
+    reason = "compatibility input changed: tests/conftest.py"
+    assert run.select["full_run"] is True and run.select["reason"] == reason
+    assert f"devpool select: full run: {reason}" in run.output()
+    assert run.ran == MATH | DATA
+
+
+def test_a_damaged_database_or_an_unaccounted_file_gives_a_full_run(
+    pytester: pytest.Pytester, project: Path, tmp_path: Path
+) -> None:
+    record(pytester, tmp_path)
+    (project / "Dockerfile").write_text("FROM python:3.11\n")
+    run = Run(pytester, tmp_path, "docker", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.select["full_run"] is True
+    assert run.select["reason"].startswith("Dockerfile changed and nothing accounts for it")
+    assert run.ran == MATH | DATA
+    (project / "Dockerfile").unlink()
+    (database,) = (project / ".devpool" / "select").glob("*/*/deps.json")
+    database.write_bytes(database.read_bytes()[:-10])
+    run = Run(pytester, tmp_path, "damaged", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.select["full_run"] is True
+    assert run.select["reason"].endswith("its database is damaged (checksum mismatch)")
+    assert "devpool select: full run: baseline" in run.output()
+    assert run.ran == MATH | DATA
+
+
+def test_shadow_runs_everything_and_lists_the_misses(
+    pytester: pytest.Pytester, project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record(pytester, tmp_path)
+    generation = next((project / ".devpool" / "select").glob("*/*"))
+    archive = tmp_path / "baseline.tar.gz"
+    cli = [sys.executable, "-m", "devpool.cli", "select"]
+    subprocess.run([*cli, "export", str(archive), "tests"], cwd=project, check=True)
+    for path in sorted(generation.iterdir()):
+        path.unlink()
+    generation.rmdir()
+    imported = subprocess.run(
+        [*cli, "import", str(archive)], cwd=project, capture_output=True, text=True, check=True
+    )
+    assert generation.name in imported.stdout and (generation / "manifest.json").is_file()
+    # An environment variable is invisible to recording: the failure it causes is a miss.
+    monkeypatch.setenv("BREAK_PLAIN", "1")
+    run = Run(pytester, tmp_path, "shadow", "--devices", "sim:0-1", "--devpool-select", "shadow")
+    assert run.ran == MATH | DATA
+    assert run.select["mode"] == "shadow" and run.select["selected"] == 1
+    run.result.stdout.fnmatch_lines(
+        ["devpool select: MISS tests/test_data.py::test_plain failed but would not have been*"]
+    )
+
+
+NATIVE = {
+    # k.c is built into build/libk.so, whose own fingerprint covers it.
+    "pyproject.toml": PROJECT["pyproject.toml"] + '[tool.devpool.select]\nignore = ["*.c"]\n',
+    ".gitignore": PROJECT[".gitignore"],
+    "k.c": "int k(void) { return 1; }\n",
+    "tests/test_native.py": """
+        import ctypes
+        from pathlib import Path
+
+        LIB = Path(__file__).parent.parent / "build" / "libk.so"
+
+
+        def test_native():
+            assert ctypes.CDLL(str(LIB)).k() in (1, 2)
+
+
+        def test_python():
+            assert True
+        """,
+}
+
+
+def build(root: Path, value: int) -> None:
+    (root / "k.c").write_text(f"int k(void) {{ return {value}; }}\n")
+    (root / "build").mkdir(exist_ok=True)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", "build/libk.so", "k.c"], cwd=root, check=True)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_a_rebuilt_shared_library_selects_the_tests_that_loaded_it(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    root = pytester.path
+    write(root, NATIVE)
+    build(root, 1)
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "init")
+    # One process per test: a library one test loaded stays mapped in a warm worker.
+    isolated = ("--devices", "sim:0-1", "--devpool-isolation", "job")
+    record_run = Run(pytester, tmp_path, "record", *isolated, "--devpool-select", "record")
+    assert record_run.result.ret == 0, record_run.output()
+    build(root, 1)  # the same source rebuilt: same content, new mtime
+    run = Run(pytester, tmp_path, "same", *isolated, "--devpool-select", "on")
+    assert run.ran == set(), run.output()
+    build(root, 2)
+    git(root, "commit", "-qam", "k returns 2")
+    run = Run(pytester, tmp_path, "rebuilt", *isolated, "--devpool-select", "on")
+    assert run.ran == {"tests/test_native.py::test_native"}, run.output()
