@@ -1,0 +1,200 @@
+"""Unit tests of selective runs: block fingerprints, options, baseline generations, validation."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from devpool import __version__
+from devpool.errors import DevpoolError
+from devpool.select.baseline import (
+    SCHEMA,
+    BaselineProblem,
+    Bucket,
+    Builder,
+    Store,
+    bucket_of,
+    export_generation,
+    load_generation,
+)
+from devpool.select.diff import Current, select
+from devpool.select.fingerprints import blocks_of_source
+from devpool.select.options import SelectOptions, matches, select_mode, select_options
+
+SOURCE = textwrap.dedent(
+    """
+    import os
+
+    LIMIT = 3
+
+
+    def outer(x):
+        def inner(y):
+            return y + 1  # a comment
+
+        return inner(x) * 2
+
+
+    class Model:
+        @staticmethod
+        def forward(x):
+            return x - LIMIT
+    """
+)
+
+
+def changed_blocks(before: str, after: str) -> set[str]:
+    old, new = blocks_of_source("m.py", before).hashes, blocks_of_source("m.py", after).hashes
+    return {key for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
+
+
+def test_an_edit_inside_one_body_changes_that_block_alone() -> None:
+    assert changed_blocks(SOURCE, SOURCE.replace("y + 1", "y + 2")) == {
+        "m.py::outer.<locals>.inner"
+    }
+    assert changed_blocks(SOURCE, SOURCE.replace("x - LIMIT", "x + LIMIT")) == {
+        "m.py::Model.forward"
+    }
+    assert changed_blocks(SOURCE, SOURCE.replace("* 2", "* 3")) == {"m.py::outer"}
+
+
+def test_comments_and_moved_lines_change_nothing_but_signatures_change_the_top_level() -> None:
+    assert changed_blocks(SOURCE, SOURCE.replace("# a comment", "# edited")) == set()
+    assert changed_blocks(SOURCE, "\n\n" + SOURCE) == set()
+    assert changed_blocks(SOURCE, SOURCE.replace("LIMIT = 3", "LIMIT = 4")) == {"m.py::<module>"}
+    # A signature is in both: the definition runs at import, the defaults shape each call.
+    assert changed_blocks(SOURCE, SOURCE.replace("def outer(x)", "def outer(x=1)")) == {
+        "m.py::<module>",
+        "m.py::outer",
+    }
+
+
+def test_a_line_belongs_to_the_innermost_function_around_it() -> None:
+    blocks = blocks_of_source("m.py", SOURCE)
+    lines = SOURCE.splitlines()
+    assert blocks.block_at(lines.index("LIMIT = 3") + 1) == "m.py::<module>"
+    assert blocks.block_at(lines.index("        return y + 1  # a comment") + 1) == (
+        "m.py::outer.<locals>.inner"
+    )
+    assert blocks.block_at(lines.index("    @staticmethod") + 1) == "m.py::Model.forward"
+    assert blocks_of_source("bad.py", "def (").hashes.keys() == {"bad.py::<module>"}
+
+
+def test_options_table_and_globs() -> None:
+    assert select_mode("shadow") == "shadow" and select_mode({"mode": "on"}) == "on"
+    with pytest.raises(ValueError):
+        select_mode("sometimes")
+    options = select_options({"select": {"inputs": ["Dockerfile"], "max-age-days": 2}}, "p")
+    assert options.inputs == ("Dockerfile",) and options.max_age_days == 2
+    with pytest.raises(DevpoolError, match="unknown key 'full_on'"):
+        select_options({"select": {"full_on": []}}, "pyproject.toml")
+    with pytest.raises(DevpoolError, match="key-packages must be a list of strings"):
+        select_options({"select": {"key-packages": "torch"}}, "pyproject.toml")
+    assert matches("docs/a/b.md", ("*.md",)) and matches("kernels/x.cu", ("kernels/*.cu",))
+    assert not matches("src/x.cu", ("kernels/*.cu",))
+
+
+def test_buckets_are_paths_relative_to_the_rootdir(tmp_path: Path) -> None:
+    sub = tmp_path / "tests"
+    sub.mkdir()
+    here = bucket_of(tmp_path, sub, ["test_a.py::test_x", "."], "gpu", "")
+    there = bucket_of(tmp_path, tmp_path, ["tests", "tests/test_a.py::test_x"], "gpu", "")
+    assert here == there and here.paths == ("tests", "tests/test_a.py::test_x")
+    assert here.id != bucket_of(tmp_path, tmp_path, ["tests"], "", "").id
+
+
+def deps(nodeid: str, block_hash: str = "h1") -> dict[str, object]:
+    return {
+        "nodeid": nodeid,
+        "recorded": True,
+        "why": "",
+        "blocks": {"m.py::f": block_hash},
+        "files": {},
+        "libs": {},
+        "globs": [],
+    }
+
+
+def test_attempts_of_one_test_merge_worst_outcome_and_conflicting_fingerprints() -> None:
+    builder = Builder()
+    builder.add(deps("t::a"), "failed", 0)
+    builder.add(deps("t::a", "h2"), "passed", 0)
+    database = builder.database({})
+    assert database["tests"]["t::a"]["outcome"] == "failed"
+    assert database["blocks"] == [["m.py::f", "conflict"]]
+
+
+def manifest(bucket: Bucket, **identity: object) -> dict[str, object]:
+    return {
+        "schema": SCHEMA,
+        "devpool": __version__,
+        "platform": "sim",
+        "bucket": bucket.as_dict(),
+        "identity": {"python": "cpython 3.11.7", "packages": {"torch": "2.1.0"}, **identity},
+        "compat": {},
+        "commit": None,
+        "dirty": [],
+    }
+
+
+def test_generations_are_whole_or_refused(tmp_path: Path) -> None:
+    store = Store(tmp_path / "store")
+    bucket = Bucket(("tests",))
+    builder = Builder()
+    builder.add(deps("t::a"), "passed", 1)
+    first = store.write(manifest(bucket), builder.database({}))
+    second = store.write(manifest(bucket), builder.database({}))
+    assert store.latest(bucket.id) == second and first.name < second.name
+    loaded, database = load_generation(second)
+    assert loaded["generation"] == second.name and "t::a" in database["tests"]
+    archive = tmp_path / "g.tar.gz"
+    export_generation(second, archive)
+    other = Store(tmp_path / "elsewhere")
+    assert other.import_generation(archive).name == second.name
+    (second / "deps.json").write_text("{}")
+    with pytest.raises(BaselineProblem, match="damaged \\(checksum mismatch\\)"):
+        load_generation(second)
+    (first / "manifest.json").write_text(json.dumps({"schema": 99}))
+    with pytest.raises(BaselineProblem, match="schema 99 is not devpool's baseline schema"):
+        load_generation(first)
+    foreign = tmp_path / "foreign.tar.gz"
+    with tarfile.open(foreign, "w:gz") as tar:
+        info = tarfile.TarInfo("x/notes.txt")
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(BaselineProblem, match="holds no manifest.json"):
+        other.import_generation(foreign)
+
+
+def test_a_changed_key_package_version_or_a_missing_baseline_means_a_full_run(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path / "store")
+    bucket = Bucket(("tests",))
+    current = Current(
+        root=tmp_path,
+        bucket=bucket,
+        options=SelectOptions(),
+        identity={"python": "cpython 3.11.7", "packages": {"torch": "2.1.1"}},
+        platform="sim",
+    )
+    assert select(store, current).full_reason == (
+        "no baseline for this bucket (record one with --devpool-select record)"
+    )
+    builder = Builder()
+    builder.add(deps("t::a"), "passed", 1)
+    store.write(manifest(bucket), builder.database({}))
+    assert select(store, current).full_reason == "runtime identity changed: torch 2.1.0 → 2.1.1"
+    same = Current(
+        root=tmp_path,
+        bucket=bucket,
+        options=SelectOptions(),
+        identity={"python": "cpython 3.11.7", "packages": {"torch": "2.1.0"}},
+        platform="cuda",
+    )
+    reason = select(store, same).full_reason or ""
+    assert reason.endswith("was recorded on platform sim, this run is on cuda")
