@@ -176,15 +176,15 @@ def test_newer_schema_is_refused_not_misread(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(DevpoolError) as info:
         History(path)
-    assert f"written by a newer devpool (schema {HISTORY_SCHEMA + 1}); this one reads 1" in str(
-        info.value
-    )
+    newer = f"written by a newer devpool (schema {HISTORY_SCHEMA + 1}); this one reads "
+    assert newer + str(HISTORY_SCHEMA) in str(info.value)
 
 
 def test_newer_export_is_refused(tmp_path: Path, history: History) -> None:
     export = tmp_path / "new.jsonl"
-    export.write_text(json.dumps({"format": "devpool-history", "schema": 2, "rows": 0}) + "\n")
-    with pytest.raises(DevpoolError, match=r"newer devpool \(schema 2\); this one reads 1"):
+    newer = {"format": "devpool-history", "schema": HISTORY_SCHEMA + 1, "rows": 0}
+    export.write_text(json.dumps(newer) + "\n")
+    with pytest.raises(DevpoolError, match=rf"schema {HISTORY_SCHEMA + 1}\); this one reads 2"):
         history.merge(export)
 
 

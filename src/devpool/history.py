@@ -6,6 +6,11 @@ nothing about how long the test takes. `export` writes a plain JSON-lines file a
 `merge` reads one back (or another history file), so CI runners can pool timings
 without a server. The file carries its schema version; a newer one is refused.
 
+Schema 2 adds each result's peak device memory (bytes, the most on any one device, NULL
+when the test's memory was not watched). A schema 1 history is migrated in place when it
+is opened for writing (one ALTER TABLE that adds the column, every row kept, NULL peaks);
+a schema 1 history or export read as a merge source gives results with no peak.
+
 Pending results: a shard run must not change the history the other shards of its CI run
 split from, so it writes its results to a per-run file, `<history stem>.d/<run id>.jsonl`
 beside the history (export format), never to the history itself. Estimates never read
@@ -27,7 +32,7 @@ from typing import Any
 
 from devpool.errors import DevpoolError
 
-HISTORY_SCHEMA = 1
+HISTORY_SCHEMA = 2
 EXPORT_FORMAT = "devpool-history"
 COUNTED_OUTCOMES = ("passed", "failed", "flaky")
 # PRAGMA application_id: tells a devpool history from any other SQLite file ("dpol").
@@ -44,12 +49,18 @@ CREATE TABLE IF NOT EXISTS results (
     runner_class TEXT NOT NULL,
     time REAL NOT NULL,
     run_id TEXT NOT NULL DEFAULT '',
+    memory_peak INTEGER,
     UNIQUE (nodeid, run_id, time)
 );
 CREATE INDEX IF NOT EXISTS results_by_test ON results (nodeid, time);
 """
-_COLUMNS = "nodeid, outcome, duration, platform, device_count, runner_class, time, run_id"
-_INSERT = f"INSERT OR IGNORE INTO results ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+_COLUMNS = (
+    "nodeid, outcome, duration, platform, device_count, runner_class, time, run_id, memory_peak"
+)
+# A schema 1 file (read-only merge source) has no memory_peak column: its peaks are unknown.
+_COLUMNS_V1 = _COLUMNS.replace("memory_peak", "NULL")
+_INSERT = f"INSERT OR IGNORE INTO results ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_MIGRATIONS = {1: "ALTER TABLE results ADD COLUMN memory_peak INTEGER"}  # from version → next
 _COUNTED = ", ".join(f"'{name}'" for name in COUNTED_OUTCOMES)
 
 # Each test's counted rows, newest first, numbered per test.
@@ -107,6 +118,7 @@ class TestResult:
     runner_class: str  # e.g. "sim-8", "cuda-8": $DEVPOOL_RUNNER_CLASS or f"{platform}-{pool size}"
     time: float  # Unix seconds
     run_id: str = ""
+    memory_peak: int | None = None  # bytes, the most on any one device; None: not watched
 
     def row(self) -> tuple[Any, ...]:
         return (
@@ -118,6 +130,7 @@ class TestResult:
             self.runner_class,
             float(self.time),
             self.run_id,
+            None if self.memory_peak is None else int(self.memory_peak),
         )
 
 
@@ -175,7 +188,39 @@ def _connect(path: Path, create: bool) -> sqlite3.Connection:
     if version < 1:
         conn.close()
         raise DevpoolError(f"{path} is not a devpool history (it has no schema version)")
+    if version < HISTORY_SCHEMA and create:
+        _migrate(conn, path)
     return conn
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Bring an older history up to HISTORY_SCHEMA in place, in one transaction (rows kept)."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Another process may have migrated it between our look and our lock.
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            while version < HISTORY_SCHEMA:
+                conn.execute(_MIGRATIONS[version])
+                version += 1
+            conn.execute(f"PRAGMA user_version = {HISTORY_SCHEMA}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if "readonly" in str(exc):  # a read-only copy still gives its estimates, as before
+            return
+        conn.close()
+        raise DevpoolError(
+            f"cannot upgrade history {path} to schema {HISTORY_SCHEMA}: {exc}"
+        ) from None
+
+
+def _columns_of(conn: sqlite3.Connection) -> str:
+    """The SELECT list for this file's schema (a schema 1 source has no peaks)."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    return _COLUMNS if version >= 2 else _COLUMNS_V1
 
 
 class History:
@@ -184,6 +229,7 @@ class History:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._conn = _connect(self.path, create=True)
+        self._select = _columns_of(self._conn)
 
     def __enter__(self) -> History:
         return self
@@ -235,9 +281,27 @@ class History:
 
     def results(self) -> Iterator[TestResult]:
         """Every stored result, oldest first."""
-        sql = f"SELECT {_COLUMNS} FROM results ORDER BY time, rowid"
+        sql = f"SELECT {self._select} FROM results ORDER BY time, rowid"
         for row in self._conn.execute(sql):
             yield TestResult(*row)
+
+    def peaks(self, window: int = 20) -> dict[str, tuple[int, int]]:
+        """(results with a peak, highest peak in bytes) of each test's last `window` watched
+        results, any outcome: an overrun's peak is what the test really needs."""
+        if self._select != _COLUMNS:
+            return {}  # a read-only schema 1 copy has no peaks
+        sql = """
+        SELECT nodeid, count(*), max(memory_peak) FROM (
+            SELECT nodeid, memory_peak, ROW_NUMBER() OVER (
+                PARTITION BY nodeid ORDER BY time DESC, rowid DESC) AS rn
+            FROM results WHERE memory_peak IS NOT NULL
+        ) WHERE rn <= ? GROUP BY nodeid
+        """
+        try:
+            rows = self._conn.execute(sql, (window,)).fetchall()
+        except sqlite3.Error as exc:
+            raise DevpoolError(f"{self.path} is not a devpool history ({exc})") from None
+        return {str(n): (int(c), int(p)) for n, c, p in rows}
 
     def recent_outcomes(
         self, nodeid: str, count: int, newer: Iterable[TestResult] = ()
@@ -266,9 +330,8 @@ class History:
         if magic == _SQLITE_MAGIC:
             other = _connect(source, create=False)
             try:
-                results = [
-                    TestResult(*row) for row in other.execute(f"SELECT {_COLUMNS} FROM results")
-                ]
+                select = f"SELECT {_columns_of(other)} FROM results"
+                results = [TestResult(*row) for row in other.execute(select)]
             except sqlite3.Error as exc:
                 raise DevpoolError(f"{source} is not a devpool history ({exc})") from None
             finally:
@@ -373,6 +436,7 @@ def _result(row: dict[str, Any] | None) -> TestResult | None:
             row.get("run_id", ""),
         )
         duration, when, count = row["duration"], row["time"], row["device_count"]
+        peak = row.get("memory_peak")  # absent in schema 1 exports
     except KeyError:
         return None
     texts_ok = all(isinstance(v, str) for v in (nodeid, outcome, platform, runner, run_id))
@@ -380,8 +444,9 @@ def _result(row: dict[str, Any] | None) -> TestResult | None:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in (duration, when)
     )
     count_ok = isinstance(count, int) and not isinstance(count, bool) and count >= 0
-    if not (texts_ok and numbers_ok and count_ok) or duration < 0:
+    peak_ok = peak is None or (isinstance(peak, int) and not isinstance(peak, bool) and peak >= 0)
+    if not (texts_ok and numbers_ok and count_ok and peak_ok) or duration < 0:
         return None
     return TestResult(
-        nodeid, outcome, float(duration), platform, count, runner, float(when), run_id
+        nodeid, outcome, float(duration), platform, count, runner, float(when), run_id, peak
     )

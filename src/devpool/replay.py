@@ -256,6 +256,7 @@ class Replay:
                         runner_class(self.platform.name, len(ctx.inventory.devices)),
                         end,
                         ctx.run_id,
+                        max(attempt.peak_memory.values(), default=None),
                     )
                 )
         else:
@@ -287,6 +288,7 @@ class Replay:
             artifacts=str(artifacts) if artifacts is not None else None,
             **_ranks(worker),
             **({"memory_peak": attempt.peak_memory} if attempt.peak_memory else {}),
+            **({"memory": job.memory_needed} if ctx.memory and job.memory_needed else {}),
         )
         attempt.move(State.CONCLUDED, ctx.emit, outcome=outcome.value, retried=retried)
 
