@@ -1,13 +1,19 @@
 """The controller⇄worker messages: JSON lines over a pair of pipes, one schema for both ends.
 
 controller → worker:  {"op": "run", "job": 7, "tests": [{"nodeid", "display", "attempt"}, ...]}
+                      {"op": "more", "job": 7, "seq": 1, "tests": [...]}  (the same batch
+                          goes on: sent before the worker runs dry, so no round trip
+                          separates two parts of a batch)
                       {"op": "cancel"}  (skip the rest of the batch)   {"op": "stop"}
 worker → controller:  {"ev": "ready", "pid": 123, "collected": 40}
                       {"ev": "start", "nodeid": ..., "location": [...]}
                       {"ev": "report", "data": <pytest_report_to_serializable>}
                       {"ev": "finish", "nodeid": ..., "location": [...]}
                       {"ev": "missing", "nodeid": ...}       (the worker did not collect it)
-                      {"ev": "done", "job": 7, "skipped": [node ids not run]}
+                      {"ev": "done", "job": 7, "skipped": [node ids not run],
+                       "through": 2}  (the last "more" it had; a done with a lower
+                          "through" than the controller sent is not the end: the
+                          worker will still answer the "more" it had not seen)
 """
 
 from __future__ import annotations
@@ -79,3 +85,11 @@ class Commands:
 
     def drop(self, op: str) -> None:
         self._queue = deque(m for m in self._queue if m["op"] != op)
+
+    def take(self, op: str) -> list[Message]:
+        """Remove and return the commands of one kind that arrived already (no waiting)."""
+        self._read(0)
+        taken = [m for m in self._queue if m["op"] == op]
+        if taken:
+            self._queue = deque(m for m in self._queue if m["op"] != op)
+        return taken

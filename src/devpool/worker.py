@@ -109,18 +109,25 @@ class WorkerSession:
         self.send({"ev": "ready", "pid": os.getpid(), "collected": len(items)})
         setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
         commands = protocol.Commands(self.fd_in)
+        job, through, halted = None, 0, False
         while (message := commands.next()) is not None:
             if message["op"] == "stop":
                 break
-            if message["op"] != "run":
+            if message["op"] == "run":
+                job, through, halted = message["job"], 0, False
+                self.failed = False
+            elif message["op"] != "more" or message["job"] != job:
                 continue  # a cancel that came after its batch had ended
+            else:  # the rest of a batch that had ended here before it came
+                through = max(through, int(message["seq"]))
             tests = list(message["tests"])
-            self.failed = False
             while tests:
-                if self.failed or any(m["op"] in ("cancel", "stop") for m in commands.pending()):
+                stopping = any(m["op"] in ("cancel", "stop") for m in commands.pending())
+                if self.failed or halted or stopping:
                     # After a failure nothing more runs in this process: the failure may
                     # have poisoned it (a device context, a module's state); the rest of
                     # the batch goes back to the controller untouched.
+                    halted = True
                     break
                 test = tests.pop(0)
                 # Which test and attempt this is, for the devpool_artifacts fixture.
@@ -129,10 +136,15 @@ class WorkerSession:
                 item = items.get(test["nodeid"])
                 if item is None:
                     self.send({"ev": "missing", "nodeid": test["nodeid"]})
-                    continue
-                self._run(session, setup_state, item, order[test["nodeid"]])
+                else:
+                    self._run(session, setup_state, item, order[test["nodeid"]])
+                if not tests:  # the batch goes on if its next part came meanwhile
+                    for more in commands.take("more"):
+                        if more["job"] == job:
+                            through = max(through, int(more["seq"]))
+                            tests += more["tests"]
             skipped = [test["nodeid"] for test in tests]
-            self.send({"ev": "done", "job": message["job"], "skipped": skipped})
+            self.send({"ev": "done", "job": job, "skipped": skipped, "through": through})
             commands.drop("cancel")
         try:
             setup_state.teardown_exact(None)
@@ -147,6 +159,7 @@ class WorkerSession:
         # (the next one in collection order keeps module fixtures warm). Before each item,
         # tear down whatever the guess left standing that this item does not share.
         setup_state.teardown_exact(item)
+        memory.reset_sim_usage()  # written by this test alone (the controller reads it)
         items = session.items
         nextitem = items[index + 1] if index + 1 < len(items) else None
         item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
