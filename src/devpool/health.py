@@ -155,9 +155,10 @@ class Check:
 class DeviceHealth:
     """Fatal errors in a test's own output: retire the device, or check it first."""
 
-    def __init__(self, ctx: RunContext, say: Say) -> None:
+    def __init__(self, ctx: RunContext, say: Say, local: bool = True) -> None:
         self.ctx = ctx
         self.say = say
+        self.local = local  # the devices are on this host: checks run here
         self.platform = ctx.inventory.platform
         self.suspect: dict[int, str] = {}  # device → the error; checked once free
         self.suspect_since: dict[int, float] = {}
@@ -182,7 +183,13 @@ class DeviceHealth:
         for device in devices:
             if device in self.ctx.bad_devices or device in self.suspect:
                 continue
-            if found.kind == CONTEXT:
+            if found.kind == CONTEXT and not self.local:
+                # The device is on another machine (Ray): its worker is gone, and the
+                # device is not ours to check from here. It stays in service.
+                note = f"{self._name(device)}: {why} poisoned only that process; kept in service"
+                self.ctx.device_notes.append(note)
+                self.say(note)
+            elif found.kind == CONTEXT:
                 self.suspect[device] = why
                 self.suspect_since[device] = time.monotonic()
                 self.ctx.emit("device_suspect", device=device, reason=why, kind=found.kind)

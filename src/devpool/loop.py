@@ -67,7 +67,7 @@ class Loop:
         self.pool = WorkerPool(ctx, backend, plan)
         self.replay = Replay(ctx, session)
         self.foreign = Foreign(ctx, self.say)
-        self.health = DeviceHealth(ctx, self.say)
+        self.health = DeviceHealth(ctx, self.say, local=backend.local_leases)
         self.attempts: dict[int, Attempt] = {}  # job id → its current attempt
         self.dropped: set[int] = set()  # jobs -x / --maxfail left unrun, as pytest does
         self.stopped = False
