@@ -36,6 +36,35 @@ def _estimates(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, fl
         return history.estimates(), history.previous_estimates()
 
 
+def _peaks(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
+    """(watched results, highest peak) per test; empty without a history file."""
+    from devpool.history import History
+
+    path, named = _history_path(args)
+    if not path.exists():
+        if named:
+            raise DevpoolError(f"--history {path} does not exist")
+        return {}
+    with History(path) as history:
+        return history.peaks()
+
+
+def _suggest_memory(args: argparse.Namespace) -> int:
+    from devpool import capacity, memory_suggest
+
+    peaks = _peaks(args)
+    seen = capacity.collect_suite(args.paths)
+    platform, _ = _chosen_platform(args, seen)
+    found = memory_suggest.suggest(seen.tests, peaks, platform, seen.platforms[platform].kind)
+    renderers = {
+        "text": memory_suggest.render_text,
+        "markdown": memory_suggest.render_markdown,
+        "json": memory_suggest.render_json,
+    }
+    sys.stdout.write(renderers[args.format](found))
+    return 0
+
+
 def _spec_platform(spec: str | None, platforms: Any) -> tuple[str, int | None]:
     """(platform, devices it names) of a --devices SPEC; cuda without one; auto detects."""
     from devpool.inventory import detect, parse_ids
@@ -89,6 +118,8 @@ def _chosen_platform(args: argparse.Namespace, seen: Any) -> tuple[str, int]:
 def _capacity(args: argparse.Namespace) -> int:
     from devpool import capacity
 
+    if args.suggest_memory:
+        return _suggest_memory(args)
     classes = dict(capacity.parse_runner_class(text) for text in args.runner_class or ())
     default = _positive(str(args.default_estimate), "--default-estimate")
     factor = _positive(str(args.drift_factor), "--drift-factor")
@@ -267,6 +298,12 @@ def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
         dest="timeline",
         action="store_true",
         help="estimated makespan on 1, 2, 4, … devices",
+    )
+    capacity.add_argument(
+        "--suggest-memory",
+        action="store_true",
+        help="propose @pytest.mark.device_memory per test from its recorded peaks "
+        "(peak × 1.25, rounded up to 256 MiB below 4 GiB, to whole GiB above)",
     )
     capacity.add_argument("--history", help=history_help)
     capacity.add_argument("--drift-factor", default="2.0", metavar="F")
