@@ -31,6 +31,9 @@ def pytest_load_initial_conftests(
     """In a worker, pytest's fd capture writes to files beside the worker log (see capture).
 
     pytest starts that capture here, before pytest_configure; tryfirst puts us around it."""
+    from devpool.select.record import start_early
+
+    start_early(early_config, args)  # a record run's worker watches imports from here on
     base = capture.worker_base(args, os.environ)
     if base is None:
         return (yield)

@@ -262,6 +262,74 @@ def test_shadow_runs_everything_and_lists_the_misses(
     )
 
 
+SHARED = {
+    "pyproject.toml": PROJECT["pyproject.toml"],
+    ".gitignore": PROJECT[".gitignore"],
+    "helpers.py": """
+        def make_db():
+            return {"rows": 3}
+
+
+        def build_table():
+            return [1, 2, 3]
+
+
+        def unused():
+            return None
+        """,
+    "tests/conftest.py": """
+        import pytest
+
+        import helpers
+
+
+        @pytest.fixture(scope="session")
+        def db():
+            return helpers.make_db()
+        """,
+    "tests/test_one.py": """
+        def test_one(db):
+            assert db["rows"] == 3
+        """,
+    "tests/test_two.py": """
+        import helpers
+
+        TABLE = helpers.build_table()  # runs at import, before any test
+
+
+        def test_two(db):
+            assert db["rows"] == len(TABLE)
+
+
+        def test_three():
+            assert TABLE
+        """,
+}
+
+
+def test_shared_fixtures_and_import_time_code_count_for_every_test_that_uses_them(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    root = pytester.path
+    write(root, SHARED)
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "init")
+    record(pytester, tmp_path)
+    helpers = root / "helpers.py"
+    original = helpers.read_text()
+    # The session fixture is set up once, in whichever test comes first; both use it.
+    helpers.write_text(original.replace('{"rows": 3}', '{"rows": 3, "x": 1}'))
+    run = Run(pytester, tmp_path, "fixture", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.ran == {"tests/test_one.py::test_one", "tests/test_two.py::test_two"}
+    helpers.write_text(original.replace("[1, 2, 3]", "[3, 2, 1]"))
+    run = Run(pytester, tmp_path, "import", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert {"tests/test_two.py::test_two", "tests/test_two.py::test_three"} <= run.ran
+    helpers.write_text(original.replace("return None", "return 0"))
+    run = Run(pytester, tmp_path, "unused", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.ran == set(), run.output()
+
+
 NATIVE = {
     # k.c is built into build/libk.so, whose own fingerprint covers it.
     "pyproject.toml": PROJECT["pyproject.toml"] + '[tool.devpool.select]\nignore = ["*.c"]\n',

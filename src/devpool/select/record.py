@@ -14,12 +14,16 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Generator
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
 import pytest
 
+from devpool.config import read_table
+from devpool.errors import DevpoolError
+from devpool.project import option_value
 from devpool.select.fingerprints import (
     TOP,
     BlockCache,
@@ -28,6 +32,7 @@ from devpool.select.fingerprints import (
     mapped_libraries,
     project_rel,
 )
+from devpool.select.options import mode_of
 
 DEPS_ATTR = "devpool_deps"
 _READ_FLAGS = (os.O_RDONLY, os.O_RDWR)
@@ -40,22 +45,45 @@ class Recorder:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.blocks = BlockCache(root)
-        self.codes: set[CodeType] = set()
+        self.codes: set[CodeType] = set()  # where the running code is noted: test or fixture
+        self.outer: list[set[CodeType]] = []  # the sets around a fixture being set up
+        self.fixture_codes: dict[int, set[CodeType]] = {}  # id(FixtureDef) → its setup's code
+        # Code that ran while a module was imported (collection, or a lazy import in a
+        # test): every later test may use what it built, so every test gets it.
+        self.import_codes: set[CodeType] = set()
+        self.importing = 0
         self.reads: set[str] = set()
         self.active = False
-        self.how = ""  # "trace" or "profile": which hook this test is recorded with
+        self.how = ""  # "trace" or "profile": the hook calls are seen with; "" none
         self._rel: dict[str, str | None] = {}
         self._hashes: dict[tuple[str, int, int], str | None] = {}
+        self._items: dict[str, pytest.Item] = {}
         sys.addaudithook(self._audit)
 
-    # ---- the hooks that see a test's code and files -------------------------------------
+    # ---- the hooks that see the code and the files --------------------------------------
 
-    def _trace(self, frame: FrameType, event: str, arg: Any) -> None:
-        self.codes.add(frame.f_code)  # a 'call' event; no local tracing (cheap)
+    def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        code = frame.f_code  # a 'call' event; no local tracing (cheap) except for modules
+        self.codes.add(code)
+        if self.importing:
+            self.import_codes.add(code)
+        if code.co_name == "<module>":
+            self.importing += 1
+            frame.f_trace_lines = False
+            return self._module_end
+        return None
+
+    def _module_end(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "return":  # also after an exception: it ends with a return event
+            self.importing -= 1
+        return self._module_end
 
     def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
-            self.codes.add(frame.f_code)
+            self._trace(frame, event, arg)
+        elif event == "return" and frame.f_code.co_name == "<module>":
+            # max: the __main__ module of `python -m pytest` began before the hook did.
+            self.importing = max(0, self.importing - 1)
 
     def _audit(self, event: str, args: tuple[Any, ...]) -> None:
         if event != "open" or not self.active:
@@ -72,11 +100,11 @@ class Recorder:
         if not name.endswith(_NOT_DATA):
             self.reads.add(os.path.abspath(name))
 
-    def _start(self) -> None:
-        self.codes = set()
-        self.reads = set()
-        # A tracer already there (coverage.py, a debugger) keeps its hook; the profile
-        # hook sees the same calls. With both taken the test is not recorded (always runs).
+    def install(self) -> None:
+        """Watch every call from now on, in this thread and threads started later.
+
+        A tracer already there (coverage.py, a debugger) keeps its hook; the profile hook
+        sees the same calls. With both taken nothing is recorded (every test always runs)."""
         if sys.gettrace() is None:
             self.how = "trace"
             sys.settrace(self._trace)
@@ -85,45 +113,55 @@ class Recorder:
             self.how = "profile"
             sys.setprofile(self._profile)
             threading.setprofile(self._profile)
-        else:
-            self.how = ""
-        self.active = True
 
-    def _stop(self) -> str:
-        """Remove the hooks; '' when the test was seen whole, else why not."""
-        self.active = False
-        why = "" if self.how else "another tracer and profiler were both installed"
-        if self.how == "trace":
-            if sys.gettrace() != self._trace:
-                why = "the test replaced the trace function"
-            sys.settrace(None)
-            threading.settrace(None)
-        elif self.how == "profile":
-            if sys.getprofile() != self._profile:
-                why = "the test replaced the profile function"
-            sys.setprofile(None)
-            threading.setprofile(None)
-        return why
+    def _intact(self) -> str:
+        """'' when the hook is still ours, else why this test is not recorded."""
+        if self.how == "trace" and sys.gettrace() != self._trace:
+            sys.settrace(self._trace)
+            return "something replaced devpool's trace function"
+        if self.how == "profile" and sys.getprofile() != self._profile:
+            sys.setprofile(self._profile)
+            return "something replaced devpool's profile function"
+        return "" if self.how else "another tracer and profiler were both installed"
 
     # ---- pytest hooks ---------------------------------------------------------------------
 
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
-        self._start()
+        self.codes, self.outer, self.reads = set(), [], set()
+        self.active = True
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: Any, request: Any) -> Generator[None, Any, Any]:
+        """A fixture's setup runs once for all the tests that share it: note its code apart."""
+        self.outer.append(self.codes)
+        self.codes = set()
+        try:
+            return (yield)
+        finally:
+            inner, self.codes = self.codes, self.outer.pop()
+            self.codes |= inner
+            self.fixture_codes.setdefault(id(fixturedef), set()).update(inner)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Before the worker serializes the teardown report: attach the test's dependencies."""
         if report.when != "teardown":
             return
-        why = self._stop()
-        item = self._item(report.nodeid)
+        self.active = False
+        why = self._intact()
+        item = self._items.get(report.nodeid)
         deps: dict[str, Any] = {"nodeid": report.nodeid, "recorded": not why, "why": why}
         if not why:
-            globs = [
-                str(g) for m in (item.iter_markers("depends_on") if item else ()) for g in m.args
-            ]
+            codes = self.codes | self.import_codes
+            markers = item.iter_markers("depends_on") if item is not None else ()
+            globs = [str(g) for marker in markers for g in marker.args]
+            if item is not None:  # fixtures it uses that an earlier test set up
+                info = getattr(item, "_fixtureinfo", None)
+                for fixturedefs in getattr(info, "name2fixturedefs", {}).values():
+                    for fixturedef in fixturedefs:
+                        codes |= self.fixture_codes.get(id(fixturedef), set())
             deps.update(
-                blocks=self._blocks(),
+                blocks=self._blocks(codes),
                 files=self._files(globs),
                 libs={p: library_stamp(p) for p in sorted(mapped_libraries())},
                 globs=globs,
@@ -133,9 +171,6 @@ class Recorder:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._items = {item.nodeid: item for item in session.items}
 
-    def _item(self, nodeid: str) -> pytest.Item | None:
-        return getattr(self, "_items", {}).get(nodeid)
-
     # ---- turning what was seen into fingerprints ------------------------------------------
 
     def _relpath(self, filename: str) -> str | None:
@@ -143,15 +178,17 @@ class Recorder:
             self._rel[filename] = project_rel(self.root, filename)
         return self._rel[filename]
 
-    def _blocks(self) -> dict[str, str]:
+    def _blocks(self, codes: set[CodeType]) -> dict[str, str]:
         found: dict[str, str] = {}
-        for code in self.codes:
+        for code in codes:
             rel = self._relpath(code.co_filename)
             if rel is None or not rel.endswith(".py"):
                 continue
             module = self.blocks.blocks(rel)
             if module is not None:
-                key = module.block_at(code.co_firstlineno)
+                # A module's code starts at line 1, which may be inside its first function.
+                top = code.co_name == "<module>"
+                key = module.key(TOP) if top else module.block_at(code.co_firstlineno)
                 found[key] = module.hashes[key]
         # Module top levels run at import, before any test: every project module loaded in
         # this process may have shaped this test (constants, decorators, signatures).
@@ -187,7 +224,35 @@ class Recorder:
         return self._hashes[key]
 
 
+_EARLY: Recorder | None = None  # started before the initial conftests were imported
+
+
+def start_early(early_config: pytest.Config, args: list[str]) -> None:
+    """In a worker of a record run, watch imports from before the first conftest loads.
+
+    Called from pytest_load_initial_conftests: what a conftest's imports run at import
+    time (a module-level `CONFIG = load()`) counts for every test of the worker."""
+    global _EARLY
+    if not any(a == "--devpool-worker" or a.startswith("--devpool-worker=") for a in args):
+        return
+    inipath = early_config.inipath
+    if inipath is None or inipath.name != "pyproject.toml":
+        inipath = early_config.rootpath / "pyproject.toml"
+    try:
+        table = read_table(inipath)
+    except DevpoolError:
+        table = {}  # the controller has said so already
+    if mode_of(option_value(args, "--devpool-select"), table) == "record":
+        _EARLY = Recorder(early_config.rootpath)
+        _EARLY.install()
+
+
 def register_worker(config: pytest.Config, mode: str) -> None:
     """In a worker of a `--devpool-select record` run: record each test's dependencies."""
-    if mode == "record":
-        config.pluginmanager.register(Recorder(config.rootpath), "devpool-select-recorder")
+    if mode != "record":
+        return
+    recorder = _EARLY
+    if recorder is None or recorder.root != config.rootpath:
+        recorder = Recorder(config.rootpath)
+        recorder.install()
+    config.pluginmanager.register(recorder, "devpool-select-recorder")
