@@ -52,6 +52,15 @@ class Slot:
     @property
     def current(self) -> Attempt | None:
         """The attempt the worker is running now."""
+        # A worker runs its attempts in the order sent: those that ended leave the front,
+        # so every look stays short however long a streamed batch grows.
+        ended = 0
+        for attempt in self.sent:
+            if attempt.state is State.SENT or attempt.state is State.STARTED:
+                break
+            ended += 1
+        if ended:
+            del self.sent[:ended]
         for attempt in self.sent:
             if attempt.state is State.STARTED:
                 return attempt
