@@ -152,10 +152,15 @@ class SelectSession:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Write the new generation (record mode) while the run record is still open."""
         selection = self.selection
-        if self.mode == "on" and selection is not None and selection.full_reason is None:
-            if session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and selection.deselected:
-                # Nothing a change can affect is not "nothing collected": CI stays green.
-                session.exitstatus = pytest.ExitCode.OK
+        kept_none = (
+            self.mode == "on"
+            and selection is not None
+            and selection.full_reason is None
+            and bool(selection.deselected)
+        )
+        if kept_none and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            # Nothing a change can affect is not "nothing collected": CI stays green.
+            session.exitstatus = pytest.ExitCode.OK
         if self.mode != "record" or not self.builder.tests:
             return
         try:
