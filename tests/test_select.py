@@ -19,6 +19,7 @@ from devpool.select.baseline import (
     Builder,
     Store,
     bucket_of,
+    compatibility_inputs,
     export_generation,
     load_generation,
 )
@@ -198,3 +199,33 @@ def test_a_changed_key_package_version_or_a_missing_baseline_means_a_full_run(
     )
     reason = select(store, same).full_reason or ""
     assert reason.endswith("was recorded on platform sim, this run is on cuda")
+
+
+def test_compatibility_inputs_are_the_buckets_conftests_the_inifile_and_the_input_globs(
+    tmp_path: Path,
+) -> None:
+    for name in (
+        "conftest.py",
+        "tests/conftest.py",
+        "tests/unit/conftest.py",
+        "tests/unit/test_a.py",
+        "tuning/conftest.py",
+        "recipes/gpt.yaml",
+        "Dockerfile",
+        "pyproject.toml",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    options = SelectOptions(inputs=("Dockerfile", "recipes/*.yaml"))
+    folder = compatibility_inputs(tmp_path, Bucket(("tests",)), options, "pyproject.toml")
+    assert set(folder) == {
+        "conftest.py",
+        "tests/conftest.py",
+        "tests/unit/conftest.py",  # below a folder bucket
+        "pyproject.toml",
+        "Dockerfile",
+        "recipes/gpt.yaml",
+    }
+    # An explicit file: its ancestors' conftests only; another folder's never.
+    single = compatibility_inputs(tmp_path, Bucket(("tests/test_x.py",)), SelectOptions(), None)
+    assert set(single) == {"conftest.py", "tests/conftest.py"}
