@@ -66,6 +66,7 @@ class Collection:
     quarantine: list[Entry] = field(default_factory=list)  # [tool.devpool.quarantine] + file
     devices: str | None = None  # --devices after `--`, else [tool.devpool] devices (profile)
     device_memory: int | None = None  # [tool.devpool] device-memory (profile)
+    memory_reserve: float = 0.05  # [tool.devpool] memory-reserve (profile)
     error: DevpoolError | None = None
 
 
@@ -107,6 +108,7 @@ class _Collector:
             settings = settings_from(vars(config.option), table, str(pyproject))
             self.seen.devices = settings.devices
             self.seen.device_memory = settings.device_memory
+            self.seen.memory_reserve = settings.memory_reserve
             for key in ("platforms", "quarantine"):
                 if not isinstance(table.get(key, {}), dict):
                     raise DevpoolError(f"{pyproject}: [tool.devpool] {key} must be a table")

@@ -165,8 +165,15 @@ def _shard(args: argparse.Namespace) -> int:
     # As a run does: tests whose platforms marker leaves this platform out are not sharded.
     admitted = {name, seen.platforms[name].kind}
     tests = [t for t in seen.tests if t.platforms is None or admitted & set(t.platforms)]
+    capacity_bytes = shards.shard_capacity(seen.platforms[name], seen.memory_reserve)
     items = [
-        shards.shard_item(t.nodeid, t.request, estimates.get(t.nodeid, default), args.by_module)
+        shards.shard_item(
+            t.nodeid,
+            t.request,
+            estimates.get(t.nodeid, default),
+            args.by_module,
+            capacity=capacity_bytes,
+        )
         for t in tests
     ]
     by_id = {item.nodeid: item for item in items}

@@ -1,6 +1,13 @@
 """Split a suite across CI runners: longest-processing-time first on estimated device-seconds.
 
 A test costs max(device_count, 1) × estimate device-seconds (a CPU test costs its seconds).
+A device_memory test holds only part of each device, so where the platform's memory is
+configured ([tool.devpool.platforms] memory, less memory-reserve) it costs that much times
+its share of a device, declared / capacity: sixteen 5 GiB tests on 80 GiB cards run side by
+side on one device, and a shard of them charged as whole-device tests would get too little
+work while the shards of whole-device tests got too much. The capacity comes from the
+configuration only, never from a device query (NVML), so every runner, and a CI planner
+with no accelerator, computes the same costs.
 Tests with the same group stay in one shard; groups go, most costly first, to the shard
 with the least cost so far, ties broken by group name and then shard number, so every
 runner that computes the split from the same tests and the same history gets the same
@@ -30,7 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from devpool.errors import DevpoolError
+from devpool.inventory import Platform
 from devpool.markers import Request
+from devpool.memory import usable_memory
 from devpool.plan import DEFAULT_ESTIMATE
 
 
@@ -42,11 +51,12 @@ class ShardItem:
     group: str  # tests sharing a non-empty group stay in one shard; "" = the test alone
     device_count: int
     estimate: float  # seconds
+    share: float = 1.0  # of each device it holds: declared memory / capacity, else 1 (whole)
 
     @property
     def cost(self) -> float:
-        """Device-seconds: max(device_count, 1) × estimate (a CPU test costs its seconds)."""
-        return max(self.device_count, 1) * self.estimate
+        """Device-seconds: max(device_count, 1) × share × estimate (a CPU test: its seconds)."""
+        return max(self.device_count, 1) * self.share * self.estimate
 
     @property
     def key(self) -> str:
@@ -54,16 +64,32 @@ class ShardItem:
         return self.group or self.nodeid
 
 
+def shard_capacity(platform: Platform, reserve: float) -> int | None:
+    """Bytes a device hands out to memory tests, as sharding counts it: the platform's
+    configured memory less the reserve; None (memory tests cost whole devices) without one."""
+    if platform.memory is None:
+        return None
+    return usable_memory({0: platform.memory}, reserve)[0] or None
+
+
 def shard_item(
-    nodeid: str, request: Request, estimate: float, by_module: bool = False
+    nodeid: str,
+    request: Request,
+    estimate: float,
+    by_module: bool = False,
+    capacity: int | None = None,
 ) -> ShardItem:
     """The one rule both `devpool shard` and `pytest --devpool-shard` use to make items.
 
     Group: the module path with by_module, else the test alone. A multi-node test counts
-    the devices of all its nodes.
+    the devices of all its nodes. capacity: shard_capacity() of the platform.
     """
     group = nodeid.split("::", 1)[0] if by_module else nodeid
-    return ShardItem(nodeid, group, request.device_count * request.nodes, estimate)
+    devices = request.device_count * request.nodes
+    share = 1.0
+    if capacity and devices and request.device_memory is not None:
+        share = min(request.device_memory / capacity, 1.0)
+    return ShardItem(nodeid, group, devices, estimate, share)
 
 
 def wall_estimate(items: Iterable[ShardItem], devices: int) -> float:
@@ -201,9 +227,15 @@ def split_suite(nodeids_in_order: Sequence[str], items: Sequence[ShardItem], n: 
     ]
     shards = tuple(tuple(item.nodeid for item in shard) for shard in assign(chosen, n))
     # repr() of a float is exact and stable: equal snapshots hash alike on every runner.
-    costs = _digest(sorted((i.nodeid, i.group, i.device_count, repr(i.estimate)) for i in chosen))
+    costs = _digest(sorted(_cost_key(i) for i in chosen))
     assignment = sorted((nodeid, k) for k, shard in enumerate(shards, 1) for nodeid in shard)
     return Split(shards, _digest({"shards": n, "tests": assignment, "costs": costs}), costs)
+
+
+def _cost_key(item: ShardItem) -> tuple[str | int, ...]:
+    # A whole-device item hashes as before shares existed: old fingerprints stay valid.
+    key: tuple[str | int, ...] = (item.nodeid, item.group, item.device_count, repr(item.estimate))
+    return key if item.share == 1.0 else (*key, repr(item.share))
 
 
 def select(nodeids_in_order: Sequence[str], items: Sequence[ShardItem], k: int, n: int) -> set[str]:
