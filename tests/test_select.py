@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import tarfile
 import textwrap
 from pathlib import Path
@@ -26,6 +27,7 @@ from devpool.select.baseline import (
 from devpool.select.diff import Current, select
 from devpool.select.fingerprints import blocks_of_source
 from devpool.select.options import SelectOptions, matches, select_mode, select_options
+from devpool.select.policy import auto_mode
 
 SOURCE = textwrap.dedent(
     """
@@ -229,3 +231,43 @@ def test_compatibility_inputs_are_the_buckets_conftests_the_inifile_and_the_inpu
     # An explicit file: its ancestors' conftests only; another folder's never.
     single = compatibility_inputs(tmp_path, Bucket(("tests/test_x.py",)), SelectOptions(), None)
     assert set(single) == {"conftest.py", "tests/conftest.py"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "mode"),
+    [
+        (
+            {"GITHUB_ACTIONS": "true", "GITHUB_EVENT_NAME": "push", "GITHUB_REF_NAME": "main"},
+            "record",
+        ),
+        ({"GITHUB_ACTIONS": "true", "GITHUB_EVENT_NAME": "schedule"}, "record"),
+        ({"GITHUB_ACTIONS": "true", "GITHUB_EVENT_NAME": "merge_group"}, "record"),
+        (
+            {
+                "GITHUB_ACTIONS": "true",
+                "GITHUB_EVENT_NAME": "pull_request",
+                "GITHUB_REF_NAME": "12/merge",
+                "GITHUB_HEAD_REF": "fix-kernel",
+            },
+            "on",
+        ),
+        ({"GITLAB_CI": "true", "CI_COMMIT_BRANCH": "master"}, "record"),
+        ({"GITLAB_CI": "true", "CI_MERGE_REQUEST_EVENT_TYPE": "merge_train"}, "record"),
+        ({"GITLAB_CI": "true", "CI_MERGE_REQUEST_SOURCE_BRANCH_NAME": "wip"}, "on"),
+        ({"BUILDKITE": "true", "BUILDKITE_SOURCE": "schedule", "BUILDKITE_BRANCH": "x"}, "record"),
+    ],
+)
+def test_auto_runs_everything_where_full_on_says(
+    environ: dict[str, str], mode: str, tmp_path: Path
+) -> None:
+    chosen, why = auto_mode(SelectOptions().full_on, environ, tmp_path)
+    assert chosen == mode, why
+
+
+def test_auto_outside_ci_reads_the_branch_git_has_checked_out(tmp_path: Path) -> None:
+    assert auto_mode(["main"], {}, tmp_path) == (
+        "on",
+        "auto: selective run (branch unknown is not in full-on)",
+    )
+    subprocess.run(["git", "init", "-q", "-b", "release"], cwd=tmp_path, check=True)
+    assert auto_mode(["release"], {}, tmp_path)[0] == "record"

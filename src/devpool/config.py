@@ -165,7 +165,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
     Option("keep-runs", _positive_int, "run folders kept under .devpool/runs (default 20)"),
     Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
-    Option("select", select_mode, "selective runs: record, on, shadow or off (default off)"),
+    Option("select", select_mode, "selective runs: record, on, shadow, auto or off (default)"),
     Option("select-base", _text, "the revision a baseline's commit must precede (HEAD)"),
     Option(
         "github",

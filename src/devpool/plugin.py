@@ -17,7 +17,6 @@ from devpool.leases import LockDir
 from devpool.markers import MARKERS
 from devpool.report.terminal import file_name
 from devpool.select import DEPENDS_ON_MARKER
-from devpool.select.options import mode_of
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -62,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
             table = read_table(_pyproject(config))
         except DevpoolError:
             table = {}  # the controller said so already
-        register_worker(config, mode_of(config.getoption("devpool_select"), table))
+        register_worker(config, config.getoption("devpool_select"), table)
         return
     try:
         _configure_controller(config)

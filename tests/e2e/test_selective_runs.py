@@ -86,7 +86,14 @@ DATA = {f"tests/test_data.py::test_{n}" for n in ("reads_config", "plain", "kern
 @pytest.fixture(autouse=True)
 def _no_plugin_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    for name in ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "CI", "BREAK_PLAIN"):
+    for name in (
+        "GITHUB_ACTIONS",
+        "GITHUB_STEP_SUMMARY",
+        "GITLAB_CI",
+        "BUILDKITE",
+        "CI",
+        "BREAK_PLAIN",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -235,6 +242,23 @@ def test_a_damaged_database_or_an_unaccounted_file_gives_a_full_run(
     assert run.select["reason"].endswith("its database is damaged (checksum mismatch)")
     assert "devpool select: full run: baseline" in run.output()
     assert run.ran == MATH | DATA
+
+
+def test_auto_records_on_the_main_branch_and_selects_on_others(
+    pytester: pytest.Pytester, project: Path, tmp_path: Path
+) -> None:
+    git(project, "branch", "-M", "main")
+    auto = ("--devices", "sim:0-1", "--devpool-select", "auto")
+    run = Run(pytester, tmp_path, "main", *auto)
+    assert run.select["mode"] == "record" and "branch main is in full-on" in run.select["policy"]
+    assert "devpool select: recorded baseline" in run.output()
+    git(project, "checkout", "-q", "-b", "feature")
+    lib = project / "lib.py"
+    lib.write_text(lib.read_text().replace("return a + b", "return b + a"))
+    run = Run(pytester, tmp_path, "feature", *auto)
+    assert run.select["mode"] == "on" and run.select["full_run"] is False
+    expected = {"tests/test_math.py::test_add", "tests/test_math.py::test_both"}
+    assert run.ran == expected | {"tests/test_data.py::test_eight"}
 
 
 def test_shadow_runs_everything_and_lists_the_misses(

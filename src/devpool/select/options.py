@@ -9,9 +9,10 @@ from typing import Any
 
 from devpool.errors import DevpoolError
 
-MODES = ("record", "on", "shadow", "off")
+MODES = ("record", "on", "shadow", "auto", "off")
 DEFAULT_IGNORE = ("*.md", "*.rst", "docs/*", "LICENSE*", ".gitignore")
 DEFAULT_KEY_PACKAGES = ("pytest",)
+DEFAULT_FULL_ON = ("main", "master", "merge-queue", "schedule")
 
 
 def select_mode(value: object) -> str:
@@ -31,12 +32,13 @@ class SelectOptions:
     ignore: tuple[str, ...] = DEFAULT_IGNORE  # globs: changes that affect no test
     key_packages: tuple[str, ...] = DEFAULT_KEY_PACKAGES  # exact versions in the identity
     max_age_days: float = 14.0
+    full_on: tuple[str, ...] = DEFAULT_FULL_ON  # where `auto` runs everything and records
 
     def ignored(self, rel: str) -> bool:
         return matches(rel, self.ignore)
 
 
-_KEYS = {"mode", "inputs", "ignore", "key-packages", "max-age-days"}
+_KEYS = {"mode", "inputs", "ignore", "key-packages", "max-age-days", "full-on"}
 
 
 def select_options(table: Mapping[str, Any], where: str) -> SelectOptions:
@@ -51,7 +53,7 @@ def select_options(table: Mapping[str, Any], where: str) -> SelectOptions:
             f"known keys: {', '.join(sorted(_KEYS))}"
         )
     values: dict[str, Any] = {}
-    for key in ("inputs", "ignore", "key-packages"):
+    for key in ("inputs", "ignore", "key-packages", "full-on"):
         if key in section:
             items = section[key]
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):

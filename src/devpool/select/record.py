@@ -32,7 +32,8 @@ from devpool.select.fingerprints import (
     mapped_libraries,
     project_rel,
 )
-from devpool.select.options import mode_of
+from devpool.select.options import mode_of, select_options
+from devpool.select.policy import auto_mode
 
 DEPS_ATTR = "devpool_deps"
 _READ_FLAGS = (os.O_RDONLY, os.O_RDWR)
@@ -242,14 +243,29 @@ def start_early(early_config: pytest.Config, args: list[str]) -> None:
         table = read_table(inipath)
     except DevpoolError:
         table = {}  # the controller has said so already
-    if mode_of(option_value(args, "--devpool-select"), table) == "record":
+    if (
+        worker_mode(option_value(args, "--devpool-select"), table, early_config.rootpath)
+        == "record"
+    ):
         _EARLY = Recorder(early_config.rootpath)
         _EARLY.install()
 
 
-def register_worker(config: pytest.Config, mode: str) -> None:
+def worker_mode(option: str | None, table: dict[str, Any], root: Path) -> str:
+    """The select mode of this run as the controller resolved it (auto: by the same rule)."""
+    mode = mode_of(option, table)
+    if mode == "auto":
+        try:
+            full_on = select_options(table, "pyproject.toml").full_on
+        except DevpoolError:
+            return "off"  # the controller has refused the table already
+        mode = auto_mode(full_on, os.environ, root)[0]
+    return mode
+
+
+def register_worker(config: pytest.Config, option: str | None, table: dict[str, Any]) -> None:
     """In a worker of a `--devpool-select record` run: record each test's dependencies."""
-    if mode != "record":
+    if worker_mode(option, table, config.rootpath) != "record":
         return
     recorder = _EARLY
     if recorder is None or recorder.root != config.rootpath:

@@ -8,6 +8,7 @@ run, and the failures selection would have missed are listed.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from devpool.select.baseline import (
 )
 from devpool.select.diff import Current, Selection, select
 from devpool.select.options import SelectOptions
+from devpool.select.policy import auto_mode
 from devpool.select.record import DEPS_ATTR
 
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
@@ -50,6 +52,9 @@ class SelectSession:
         self.options = options
         self.controller = controller
         self.mode = settings.select
+        self.policy = ""  # with auto: which mode it chose, and why
+        if self.mode == "auto":
+            self.mode, self.policy = auto_mode(options.full_on, os.environ, config.rootpath)
         self.root = config.rootpath
         self.store = store_for(self.root)
         self.selection: Selection | None = None
@@ -121,9 +126,13 @@ class SelectSession:
         if event_type != "session_start":
             return
         if self.selection is not None:
-            self.controller.emit("select", mode=self.mode, **self.selection.as_event())
+            fields = self.selection.as_event()
+            self.controller.emit("select", mode=self.mode, policy=self.policy, **fields)
         elif self.mode == "record":
-            self.controller.emit("select", mode=self.mode, full_run=True, reason="recording")
+            reason = self.policy or "recording"
+            self.controller.emit(
+                "select", mode=self.mode, policy=self.policy, full_run=True, reason=reason
+            )
 
     # ---- during the run -----------------------------------------------------------------------
 
@@ -202,6 +211,8 @@ class SelectSession:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         write = terminalreporter.write_line
+        if self.policy:
+            write(f"devpool select: {self.policy}")
         if self.selection is not None:
             mode = " (shadow: everything ran)" if self.mode == "shadow" else ""
             write(f"devpool select{mode}: {self.selection.summary()}")
