@@ -3,6 +3,7 @@ timing of variants run alternately so that drift in machine load hits all of the
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -48,8 +49,11 @@ def devpool_options(root: Path, devices: str, history: Path) -> list[str]:
 
 def timed(argv: list[str], cwd: Path) -> float:
     """Seconds one pytest command takes; raises if it does not pass."""
+    # Run from inside a test session (the guard), the child must not inherit an outer
+    # devpool or xdist worker's identity.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOOL_", "PYTEST_"))}
     start = time.perf_counter()
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         tail = (done.stdout + done.stderr)[-2000:]

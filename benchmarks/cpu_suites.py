@@ -3,12 +3,12 @@
 Run: python benchmarks/cpu_suites.py [--repeat 3] [--suite trivial|sleep50|modules20|all]
 
 (a) 2,000 trivial tests; (b) 200 tests of 50 ms each; (c) 2,000 trivial tests in 20
-modules of 100 (the shape of a real suite: many modules, issue 12). devpool runs with --devices sim:0-1
-and --devpool-cpu-slots 2 (two CPU workers, as -n 2), once with no duration history
-("cold": the history file is deleted before each run) and once with the history of the
-previous runs ("warm": primed by one untimed run). All commands alternate within each
-repetition; figures are medians, with the min–max range. Target (issue 6): devpool at most
-1.0x the wall time of pytest -n 2.
+modules of 100 (the shape of a real suite: many modules, issue 12). devpool runs with
+--devices sim:0-1 and --devpool-cpu-slots 2 (two CPU workers, as -n 2), once with no
+duration history ("cold": the history file is deleted before each run) and once with the
+history of the previous runs ("warm": primed by one untimed run). All commands alternate
+within each repetition; figures are medians, with the min–max range. Target (issue 6):
+devpool at most 1.0x the wall time of pytest -n 2.
 """
 
 from __future__ import annotations

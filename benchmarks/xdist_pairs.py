@@ -12,9 +12,10 @@ regression guard (tests/test_benchmark_guard.py) runs the same pairs on a shorte
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import PYTEST, devpool_options, suite_root, timed
@@ -23,12 +24,26 @@ from cpu_suites import SUITES
 TARGET = 0.9  # issue 12: devpool at most 0.9x pytest-xdist -n 2
 
 
+def cpu_timed(argv: list[str], cwd: Path) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system, the whole process tree) of one command.
+
+    CPU time moves far less than wall time when other jobs load the machine: it tells
+    whether a change made the run cheaper even when the wall clock is too noisy to say."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = timed(argv, cwd)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
 @dataclass
 class Pairs:
-    """Wall seconds of each pair, devpool's first."""
+    """Wall (and CPU) seconds of each pair, devpool's first."""
 
     devpool: list[float]
     xdist: list[float]
+    devpool_cpu: list[float] = field(default_factory=list)
+    xdist_cpu: list[float] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -45,27 +60,46 @@ class Pairs:
             f"ratio median of pairs {self.ratio:.2f}x "
             f"(pairs {min(per_pair):.2f}–{max(per_pair):.2f}; "
             f"ratio of medians "
-            f"{statistics.median(self.devpool) / statistics.median(self.xdist):.2f}x)"
+            f"{statistics.median(self.devpool) / statistics.median(self.xdist):.2f}x); "
+            f"CPU s devpool {statistics.median(self.devpool_cpu):.2f}, "
+            f"xdist {statistics.median(self.xdist_cpu):.2f}"
         )
 
 
-def run_pairs(root: Path, pairs: int, cold: bool = False, verbose: bool = True) -> Pairs:
-    """Time devpool and `pytest -n 2` alternately in `root`, `pairs` times each."""
+def run_pairs(
+    root: Path,
+    pairs: int,
+    cold: bool = False,
+    verbose: bool = True,
+    result: Pairs | None = None,
+) -> Pairs:
+    """Time devpool and `pytest -n 2` alternately in `root`, `pairs` times each; with
+    `result`, add the pairs to those (no priming runs again)."""
     history = root / "pairs.sqlite"
     devpool = [*PYTEST, *devpool_options(root, "sim:0-1", history), "--devpool-cpu-slots", "2"]
     xdist = [*PYTEST, "-n", "2"]
-    if not cold:
-        timed(devpool, root)  # primes the history; not counted
-    timed(xdist, root)  # and the file system cache for xdist alike
-    result = Pairs([], [])
-    for number in range(pairs):
+    if result is None:
+        if not cold:
+            timed(devpool, root)  # primes the history; not counted
+        timed(xdist, root)  # and the file system cache for xdist alike
+        result = Pairs([], [])
+    for number in range(len(result.devpool), len(result.devpool) + pairs):
         if cold:
             history.unlink(missing_ok=True)
-        result.devpool.append(timed(devpool, root))
-        result.xdist.append(timed(xdist, root))
+        for wall, cpu, argv in (
+            (result.devpool, result.devpool_cpu, devpool),
+            (result.xdist, result.xdist_cpu, xdist),
+        ):
+            took, used = cpu_timed(argv, root)
+            wall.append(took)
+            cpu.append(used)
         if verbose:
             a, b = result.devpool[-1], result.xdist[-1]
-            print(f"  pair {number + 1}: devpool {a:.2f} s, xdist {b:.2f} s, {a / b:.2f}x")
+            c, d = result.devpool_cpu[-1], result.xdist_cpu[-1]
+            print(
+                f"  pair {number + 1}: devpool {a:.2f} s, xdist {b:.2f} s, {a / b:.2f}x "
+                f"(CPU {c:.2f} s vs {d:.2f} s)"
+            )
     return result
 
 

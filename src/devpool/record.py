@@ -2,8 +2,9 @@
 
 Each line is one event. A controller killed at any moment leaves every line it had
 written (the moves of attempts and phase reports wait up to 0.2 s in memory, every
-other line is flushed at once, see BUFFERED); a record without a `session_end` line is a run that was cut. The reader takes
-a damaged file up to the damage and says, in one sentence, where and what was lost.
+other line is flushed at once, see BUFFERED); a record without a `session_end` line is
+a run that was cut. The reader takes a damaged file up to the damage and says, in one
+sentence, where and what was lost.
 
 Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
   session_start  run_id, host, pid, args, cwd, platform, kind, devices, options, tests
