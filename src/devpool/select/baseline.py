@@ -127,6 +127,7 @@ def compatibility_inputs(
 
 
 def git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run git in root; the caller reads the return code (no git, no repository: not 0)."""
     return subprocess.run(
         ["git", "-C", str(root), *args], capture_output=True, text=True, check=False, timeout=60
     )
@@ -164,6 +165,7 @@ class Builder:
         self.tests: dict[str, dict[str, Any]] = {}
 
     def add(self, deps: Mapping[str, Any], outcome: str, devices: int) -> None:
+        """One attempt's dependencies (a worker's devpool_deps) and its outcome."""
         nodeid = str(deps["nodeid"])
         test = self.tests.get(nodeid)
         if test is None:
@@ -212,6 +214,7 @@ class Builder:
         }
 
     def library_paths(self) -> set[str]:
+        """Every shared library any test had mapped."""
         return {path for test in self.tests.values() for path in test.get("libs", {})}
 
 
@@ -278,12 +281,6 @@ class Store:
             p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
         )
         return folder / names[-1] if names else None
-
-    def all_latest(self) -> list[Path]:
-        if not self.path.is_dir():
-            return []
-        found = (self.latest(p.name) for p in self.path.iterdir() if p.is_dir())
-        return sorted(p for p in found if p is not None)
 
     def import_generation(self, archive: Path) -> Path:
         """Read an exported generation into the store, checked first; returns its folder."""

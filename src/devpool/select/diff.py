@@ -42,6 +42,7 @@ class Selection:
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
+        """One line for the terminal: the full run's reason, or how many tests run."""
         if self.full_reason is not None:
             return f"full run: {self.full_reason}"
         total = len(self.selected) + len(self.deselected)
@@ -49,6 +50,7 @@ class Selection:
         return f"{len(self.selected)} of {total} tests selected (baseline {self.generation}{age})"
 
     def as_event(self) -> dict[str, Any]:
+        """The fields of the run record's select event."""
         total = len(self.selected) + len(self.deselected)
         return {
             "full_run": self.full_reason is not None,

@@ -31,6 +31,7 @@ def file_hash(path: Path) -> str | None:
 
 
 def text_hash(text: str) -> str:
+    """sha256 of a text's UTF-8 bytes."""
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -51,6 +52,7 @@ class ModuleBlocks:
         return found
 
     def key(self, name: str) -> str:
+        """The baseline's key of a block of this file: "path::qualified.name"."""
         return f"{self.rel}::{name}"
 
 
@@ -101,6 +103,7 @@ class BlockCache:
         return project_rel(self.root, filename)
 
     def blocks(self, rel: str) -> ModuleBlocks | None:
+        """The blocks of one file (relative to root); None when it is gone or not text."""
         path = self.root / rel
         try:
             stat = path.stat()

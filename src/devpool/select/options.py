@@ -35,6 +35,7 @@ class SelectOptions:
     full_on: tuple[str, ...] = DEFAULT_FULL_ON  # where `auto` runs everything and records
 
     def ignored(self, rel: str) -> bool:
+        """Whether a changed file matches the ignore globs."""
         return matches(rel, self.ignore)
 
 

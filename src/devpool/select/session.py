@@ -38,6 +38,7 @@ _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 
 
 def store_for(root: Path) -> Store:
+    """The project's baseline store: <rootdir>/.devpool/select."""
     return Store(root / ".devpool" / "select")
 
 
