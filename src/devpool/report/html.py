@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from devpool.outcomes import Outcome
 from devpool.record import JobRun, RunRecord
+from devpool.report.memory_lane import CSS as MEMORY_CSS
+from devpool.report.memory_lane import capacities, memory_section, read_holds
 from devpool.report.terminal import strip_ansi
 
 # Bar colors by outcome; "running" is a job the record never saw end (a cut run).
@@ -65,11 +67,19 @@ def render_html(record: RunRecord) -> str:
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{_esc(title)}</title>",
-        f"<style>{_CSS}</style>",
+        f"<style>{_CSS}{MEMORY_CSS}</style>",
         "</head><body>",
         _header(record, origin, title),
         _legend(),
         _timeline(record, bars, span),
+        memory_section(
+            record.platform,
+            read_holds(record.path, origin),
+            capacities(record.start),
+            LABEL_WIDTH,
+            PLOT_WIDTH,
+            span,
+        ),
         _troubles(record),
         "</body></html>",
     ]
