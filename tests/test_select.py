@@ -23,6 +23,7 @@ from devpool.select.baseline import (
     compatibility_inputs,
     export_generation,
     load_generation,
+    toolkits,
 )
 from devpool.select.diff import Current, select
 from devpool.select.fingerprints import blocks_of_source
@@ -271,3 +272,14 @@ def test_auto_outside_ci_reads_the_branch_git_has_checked_out(tmp_path: Path) ->
     )
     subprocess.run(["git", "init", "-q", "-b", "release"], cwd=tmp_path, check=True)
     assert auto_mode(["release"], {}, tmp_path)[0] == "record"
+
+
+def test_toolkit_versions_are_part_of_the_identity(tmp_path: Path) -> None:
+    cuda = tmp_path / "version.json"
+    cuda.write_text('{"cuda": {"version": "12.4.1"}}')
+    files = {"cuda": (str(tmp_path / "absent"), str(cuda)), "cann": (str(tmp_path / "no"),)}
+    before = toolkits(files)
+    assert before["cann"] is None and before["cuda"] is not None
+    assert before["cuda"].startswith('{"cuda": {"version": "12.4.1"}}')
+    cuda.write_text('{"cuda": {"version": "12.4.2"}}')  # a patch version is another identity
+    assert toolkits(files)["cuda"] != before["cuda"]

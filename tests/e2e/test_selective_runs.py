@@ -284,6 +284,8 @@ def test_shadow_runs_everything_and_lists_the_misses(
     run.result.stdout.fnmatch_lines(
         ["devpool select: MISS tests/test_data.py::test_plain failed but would not have been*"]
     )
+    (misses,) = [e for e in run.events if e["type"] == "select_misses"]
+    assert misses["misses"] == ["tests/test_data.py::test_plain"]
 
 
 SHARED = {

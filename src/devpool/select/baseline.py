@@ -81,17 +81,38 @@ def identity(key_packages: Iterable[str]) -> dict[str, Any]:
         "python": f"{sys.implementation.name} {host_platform.python_version()}",
         "machine": host_platform.machine(),
         "packages": packages,
-        "driver": _driver(),
+        **toolkits(),
     }
 
 
-def _driver() -> str | None:
-    """The NVIDIA kernel driver line, read without starting any tool; None elsewhere."""
-    try:
-        text = Path("/proc/driver/nvidia/version").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    return text.splitlines()[0].strip() if text else None
+# Version files of drivers and toolkits, read without starting any tool (nvidia-smi can
+# hang on a sick host); the first one found of each kind counts.
+VERSION_FILES = {
+    "driver": ("/proc/driver/nvidia/version",),
+    "cuda": ("/usr/local/cuda/version.json", "/usr/local/cuda/version.txt"),
+    "cann": (
+        "/usr/local/Ascend/ascend-toolkit/latest/version.cfg",
+        "/usr/local/Ascend/driver/version.info",
+    ),
+    "rocm": ("/opt/rocm/.info/version",),
+}
+
+
+def toolkits(files: Mapping[str, Sequence[str]] = VERSION_FILES) -> dict[str, str | None]:
+    """Kind → a digest of its version file (the exact text counts), None where absent."""
+    found: dict[str, str | None] = {}
+    for kind, paths in files.items():
+        found[kind] = None
+        for path in paths:
+            try:
+                text = Path(path).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            first = text.strip().splitlines()[0][:80] if text.strip() else ""
+            digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+            found[kind] = f"{first} ({digest})"
+            break
+    return found
 
 
 _SKIP_DIRS = {".git", ".devpool", "__pycache__", ".tox", "node_modules", "site-packages"}

@@ -171,6 +171,8 @@ class SelectSession:
         if kept_none and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
             # Nothing a change can affect is not "nothing collected": CI stays green.
             session.exitstatus = pytest.ExitCode.OK
+        if self.mode == "shadow" and self.controller.record is not None:
+            self.controller.emit("select_misses", misses=list(self.misses))
         if self.mode != "record" or not self.builder.tests:
             return
         try:
