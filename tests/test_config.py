@@ -125,7 +125,8 @@ def test_every_option_has_a_command_line_spelling_and_a_table_key() -> None:
         (
             "isolation",
             "process",
-            "'worker' (warm reuse) or 'job' (a fresh process per test), got 'process'",
+            "'worker' (warm reuse), 'module' (a fresh process per test module) "
+            "or 'job' (a fresh process per test), got 'process'",
         ),
     ],
 )

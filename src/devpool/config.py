@@ -99,8 +99,11 @@ def _fraction(value: object) -> float:
 
 
 def _isolation(value: object) -> str:
-    if value not in ("worker", "job"):
-        raise ValueError("'worker' (warm reuse) or 'job' (a fresh process per test)")
+    if value not in ("worker", "module", "job"):
+        raise ValueError(
+            "'worker' (warm reuse), 'module' (a fresh process per test module) "
+            "or 'job' (a fresh process per test)"
+        )
     return str(value)
 
 
@@ -134,7 +137,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("timeout-grace", _seconds, "seconds between SIGTERM and SIGKILL on a timeout"),
     Option("skip-unsatisfiable", _flag, "skip tests needing more than the pool has", flag=True),
     Option("plan", _flag, "print the jobs and their planned order, run nothing", flag=True),
-    Option("isolation", _isolation, "'worker': reuse warm workers; 'job': fresh process each"),
+    Option(
+        "isolation",
+        _isolation,
+        "'worker': reuse warm workers; 'module': a fresh process per test module; "
+        "'job': a fresh process per test",
+    ),
     Option("device-memory", parse_size, "memory each device test declares unless it says (8GiB)"),
     Option("memory-reserve", _fraction, "share of each device's memory never handed out (5%)"),
     Option("reruns", _count, "retry a failed/error/timeout test this many times, fresh worker"),

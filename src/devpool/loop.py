@@ -344,16 +344,25 @@ class Loop:
         left, so the end of the run stays balanced."""
         k = head.devices_needed
         settings = self.ctx.settings
-        if k > 1 or head.request.isolate or settings.isolation == "job" or self.stopped:
+        # --devpool-isolation module: a process runs the tests of one module and no other;
+        # they go to it together (streamed in parts), whatever their size or duration.
+        module = settings.isolation == "module"
+        if head.request.isolate or settings.isolation == "job" or self.stopped:
+            return []
+        if k > 1 and not module:
             return []
         queue = self.scheduler.queue
         workers = max(1, settings.cpu_slots if k == 0 else len(self.scheduler.devices))
         cap = min(BATCH_MAX, queue.of_size_count(k) // (2 * workers))
         budget = BATCH_SECONDS - _small(head)
+        if module:
+            cap, budget = BATCH_MAX, float("inf")
         batch: list[Job] = []
         while len(batch) < cap and queue.of_size_count(k):
             following = queue.peek(k)
             if following.request.isolate or _small(following) > budget:
+                break
+            if module and following.location[0] != head.location[0]:
                 break
             if following.memory_needed != head.memory_needed:  # a worker's lease is of one kind
                 break
@@ -459,7 +468,7 @@ class Loop:
             or slot.dirty
             or slot.killed_for is not None
             or over_share
-            or self.ctx.settings.isolation == "job"
+            or self.ctx.settings.isolation in ("job", "module")
         ):
             self.pool.retire(slot, now)  # a failed test may have left the process in a bad state
         else:
