@@ -356,6 +356,64 @@ def test_shared_fixtures_and_import_time_code_count_for_every_test_that_uses_the
     assert run.ran == set(), run.output()
 
 
+FILES = {
+    "pyproject.toml": PROJECT["pyproject.toml"],
+    ".gitignore": PROJECT[".gitignore"],
+    "tests/conftest.py": """
+        import pytest
+
+
+        class Check(pytest.Item):
+            def runtest(self):
+                assert self.path.read_text().strip() in ("ok", "fine")
+
+
+        class CheckFile(pytest.File):
+            def collect(self):
+                yield Check.from_parent(self, name="check")
+
+
+        def pytest_collect_file(file_path, parent):
+            if file_path.name.startswith("check_") and file_path.suffix == ".txt":
+                return CheckFile.from_parent(parent, path=file_path)
+        """,
+    "tests/check_a.txt": "ok\n",
+    "tests/check_b.txt": "ok\n",
+    "tests/util.py": """
+        def double(x):
+            \"\"\"
+            >>> double(2)
+            4
+            \"\"\"
+            return 2 * x
+        """,
+    "tests/test_util.py": """
+        import util
+
+
+        def test_double():
+            assert util.double(3) == 6
+        """,
+}
+
+
+def test_tests_from_other_files_depend_on_them_and_doctests_always_run(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    root = pytester.path
+    write(root, FILES)
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "init")
+    args = ("--devices", "sim:0-1", "--doctest-modules", "-p", "doctest")
+    recorded = Run(pytester, tmp_path, "record", *args, "--devpool-select", "record")
+    assert recorded.result.ret == 0, recorded.output()
+    assert len(recorded.ran) == 4, recorded.ran
+    (root / "tests" / "check_a.txt").write_text("fine\n")
+    run = Run(pytester, tmp_path, "txt", *args, "--devpool-select", "on")
+    assert run.ran == {"tests/check_a.txt::check", "tests/util.py::util.double"}, run.output()
+
+
 NATIVE = {
     # k.c is built into build/libk.so, whose own fingerprint covers it.
     "pyproject.toml": PROJECT["pyproject.toml"] + '[tool.devpool.select]\nignore = ["*.c"]\n',

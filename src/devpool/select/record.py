@@ -151,6 +151,8 @@ class Recorder:
         self.active = False
         why = self._intact()
         item = self._items.get(report.nodeid)
+        if item is not None and type(item).__name__ == "DoctestItem":
+            why = "a doctest: its examples are text no trace sees"
         deps: dict[str, Any] = {"nodeid": report.nodeid, "recorded": not why, "why": why}
         if not why:
             codes = self.codes | self.import_codes
@@ -161,9 +163,11 @@ class Recorder:
                 for fixturedefs in getattr(info, "name2fixturedefs", {}).values():
                     for fixturedef in fixturedefs:
                         codes |= self.fixture_codes.get(id(fixturedef), set())
+            own = [str(item.path)] if item is not None and item.path.suffix != ".py" else []
             deps.update(
                 blocks=self._blocks(codes),
-                files=self._files(globs),
+                # A test collected from a non-Python file (YAML, .txt) depends on that file.
+                files=self._files(globs, own),
                 libs={p: library_stamp(p) for p in sorted(mapped_libraries())},
                 globs=globs,
             )
@@ -204,8 +208,8 @@ class Recorder:
                 found[key] = module.hashes[key]
         return found
 
-    def _files(self, globs: list[str]) -> dict[str, str | None]:
-        paths = {p for p in self.reads if os.path.isfile(p)}
+    def _files(self, globs: list[str], own: list[str]) -> dict[str, str | None]:
+        paths = {p for p in [*self.reads, *own] if os.path.isfile(p)}
         for pattern in globs:
             paths.update(str(p) for p in self.root.glob(pattern) if p.is_file())
         files: dict[str, str | None] = {}
