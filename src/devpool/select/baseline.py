@@ -247,14 +247,15 @@ def library_hashes(store: Path, paths: Iterable[str]) -> dict[str, str | None]:
     except (OSError, ValueError):
         cache = {}
     result: dict[str, str | None] = {}
+    kept: dict[str, str | None] = {}  # only the libraries of this run: the cache stays small
     for path in paths:
         stamp = library_stamp(path)
         key = f"{path}|{stamp}"
         if key not in cache:
             cache[key] = file_hash(Path(path)) if stamp else None
-        result[path] = cache[key]
+        result[path] = kept[key] = cache[key]
     store.mkdir(parents=True, exist_ok=True)
-    _write_atomic(cache_path, json.dumps(cache).encode())
+    _write_atomic(cache_path, json.dumps(kept).encode())
     return result
 
 
