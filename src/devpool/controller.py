@@ -205,6 +205,7 @@ class Controller:
             options=options,
             tests=len(plan.jobs) + len(plan.unsatisfiable),
             log_dir=str(self.log_dir),
+            memory={str(d): b for d, b in self.memory.items()},
         )
 
     @pytest.hookimpl(trylast=True)
@@ -303,12 +304,14 @@ class Controller:
         assert self.shard is not None
         k, n = self.shard
         default = self.settings.default_estimate
+        capacity = shards.shard_capacity(self.inventory.platform, self.settings.memory_reserve)
         pieces = [
             shards.shard_item(
                 item.nodeid,
                 self.requests[item.nodeid],
                 self.estimates.get(item.nodeid, default),
                 by_module=self.settings.shard_by_module,
+                capacity=capacity,
             )
             for item in items
         ]
