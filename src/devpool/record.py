@@ -1,8 +1,8 @@
 """The run record: JSON lines with a versioned schema, written as things happen.
 
 Each line is one event. A controller killed at any moment leaves every line it had
-written (the moves of attempts and phase reports wait up to 0.2 s in memory, every
-other line is flushed at once, see BUFFERED); a record without a `session_end` line is
+written (job starts, the moves of attempts and phase reports wait up to 0.2 s in memory,
+every other line is flushed at once, see BUFFERED); a record without a `session_end` line is
 a run that was cut. The reader takes a damaged file up to the damage and says, in one
 sentence, where and what was lost.
 
@@ -40,12 +40,13 @@ SCHEMA_VERSION = 1
 _GATING_NAMES = frozenset({"failed", "error", "timeout", "crashed", "infra"})
 
 
-# Lines that may wait in memory a moment: the moves of attempts and their phase reports
-# come several a test, and a line each flushed on its own costs the controller CPU that its
-# workers need. Every other line (job_start, job_end, lease, session_*) flushes at once,
-# with whatever waited before it, in order: a SIGKILLed controller keeps every job_end it
-# wrote, and loses at most the moves and reports of the last BUFFER_SECONDS.
-BUFFERED = frozenset({"attempt", "report"})
+# Lines that may wait in memory a moment: a test's start, the moves of its attempt and its
+# phase reports come several a test, and a line each flushed on its own costs the
+# controller CPU that its workers need. Every other line (job_end, lease, session_*)
+# flushes at once, with whatever waited before it, in order: a SIGKILLed controller keeps
+# every job_end it wrote (and every line before it), and loses at most the starts, moves
+# and reports of the last BUFFER_SECONDS.
+BUFFERED = frozenset({"job_start", "attempt", "report"})
 BUFFER_SECONDS = 0.2
 
 
