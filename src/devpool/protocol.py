@@ -31,9 +31,9 @@ def encode(message: Message) -> bytes:
     return (json.dumps(message, separators=(",", ":"), default=str) + "\n").encode()
 
 
-def write(fd: int, message: Message) -> None:
-    """Write one whole message; pipes take it in one piece or block until they can."""
-    data = encode(message)
+def write(fd: int, *messages: Message) -> None:
+    """Write whole messages in one write; pipes take them in one piece or block until they can."""
+    data = b"".join(encode(message) for message in messages)
     while data:
         written = os.write(fd, data)
         data = data[written:]

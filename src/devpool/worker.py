@@ -50,6 +50,7 @@ class WorkerSession:
         fd_in, fd_out, parent = (int(part) for part in spec.split(","))
         self.fd_in, self.fd_out = fd_in, fd_out
         self.failed = False  # a test of the current batch failed
+        self._teardown: protocol.Message | None = None  # sent with the next finish
         _die_with_parent()
         if os.getppid() != parent:  # the controller died before prctl took effect
             os._exit(3)
@@ -96,7 +97,8 @@ class WorkerSession:
             session.items[:] = worklist.restrict(self.collected, session.items, self.selected)
 
     def send(self, message: protocol.Message) -> None:
-        protocol.write(self.fd_out, message)
+        held, self._teardown = self._teardown, None  # messages keep their order
+        protocol.write(self.fd_out, *([held] if held is not None else []), message)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -173,7 +175,15 @@ class WorkerSession:
         if report.failed:
             self.failed = True
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        self.send({"ev": "report", "data": data})
+        message = {"ev": "report", "data": data}
+        if report.when == "teardown":
+            # pytest calls logfinish right after the teardown report, with no test code
+            # between: both go in one write.
+            if self._teardown is not None:  # a second teardown report (a plugin's rerun)
+                protocol.write(self.fd_out, self._teardown)
+            self._teardown = message
+            return
+        self.send(message)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         self.send({"ev": "finish", "nodeid": nodeid, "location": location})
