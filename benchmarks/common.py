@@ -4,6 +4,7 @@ timing of variants run alternately so that drift in machine load hits all of the
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -69,6 +70,7 @@ class Variant:
     argv: list[str]
     prepare: Callable[[], None] = lambda: None
     runs: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # CPU seconds of the process tree
 
     @property
     def median(self) -> float:
@@ -80,12 +82,17 @@ def alternate(variants: list[Variant], cwd: Path, repeat: int) -> None:
     for _ in range(repeat):
         for variant in variants:
             variant.prepare()
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             variant.runs.append(timed(variant.argv, cwd))
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            variant.cpu.append(used)
     for variant in variants:
         shown = ", ".join(f"{s:.2f}" for s in variant.runs)
         print(
             f"  {variant.name:<30} median {variant.median:6.2f} s  "
-            f"range {min(variant.runs):.2f}–{max(variant.runs):.2f}  runs: {shown}"
+            f"range {min(variant.runs):.2f}–{max(variant.runs):.2f}  runs: {shown}  "
+            f"CPU median {statistics.median(variant.cpu):.2f} s"
         )
 
 

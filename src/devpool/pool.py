@@ -7,6 +7,7 @@ outcomes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import time
@@ -153,6 +154,9 @@ class WorkerPool:
         env = dict(os.environ)
         platform = self.ctx.inventory.platform
         modules = self.modules_for.get((job.devices_needed, job.request.isolate))
+        if modules is not None and (job.request.isolate or self.ctx.settings.isolation != "worker"):
+            # A process that runs one job, or one module's jobs, imports that module alone.
+            modules = self._one_module(job) or modules
         if modules is not None:
             env["DEVPOOL_COLLECT_ONLY"] = str(modules)
         ids = ",".join(str(d) for d in devices)
@@ -167,6 +171,19 @@ class WorkerPool:
         if platform.kind == "cuda":
             env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # ids are nvidia-smi's order
         return env
+
+    def _one_module(self, job: Job) -> Path | None:
+        """A collect list naming only the job's own module (None when it is not known)."""
+        item = self.ctx.items.get(job.nodeid)
+        if item is None:
+            return None
+        path = str(item.path)
+        name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()[:16]
+        target = self.ctx.run_dir / "collect" / f"module-{name}.txt"
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(path + "\n", encoding="utf-8")
+        return target
 
     # ---- ending -----------------------------------------------------------------------------
 
