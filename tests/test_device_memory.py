@@ -166,6 +166,18 @@ def test_cuda_capacity_from_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
     assert device_memory(cuda, (1,)) == {1: 81559 * 2**20}
 
 
+def test_ascend_capacity_from_npu_smi(monkeypatch: pytest.MonkeyPatch) -> None:
+    from devpool import inventory
+
+    answers = {
+        "0": "NPU ID : 0\n DDR Capacity(MB) : 15171\n HBM Capacity(MB) : 65536\n",
+        "1": "NPU ID : 1\n DDR Capacity(MB) : 8192\n",
+    }
+    monkeypatch.setattr(inventory, "_run_tool", lambda argv, timeout: answers.get(argv[-1]))
+    ascend = load_platforms(None)["ascend"]
+    assert device_memory(ascend, (0, 1, 2)) == {0: 65536 * 2**20, 1: 8192 * 2**20}
+
+
 def _no_module(name: str) -> object:
     raise ImportError(name)
 

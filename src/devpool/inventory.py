@@ -374,13 +374,26 @@ def _rocm_memory(devices: Iterable[int], timeout: float) -> dict[int, int]:
     return found
 
 
+def _ascend_memory(devices: Iterable[int], timeout: float) -> dict[int, int]:
+    found: dict[int, int] = {}
+    for device in devices:
+        out = _run_tool(["npu-smi", "info", "-t", "memory", "-i", str(device)], timeout)
+        # "HBM Capacity(MB) : 65536" (the NPU's own memory); older cards list DDR only.
+        match = re.search(r"HBM Capacity\(MB\)\s*:\s*(\d+)", out or "") or re.search(
+            r"DDR Capacity\(MB\)\s*:\s*(\d+)", out or ""
+        )
+        if match:
+            found[device] = int(match[1]) * 2**20
+    return found
+
+
 def device_memory(
     platform: Platform, devices: Iterable[int], timeout: float = 10.0
 ) -> dict[int, int]:
     """Total memory of each device in bytes; {} where it cannot be known.
 
     The platform's configured memory wins (it is the only source for sim); otherwise NVML
-    or nvidia-smi for cuda, rocm-smi for rocm.
+    or nvidia-smi for cuda, rocm-smi for rocm, npu-smi for ascend.
     """
     ids = list(devices)
     if platform.memory is not None:
@@ -389,6 +402,8 @@ def device_memory(
         return _cuda_memory(ids, timeout)
     if platform.kind == "rocm":
         return _rocm_memory(ids, timeout)
+    if platform.kind == "ascend":
+        return _ascend_memory(ids, timeout)
     return {}
 
 
