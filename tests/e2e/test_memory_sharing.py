@@ -181,3 +181,80 @@ def test_out_of_memory_beside_others_runs_again_alone_and_is_not_blamed(
     assert [e["outcome"] for e in finals] == ["passed"], finals  # not flaky, not blamed
     assert [e["type"] for e in lines].count("memory_retry") == 1
     assert sorted(s["kind"] for s in spans_of(spans)) == ["victim-alone", "victim-shared"]
+
+
+def test_concurrent_sessions_share_capacity_and_a_killed_holder_frees_its_share(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    lock = tmp_path / "locks"
+    lock.mkdir()
+    pytester.makepyprojecttoml(
+        """
+        [tool.devpool.platforms]
+        sim = { memory = "10GiB" }
+        """
+    )
+    mixed = """
+        @pytest.mark.device_memory("4GiB")
+        @pytest.mark.parametrize("n", range(4))
+        def test_small(n):
+            hold("small")
+
+        @pytest.mark.device_memory("6GiB")
+        def test_medium():
+            hold("medium")
+
+        @pytest.mark.device_exclusive
+        def test_whole():
+            hold("whole")
+        """
+    killed = """
+        @pytest.mark.device_memory("8GiB")
+        def test_holds_and_is_killed():
+            Path(os.environ["KILL_ME"]).write_text(os.environ["DEVPOOL_DEVICES"])
+            time.sleep(600)
+        """
+    for name, body in (("first", mixed), ("second", mixed), ("killed", killed)):
+        folder = pytester.path / name
+        folder.mkdir()
+        (folder / f"test_{name}.py").write_text(
+            PRELUDE.format(spans=str(spans)) + textwrap.dedent(body)
+        )
+    env = dict(os.environ, KILL_ME=str(tmp_path / "holding"))
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "pytest", *FAST, "--devices", "sim:0-1", name]
+        argv += [f"--devpool-lock-dir={lock}", "--devpool-memory-reserve=0", "-q"]
+        return subprocess.Popen(argv, cwd=pytester.path, env=env, start_new_session=True)
+
+    victim = start("killed")
+    bound = time.monotonic() + 60
+    while not (tmp_path / "holding").exists() and time.monotonic() < bound:
+        time.sleep(0.05)
+    assert (tmp_path / "holding").exists()
+    held_on = (tmp_path / "holding").read_text()
+    runs = [start("first"), start("second")]
+    time.sleep(0.5)  # both sessions are placing beside the 8 GiB share now
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert [run.wait(timeout=120) for run in runs] == [0, 0]
+
+    seen = spans_of(spans)
+    assert len(seen) == 12
+    sizes = {"small": 4, "medium": 6, "whole": 10}
+    for device in ("0", "1"):
+        on = [s for s in seen if s["devices"] == device]
+        for t in sorted({s["start"] for s in on}):
+            now = [s for s in on if s["start"] <= t < s["end"]]
+            assert sum(sizes[s["kind"]] for s in now) <= 10, (device, now)
+            assert "whole" not in [s["kind"] for s in now] or len(now) == 1, now
+    # The killed holder's 8 GiB came back: a 6 GiB test ran on its device afterwards.
+    assert any(s["kind"] in ("medium", "whole") and s["devices"] == held_on for s in seen)
