@@ -9,9 +9,12 @@ import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from devpool.errors import DevpoolError
 from devpool.sizes import parse_size
+
+T = TypeVar("T")
 
 __all__ = [
     "BUILTIN_PLATFORMS",
@@ -274,22 +277,26 @@ def _int_lines(text: str) -> list[int] | None:
     return sorted(set(ids)) or None
 
 
-def _detect_cuda(timeout: float) -> list[int] | None:
+def _nvml(ask: Callable[[Any], T]) -> T | None:
+    """One NVML question, or None when pynvml is missing or NVML does not answer."""
     try:
         nvml = importlib.import_module("pynvml")
     except ImportError:
-        nvml = None
-    if nvml is not None:
+        return None
+    try:
+        nvml.nvmlInit()
         try:
-            nvml.nvmlInit()
-            try:
-                count = int(nvml.nvmlDeviceGetCount())
-            finally:
-                nvml.nvmlShutdown()
-        except Exception:  # NVMLError has many subclasses; nvidia-smi may still answer
-            pass
-        else:
-            return list(range(count)) or None
+            return ask(nvml)
+        finally:
+            nvml.nvmlShutdown()
+    except Exception:  # NVMLError has many subclasses; nvidia-smi may still answer
+        return None
+
+
+def _detect_cuda(timeout: float) -> list[int] | None:
+    count = _nvml(lambda nvml: int(nvml.nvmlDeviceGetCount()))
+    if count is not None:
+        return list(range(count)) or None
     out = _run_tool(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], timeout)
     return None if out is None else _int_lines(out)
 
@@ -338,22 +345,14 @@ def detect(kind: str, timeout: float = 10.0) -> list[int] | None:
 def _cuda_memory(devices: Iterable[int], timeout: float) -> dict[int, int]:
     """Total memory per cuda device in bytes: NVML when pynvml is there, else nvidia-smi."""
     wanted = set(devices)
-    try:
-        nvml = importlib.import_module("pynvml")
-    except ImportError:
-        nvml = None
-    if nvml is not None:
-        try:
-            nvml.nvmlInit()
-            try:
-                return {
-                    d: int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(d)).total)
-                    for d in sorted(wanted)
-                }
-            finally:
-                nvml.nvmlShutdown()
-        except Exception:  # NVMLError has many subclasses; nvidia-smi may still answer
-            pass
+    totals = _nvml(
+        lambda nvml: {
+            d: int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(d)).total)
+            for d in sorted(wanted)
+        }
+    )
+    if totals is not None:
+        return totals
     argv = ["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"]
     out = _run_tool(argv, timeout)
     found: dict[int, int] = {}
