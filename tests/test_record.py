@@ -532,3 +532,22 @@ def test_write_step_summary_appends_markdown(tmp_path: Path) -> None:
     text = summary.read_text(encoding="utf-8")
     assert text.startswith("earlier step\n") and "| failed | 1 |" in text
     assert not github.write_step_summary(record, {})
+
+
+def test_buffered_lines_reach_the_disk_once_they_have_waited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import devpool.record as record_module
+
+    clock = [100.0]
+    monkeypatch.setattr(record_module.time, "monotonic", lambda: clock[0])
+    path = tmp_path / "record.jsonl"
+    writer = RecordWriter(path)
+    writer.write("session_start", run_id="r")
+    writer.write("job_start", job=1, nodeid="t.py::test_a")  # waits in memory
+    writer.flush_due()
+    assert "job_start" not in path.read_text()  # not yet due: it may wait with others
+    clock[0] += record_module.BUFFER_SECONDS
+    writer.flush_due()
+    assert "job_start" in path.read_text()  # a long test's start is on disk while it runs
+    writer.close()

@@ -137,6 +137,11 @@ class Controller:
         for listener in self.listeners:
             listener.event(event_type, fields)
 
+    def flush_record(self) -> None:
+        """Lines of the record that waited long enough go to disk (a run idles for long)."""
+        if self.record is not None:
+            self.record.flush_due()
+
     def _write_history(self) -> None:
         """Add this run's durations to the history; a shard run writes a pending file instead.
 

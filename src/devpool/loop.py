@@ -123,6 +123,7 @@ class Loop:
                     if eof:
                         self._on_exit(slot)
                 self._check_exits()
+                self.ctx.flush_record()  # what waited in the record's buffer goes to disk
                 self._stop_if_asked()
                 if self.stopped or (not self.scheduler.queue and not self.pool.starting):
                     self.pool.retire_idle(time.monotonic())

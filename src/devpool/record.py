@@ -71,6 +71,11 @@ class RecordWriter:
         if event_type not in BUFFERED or time.monotonic() - self._flushed_at >= BUFFER_SECONDS:
             self.flush()
 
+    def flush_due(self) -> None:
+        """Flush the lines that have waited BUFFER_SECONDS (the loop asks while it idles)."""
+        if self._waiting and time.monotonic() - self._flushed_at >= BUFFER_SECONDS:
+            self.flush()
+
     def flush(self) -> None:
         """Write and flush the lines that wait."""
         if self._file is None or not self._waiting:
