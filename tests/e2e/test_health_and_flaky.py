@@ -13,34 +13,10 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
-import xml.etree.ElementTree as ET
-from pathlib import Path
-from typing import Any
-
-import pytest
-
-# Workers get the controller's arguments and environment: without plugin autoload (and
-# hypothesis's plugin off) each worker start costs a fraction of a second.
-FAST = ("-p", "devpool.plugin", "-p", "no:hypothesispytest", "-p", "no:cacheprovider")
-
-# Put at the top of every generated test module: lets a test record what it saw.
-PRELUDE = """
-import json
-import os
 from pathlib import Path
 
 import pytest
-
-OUT = Path({out!r})
-
-
-def record(key, **data):
-    data.update(key=key, pid=os.getpid(), devices=os.environ.get("DEVPOOL_DEVICES"))
-    tmp = OUT / (key + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, OUT / (key + ".json"))
-"""
+from sessions import closing_line, events, job_ends, junit_cases, records, run, suite, text
 
 BUSY = {"2": [{"pid": 4242, "user": "ci2"}]}
 BUSY_TEXT = "device sim:2 busy: pid 4242 (user ci2)"
@@ -54,55 +30,6 @@ def _no_plugin_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     for name in ("DEVPOOL_SIM_BUSY", "GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "PYTEST_ADDOPTS"):
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def out(pytester: pytest.Pytester) -> Path:
-    path = pytester.path / "out"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def lock(tmp_path: Path) -> Path:
-    path = tmp_path / "locks"
-    path.mkdir()
-    return path
-
-
-def suite(pytester: pytest.Pytester, out: Path, name: str, body: str) -> None:
-    pytester.makepyfile(**{name: PRELUDE.format(out=str(out)) + textwrap.dedent(body)})
-
-
-def run(pytester: pytest.Pytester, lock: Path, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(*FAST, f"--devpool-lock-dir={lock}", *args, timeout=60)
-
-
-def text(result: pytest.RunResult) -> str:
-    return result.stdout.str() + "\n" + result.stderr.str()
-
-
-def closing_line(result: pytest.RunResult) -> str:
-    lines = [line for line in result.outlines if line.strip()]
-    return lines[-1] if lines else ""
-
-
-def records(out: Path) -> dict[str, dict[str, Any]]:
-    return {path.stem: json.loads(path.read_text()) for path in sorted(out.glob("*.json"))}
-
-
-def events(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [e for e in lines if kind is None or e["type"] == kind]
-
-
-def job_ends(path: Path, test: str) -> list[dict[str, Any]]:
-    ends = [e for e in events(path, "job_end") if e["test"].endswith(test)]
-    return sorted(ends, key=lambda e: e["attempt"])
-
-
-def junit_cases(xml: Path) -> list[ET.Element]:
-    return list(ET.parse(xml).getroot().iter("testcase"))
 
 
 def one_error_sentence(result: pytest.RunResult, *words: str) -> str:

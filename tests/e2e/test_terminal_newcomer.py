@@ -11,42 +11,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sessions
+from sessions import closing_line, suite, text
 
 from devpool.leases import Holder, Lease, LockDir
 
-FAST = ("-p", "devpool.plugin", "-p", "no:hypothesispytest", "-p", "no:cacheprovider")
 
-# At the top of every generated test module: record what a test saw, wait on a condition.
-PRELUDE = """
-import json
-import os
-import time
-from pathlib import Path
-
-import pytest
-
-OUT = Path({out!r})
-
-
-def record(key, **data):
-    data.update(key=key, pid=os.getpid(), devices=os.environ.get("DEVPOOL_DEVICES"))
-    tmp = OUT / (key + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, OUT / (key + ".json"))
-
-
-def wait_until(condition, what, bound=30.0):
-    deadline = time.monotonic() + bound
-    while not condition():
-        assert time.monotonic() < deadline, "waited " + str(bound) + "s for " + what
-        time.sleep(0.02)
-"""
+def run(pytester: pytest.Pytester, lock: Path, *args: str) -> pytest.RunResult:
+    return sessions.run(pytester, lock, *args, timeout=90)
 
 
 @pytest.fixture(autouse=True)
@@ -54,37 +31,6 @@ def _no_plugin_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     for name in ("DEVPOOL_SIM_BUSY", "GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "CI"):
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def out(pytester: pytest.Pytester) -> Path:
-    path = pytester.path / "out"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def lock(tmp_path: Path) -> Path:
-    path = tmp_path / "locks"
-    path.mkdir()
-    return path
-
-
-def suite(pytester: pytest.Pytester, out: Path, name: str, body: str) -> None:
-    pytester.makepyfile(**{name: PRELUDE.format(out=str(out)) + textwrap.dedent(body)})
-
-
-def run(pytester: pytest.Pytester, lock: Path, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(*FAST, f"--devpool-lock-dir={lock}", *args, timeout=90)
-
-
-def text(result: pytest.RunResult) -> str:
-    return result.stdout.str() + "\n" + result.stderr.str()
-
-
-def closing_line(result: pytest.RunResult) -> str:
-    lines = [line for line in result.outlines if line.strip()]
-    return lines[-1] if lines else ""
 
 
 def section(result: pytest.RunResult, title: str) -> list[str]:
