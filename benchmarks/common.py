@@ -37,14 +37,17 @@ def suite_root(root: Path, files: dict[str, str]) -> Path:
 
 
 def devpool_options(root: Path, devices: str, history: Path) -> list[str]:
-    """--devices plus a private lock folder and duration history: no other run interferes."""
+    """--devices plus a private lock folder and duration history: no other run interferes.
+
+    The paths are glued to their options (`--opt=PATH`): pytest guesses the rootdir and
+    inifile before plugin options are known, so an existing PATH given as `--opt PATH`
+    counts as a test path there; outside the suite's folder it moves the rootdir and
+    drops the suite's own configuration (testpaths, addopts)."""
     return [
         "--devices",
         devices,
-        "--devpool-lock-dir",
-        str(root / "locks"),
-        "--devpool-history",
-        str(history),
+        f"--devpool-lock-dir={root / 'locks'}",
+        f"--devpool-history={history}",
     ]
 
 

@@ -1,12 +1,15 @@
 """Where a devpool run spends its CPU: py-spy samples of the controller and of every worker.
 
 Run: python benchmarks/profile_run.py [--suite modules20] [--rate 200] [--top 15]
+     python benchmarks/profile_run.py --folder PATH [--pytest-arg=--deselect=ID ...]
 
 Runs one devpool command on a CPU suite under `py-spy record --subprocesses` (py-spy is in
 the `[dev]` extra) and prints, per role (controller, workers together), the samples on CPU
 and the main threads' functions with the most samples, by own time and by inclusive time. py-spy
 samples only threads on CPU (no `--idle`), so a worker waiting for its next batch counts
 nothing: compare a role's samples with the run's wall time to see how busy it was.
+`--folder` profiles a suite already on disk, in place (its own configuration applies;
+history and locks go to a temporary folder), as `xdist_pairs.py --folder` times it.
 """
 
 from __future__ import annotations
@@ -73,18 +76,26 @@ def main() -> None:
     parser.add_argument("--suite", choices=list(SUITES), default="modules20")
     parser.add_argument("--rate", type=int, default=200, help="samples per second")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--folder", type=Path, help="an existing suite to profile in place")
+    parser.add_argument("--pytest-arg", action="append", default=[], metavar="ARG")
     args = parser.parse_args()
-    _, files = SUITES[args.suite]
     with tempfile.TemporaryDirectory(prefix="devpool-profile-") as tmp:
-        root = suite_root(Path(tmp), files)
-        history = root / "history.sqlite"
-        argv = [*PYTEST, *devpool_options(root, "sim:0-1", history), "--devpool-cpu-slots", "2"]
-        subprocess.run(argv, cwd=root, capture_output=True, check=True)  # warm history
-        raw = root / "spy.txt"
+        state = Path(tmp)
+        if args.folder is not None:
+            root = args.folder.resolve()
+        else:
+            root = suite_root(state, SUITES[args.suite][1])
+        history = state / "history.sqlite"
+        argv = [*PYTEST, *devpool_options(state, "sim:0-1", history), "--devpool-cpu-slots", "2"]
+        argv += args.pytest_arg
+        # warm history; exit 1 (failing tests) still primes it
+        subprocess.run(argv, cwd=root, capture_output=True, check=False)
+        raw = state / "spy.txt"
         spy = ["py-spy", "record", "--subprocesses", "--format", "raw", "-r", str(args.rate)]
         start = time.perf_counter()
         subprocess.run([*spy, "-o", str(raw), "--", *argv], cwd=root, capture_output=True)
-        print(f"{args.suite}: one warm devpool run, {time.perf_counter() - start:.2f} s wall")
+        name = root if args.folder is not None else args.suite
+        print(f"{name}: one warm devpool run, {time.perf_counter() - start:.2f} s wall")
         summarize(raw, args.top)
 
 
