@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +44,20 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
 def unfenced() -> Callable[[list[str]], list[str]]:
     """Lines of a GitHub log that are outside every ::stop-commands:: fence."""
     return _unfenced
+
+
+@pytest.fixture
+def lock_dir(tmp_path: Path) -> Path:
+    """A lock folder of the test's own."""
+    return tmp_path / "locks"
+
+
+@pytest.fixture
+def children() -> Iterator[list[subprocess.Popen[str]]]:
+    """Child processes a test starts (child_processes.spawn); killed and reaped after it."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import os
-import select
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-import devpool
+from child_processes import read_line, spawn
 from devpool.errors import DevpoolError
 from devpool.leases import (
     Blocked,
@@ -26,8 +24,6 @@ from devpool.leases import (
     default_lock_dir,
     describe_blockers,
 )
-
-SRC = str(Path(devpool.__file__).resolve().parent.parent)
 
 CHILD_ACQUIRES = """
 import sys, time
@@ -65,39 +61,6 @@ def can_acquire(path: Path, devices: list[int]) -> bool:
         result.release()
         return True
     return False
-
-
-def read_line(proc: subprocess.Popen[str], timeout: float = 10.0) -> str:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, "child printed nothing in time"
-    return proc.stdout.readline().strip()
-
-
-@pytest.fixture
-def lock_dir(tmp_path: Path) -> Path:
-    return tmp_path / "locks"
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-
-
-def spawn(
-    procs: list[subprocess.Popen[str]], args: list[str], pass_fds: tuple[int, ...] = ()
-) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        [sys.executable, *args], stdout=subprocess.PIPE, text=True, env=env, pass_fds=pass_fds
-    )
-    procs.append(proc)
-    return proc
 
 
 # --- leases between open file descriptions and processes ---------------------------------

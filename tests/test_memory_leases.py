@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-import devpool
+from child_processes import SRC, read_line, spawn
 from devpool.leases import Blocked, Holder, Lease, LockDir, describe_blockers
 
-SRC = str(Path(devpool.__file__).resolve().parent.parent)
 CAP = {0: 100, 1: 100}
 
 # Holds `amount` of the given devices (or them whole, amount 0) until stdin closes.
@@ -98,44 +94,6 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
     return condition()
 
 
-def read_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, "child printed nothing in time"
-    return proc.stdout.readline().strip()
-
-
-@pytest.fixture
-def lock_dir(tmp_path: Path) -> Path:
-    return tmp_path / "locks"
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-
-
-def spawn(
-    procs: list[subprocess.Popen[str]], args: list[str], pass_fds: tuple[int, ...] = ()
-) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        [sys.executable, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        pass_fds=pass_fds,
-    )
-    procs.append(proc)
-    return proc
-
-
 def memory(path: Path, devices: list[int], amount: int) -> Lease | list[Blocked]:
     return LockDir(path).try_acquire_memory("sim", devices, amount, CAP, holder())
 
@@ -211,8 +169,8 @@ def test_status_lists_partial_holders_with_amounts(lock_dir: Path) -> None:
 def test_a_sigkilled_partial_holder_frees_its_share(
     lock_dir: Path, children: list[subprocess.Popen[str]]
 ) -> None:
-    child = spawn(children, ["-c", CHILD_HOLDS, str(lock_dir), "0", "60"])
-    assert read_line(child) == "ready"
+    child = spawn(children, ["-c", CHILD_HOLDS, str(lock_dir), "0", "60"], stdin=True)
+    assert read_line(child, timeout=20.0) == "ready"
     refused = memory(lock_dir, [0], 50)
     assert isinstance(refused, list)
     assert refused[0].holder is not None and refused[0].holder.pid == child.pid
@@ -230,8 +188,8 @@ def test_a_sigkilled_partial_holder_frees_its_share(
 def test_a_sigkilled_whole_holder_frees_the_device_for_partial_leases(
     lock_dir: Path, children: list[subprocess.Popen[str]]
 ) -> None:
-    child = spawn(children, ["-c", CHILD_HOLDS, str(lock_dir), "0", "0"])
-    assert read_line(child) == "ready"
+    child = spawn(children, ["-c", CHILD_HOLDS, str(lock_dir), "0", "0"], stdin=True)
+    assert read_line(child, timeout=20.0) == "ready"
     assert not can(memory(lock_dir, [0], 1))
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=10)
@@ -243,7 +201,9 @@ def test_a_worker_inheriting_the_fds_keeps_the_share(
 ) -> None:
     lease = memory(lock_dir, [0], 70)
     assert isinstance(lease, Lease)
-    child = spawn(children, ["-c", "import sys; sys.stdin.read()"], pass_fds=tuple(lease.fds()))
+    child = spawn(
+        children, ["-c", "import sys; sys.stdin.read()"], pass_fds=tuple(lease.fds()), stdin=True
+    )
     lease.release(unlock=False)
     assert not can(memory(lock_dir, [0], 31))
     assert not can(whole(lock_dir, [0]))
@@ -258,8 +218,11 @@ def test_concurrent_adds_never_oversubscribe(
     """Processes that all try to add 60 of 100 at the same moment: exactly one gets it."""
     for round_ in range(3):
         folder = lock_dir / str(round_)
-        procs = [spawn(children, ["-c", CHILD_HOLDS, str(folder), "0", "60"]) for _ in range(5)]
-        answers = sorted(read_line(proc) for proc in procs)
+        procs = [
+            spawn(children, ["-c", CHILD_HOLDS, str(folder), "0", "60"], stdin=True)
+            for _ in range(5)
+        ]
+        answers = sorted(read_line(proc, timeout=20.0) for proc in procs)
         assert answers == ["blocked"] * 4 + ["ready"], answers
         for proc in procs:
             assert proc.stdin is not None
@@ -274,7 +237,9 @@ def test_mixed_concurrent_holders_never_exceed_capacity_nor_overlap_whole(
     guards.mkdir()
     LockDir(lock_dir)
     procs = [
-        spawn(children, ["-c", CHILD_STRESS, str(lock_dir), str(guards), "150", str(seed)])
+        spawn(
+            children, ["-c", CHILD_STRESS, str(lock_dir), str(guards), "150", str(seed)], stdin=True
+        )
         for seed in range(6)
     ]
     (guards / "go").touch()
@@ -294,8 +259,8 @@ def test_mixed_concurrent_holders_never_exceed_capacity_nor_overlap_whole(
 def test_devpool_locks_and_doctor_show_partial_holders(
     lock_dir: Path, children: list[subprocess.Popen[str]]
 ) -> None:
-    child = spawn(children, ["-c", CHILD_HOLDS, str(lock_dir), "1", "60"])
-    assert read_line(child) == "ready"
+    child = spawn(children, ["-c", CHILD_HOLDS, str(lock_dir), "1", "60"], stdin=True)
+    assert read_line(child, timeout=20.0) == "ready"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, "-m", "devpool.cli"]
     locks = subprocess.run(
