@@ -143,6 +143,13 @@ OPTIONS: tuple[Option, ...] = (
         "'worker': reuse warm workers; 'module': a fresh process per test module; "
         "'job': a fresh process per test",
     ),
+    Option(
+        "fork-server",
+        _flag,
+        "isolated processes fork from a process that has collected (default on)",
+        flag=True,
+        negatable=True,
+    ),
     Option("device-memory", parse_size, "memory each device test declares unless it says (8GiB)"),
     Option("memory-reserve", _fraction, "share of each device's memory never handed out (5%)"),
     Option("reruns", _count, "retry a failed/error/timeout test this many times, fresh worker"),
@@ -244,6 +251,7 @@ class Settings:
     skip_unsatisfiable: bool = False
     plan: bool = False
     isolation: str = "worker"
+    fork_server: bool = True
     device_memory: int | None = None  # bytes per device for tests that do not declare it
     memory_reserve: float = 0.05
     run_dir: Path | None = None

@@ -52,6 +52,7 @@ from devpool.report.terminal import (
     print_summary,
     take_back,
 )
+from devpool.select import session as select_session
 
 RELEASE_AFTER = 5  # passes in a row after which a quarantined test is ready to release
 RUN_ID = re.compile(r"\d{8}-\d{6}-\d+")  # the folders devpool itself made under .devpool/runs
@@ -91,6 +92,7 @@ class Controller:
         self.quarantine_failures: list[Trouble] = []
         self.bad_devices: dict[int, str] = {}  # device → why it was retired this session
         self.device_notes: list[str] = []  # devices checked after an error and kept
+        self.run_notes: list[str] = []  # e.g. why the fork server could not fork
         self.memory: dict[int, int] = {}  # bytes each device hands out to device_memory tests
         self.artifacts_dir = self.run_dir / "artifacts"
         self.fatal = FatalPatterns.for_platform(
@@ -119,7 +121,11 @@ class Controller:
         Workers get this process's rootdir, inifile and final selection (see worklist)."""
         cwd = config.invocation_params.dir
         # Other plugins' settings that every worker must share (seed, coverage): see compat.
-        args = [*worklist.worker_args(config), *compat.worker_options(config)]
+        args = [
+            *worklist.worker_args(config),
+            *compat.worker_options(config),
+            *select_session.worker_options(config),
+        ]
         env = compat.worker_env(config)
         if not self.settings.plan:  # --devpool-plan starts no worker and leaves no folder
             selected = worklist.write_selection(self.items, self.run_dir / "collect")
@@ -128,7 +134,9 @@ class Controller:
             from devpool.backends.ray import RayBackend
 
             return RayBackend(args, cwd, self.log_dir, self.settings, self.inventory, env)
-        return LocalBackend(args, cwd, self.log_dir, env)
+        backend = LocalBackend(args, cwd, self.log_dir, env)
+        backend.start_timeout = self.settings.worker_start_timeout  # a template's collection
+        return backend
 
     def emit(self, event_type: str, **fields: Any) -> None:
         """One run event: to the record (written at once) and to every live listener."""
@@ -485,6 +493,8 @@ class Controller:
             )
         for note in self.device_notes:
             terminalreporter.write_line(f"devpool: device {note}", yellow=True)
+        for note in self.run_notes:
+            terminalreporter.write_line(f"devpool: {note}", yellow=True)
         if self.deselected:
             terminalreporter.write_sep("-", f"devpool: {len(self.deselected)} deselected")
             for nodeid, reason in self.deselected:

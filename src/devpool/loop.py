@@ -231,7 +231,7 @@ class Loop(Placing, MemoryGuard):
         head = slot.head
         self._release_head(slot)
         now = time.monotonic()
-        isolate = head is not None and head.request.isolate
+        isolate = head is not None and head.fresh
         over_share = self.limit is not None and len(self.pool.held()) > self.limit
         if (
             slot.stopping

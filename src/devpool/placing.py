@@ -225,7 +225,7 @@ class Placing:
         # --devpool-isolation module: a process runs the tests of one module and no other;
         # they go to it together (streamed in parts), whatever their size or duration.
         module = settings.isolation == "module"
-        if head.request.isolate or settings.isolation == "job" or self.stopped:
+        if head.fresh or settings.isolation == "job" or self.stopped:
             return []
         if k > 1 and not module:
             return []
@@ -238,7 +238,7 @@ class Placing:
         batch: list[Job] = []
         while len(batch) < cap and queue.of_size_count(k):
             following = queue.peek(k)
-            if following.request.isolate or _small(following) > budget:
+            if following.fresh or _small(following) > budget:
                 break
             if module and following.location[0] != head.location[0]:
                 break

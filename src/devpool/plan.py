@@ -44,6 +44,12 @@ class Job:
             self.display = self.nodeid
 
     @property
+    def fresh(self) -> bool:
+        """It runs in a process of its own: the isolate marker, or a retry (a failure may
+        have come from the state an earlier test left in a shared process)."""
+        return self.request.isolate or self.attempt > 1
+
+    @property
     def devices_needed(self) -> int:
         """Every device the job holds at once: a nodes(n) test holds n × device_count."""
         return self.request.device_count * self.request.nodes

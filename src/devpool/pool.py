@@ -17,7 +17,7 @@ from pathlib import Path
 
 from devpool import memory
 from devpool.attempts import Attempt, State
-from devpool.backends import Backend
+from devpool.backends import Backend, Forks
 from devpool.backends import WorkerHandle as Worker
 from devpool.context import RunContext
 from devpool.leases import Lease
@@ -109,7 +109,9 @@ class WorkerPool:
             if self.ctx.inventory.platform.kind == "sim":
                 memory_file = self.ctx.log_dir / f"memory-{job.id}-{job.attempt}.json"
                 env[memory.SIM_MEMORY_FILE] = str(memory_file)
-        worker = self.backend.start(placement.devices, lease, env, job.request)
+        worker = self._fork(placement.devices, lease, env, job)
+        if worker is None:
+            worker = self.backend.start(placement.devices, lease, env, job.request)
         if lease is not None:
             lease.set_job(job.nodeid, worker.pid)
         limit = self.ctx.settings.worker_start_timeout
@@ -150,11 +152,33 @@ class WorkerPool:
         }
         return slot.worker.send(message)
 
-    def _env(self, devices: tuple[int, ...], job: Job) -> dict[str, str]:
+    def _fork(
+        self, devices: tuple[int, ...], lease: Lease | None, env: dict[str, str], job: Job
+    ) -> Worker | None:
+        """A process of its own, forked from a template of its kind that has collected
+        already; None: start a fresh interpreter (no fork server, or it cannot fork)."""
+        backend = self.backend
+        if not self.ctx.settings.fork_server or not isinstance(backend, Forks):
+            return None
+        if not (job.fresh or self.ctx.settings.isolation != "worker"):
+            return None  # a warm worker starts once and runs many tests
+        kind = f"{job.devices_needed}-device" + (" isolate" if job.request.isolate else "")
+        # The template sees as many devices as its workers will (an import-time
+        # `skipif(device_count() < 2)` decides alike) but initialises none.
+        seen = tuple(self.ctx.inventory.devices[: len(devices)])
+        template_env = self._env(seen, job, one_module=False)
+        worker = backend.fork(kind, template_env, devices, lease, env)
+        for note in backend.notes():
+            self.ctx.run_notes.append(note)
+            self.ctx.emit("fork_server", note=note)
+        return worker
+
+    def _env(self, devices: tuple[int, ...], job: Job, one_module: bool = True) -> dict[str, str]:
         env = dict(os.environ)
         platform = self.ctx.inventory.platform
         modules = self.modules_for.get((job.devices_needed, job.request.isolate))
-        if modules is not None and (job.request.isolate or self.ctx.settings.isolation != "worker"):
+        isolated = job.request.isolate or self.ctx.settings.isolation != "worker"
+        if modules is not None and one_module and isolated:
             # A process that runs one job, or one module's jobs, imports that module alone.
             modules = self._one_module(job) or modules
         if modules is not None:
@@ -207,6 +231,11 @@ class WorkerPool:
     def escalate(self, now: float, grace: float) -> None:
         """Timeouts on the process side: slow starts, workers that will not stop, deadlines."""
         for slot in self.slots.values():
+            fresh_since = getattr(slot.worker, "fresh_since", None)  # a fork that fell back
+            if slot.ready_by is not None and fresh_since is not None:
+                slot.ready_by = max(
+                    slot.ready_by, fresh_since + self.ctx.settings.worker_start_timeout
+                )
             if slot.ready_by is not None and now >= slot.ready_by and not slot.stuck:
                 # A conftest or an import that hangs must not hang the whole run.
                 limit = self.ctx.settings.worker_start_timeout
@@ -227,7 +256,7 @@ class WorkerPool:
                 dump = getattr(slot.worker, "dump_stacks", None)  # a remote worker's own way
                 if dump is not None:
                     dump()
-                else:
+                elif slot.worker.pid > 0:  # 0: a fork not made yet (never os.kill(0, ...))
                     with suppress(ProcessLookupError):
                         os.kill(slot.worker.pid, signal.SIGUSR1)
             elif attempt.kill_stage == 1 and now >= attempt.kill_at:
@@ -301,6 +330,10 @@ class WorkerPool:
         self.slots.clear()
         self.idle.clear()
         self.backend.close()
+        if isinstance(self.backend, Forks):
+            for note in self.backend.notes():
+                self.ctx.run_notes.append(note)
+                self.ctx.emit("fork_server", note=note)
 
 
 def _module_lists(ctx: RunContext, plan: Plan) -> dict[tuple[int, bool], Path]:

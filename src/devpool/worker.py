@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from devpool import capture, compat, memory, protocol, worklist
+from devpool import capture, compat, forkserver, memory, protocol, worklist
 
 # Options that select or stop tests belong to the controller alone: the worker must be
 # able to run any node id it is sent, and never stop itself on a failure.
@@ -47,8 +47,15 @@ class WorkerSession:
 
     def __init__(self, config: pytest.Config, spec: str) -> None:
         self.config = config
-        fd_in, fd_out, parent = (int(part) for part in spec.split(","))
-        self.fd_in, self.fd_out = fd_in, fd_out
+        # A template (fork server) collects, then forks workers: "template,SOCKET,PARENT".
+        self.template: forkserver.Template | None = None
+        if spec.startswith("template,"):
+            sock, parent = (int(part) for part in spec.split(",")[1:])
+            self.template = forkserver.Template(sock)
+            self.fd_in = self.fd_out = -1  # a forked child gets its own pipes
+        else:
+            fd_in, fd_out, parent = (int(part) for part in spec.split(","))
+            self.fd_in, self.fd_out = fd_in, fd_out
         self.failed = False  # a test of the current batch failed
         self._teardown: protocol.Message | None = None  # sent with the next finish
         _die_with_parent()
@@ -66,8 +73,15 @@ class WorkerSession:
             self.modules = set(Path(only).read_text(encoding="utf-8").split("\n")) - {""}
         self.selected = _selection()  # None: keep what this process's collection keeps
         self.collected: list[pytest.Item] = []  # every item, before any collection hook
+        self._stacks: Any = None
+        self._log: Path | None = None  # this process's log (the backends name it so)
+        self._open_stacks()
+
+    def _open_stacks(self) -> None:
+        """faulthandler writes every thread's stack to this file when the controller asks."""
         stacks = os.environ.get("DEVPOOL_STACKS_FILE")
         if stacks:
+            self._log = Path(stacks).with_suffix(".log")
             self._stacks = open(stacks, "w")  # noqa: SIM115 - lives as long as the process
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
 
@@ -87,6 +101,32 @@ class WorkerSession:
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         self.collected.append(item)
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """A template forks only what a fresh worker would have collected the same way."""
+        if self.template is None:
+            return
+        why = ""
+        runtime = forkserver.initialised_runtime(self.config)
+        if runtime:
+            # A device context cannot be shared with children, and the template holds no
+            # lease: it ends now rather than keep a context on a device it does not own.
+            why = f"importing {report.nodeid or 'the conftest files'} initialised {runtime}"
+        elif report.failed:
+            why = f"collecting {report.nodeid or 'the conftest files'} failed in the template"
+        if why:
+            self.template.refuse(why)
+            os._exit(0)
+
+    def _become(self, fork: forkserver.Fork) -> None:
+        """In a child the template forked: a worker of its own, on the pipes it was sent."""
+        _die_with_parent()
+        if os.getppid() != fork.template_pid:  # the template died before prctl took effect
+            os._exit(3)
+        forkserver.become_worker(self.config, fork, self._log)
+        self.template = None
+        self.fd_in, self.fd_out = fork.commands, fork.events
+        self._open_stacks()
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """The controller's selection is final: keep exactly its node ids.
@@ -102,6 +142,12 @@ class WorkerSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        if self.template is not None:
+            gc.freeze()  # what collection built is shared by every child, copy-on-write
+            fork = self.template.serve(self.config)
+            if fork is None:
+                return True  # the template's work is done
+            self._become(fork)
         items = {item.nodeid: item for item in session.items}
         order = {item.nodeid: index for index, item in enumerate(session.items)}
         # What collection built lives as long as the process: out of the collector's sight,
@@ -152,6 +198,12 @@ class WorkerSession:
             setup_state.teardown_exact(None)
         except Exception as exc:  # noqa: BLE001 - a teardown error must not hide the run's end
             print(f"devpool worker: error tearing down fixtures: {exc!r}", file=sys.stderr)
+        # The controller writes the summary; a worker's would cost its devices' next user
+        # time: plugins' pytest_terminal_summary may import whole packages at exit
+        # (hypothesis does, assertion-rewritten, seconds of CPU without a bytecode cache).
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            self.config.pluginmanager.unregister(reporter)
         return True
 
     def _run(

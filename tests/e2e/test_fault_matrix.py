@@ -104,7 +104,9 @@ def suites(draw: st.DrawFn) -> tuple[list[Case], bool, bool, int, float]:
     reruns = draw(st.integers(0, 1))
     # Just before its 1 s limit, or just after it while devpool is still dumping stacks.
     deadline_sleep = draw(st.sampled_from([0.9, 1.15, 1.3]))
-    return cases, collect_hang, interrupt, reruns, deadline_sleep
+    # job: every test in a process forked from a template (the fork server).
+    isolation = draw(st.sampled_from(["worker", "worker", "job"]))
+    return cases, collect_hang, interrupt, reruns, deadline_sleep, isolation
 
 
 def _module(cases: list[Case], deadline_sleep: float) -> str:
@@ -146,13 +148,27 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _working_in(folder: Path) -> list[int]:
+    """Live processes whose working directory is folder (the run's own started there)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cwd = os.readlink(entry / "cwd")
+            except OSError:
+                continue
+            if cwd == str(folder) and _alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
 def _events(path: Path) -> list[dict[str, object]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _run(folder: Path, interrupt: bool, reruns: int) -> tuple[int, float]:
+def _run(folder: Path, interrupt: bool, reruns: int, isolation: str) -> tuple[int, float]:
     env = dict(os.environ)
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     for name in ("PYTEST_ADDOPTS", "DEVPOOL_SIM_HEALTH", "DEVPOOL_SIM_BUSY", "GITHUB_ACTIONS"):
@@ -173,6 +189,7 @@ def _run(folder: Path, interrupt: bool, reruns: int) -> tuple[int, float]:
         "--devpool-timeout-grace=0.5",
         "--devpool-worker-start-timeout=3",
         f"--devpool-reruns-infra={reruns}",
+        f"--devpool-isolation={isolation}",
         "--devpool-no-probe",
         "-q",
         "-p",
@@ -210,9 +227,9 @@ def _run(folder: Path, interrupt: bool, reruns: int) -> tuple[int, float]:
 )
 @given(suites())
 def test_every_job_ends_once_and_truly_under_random_faults(
-    drawn: tuple[list[Case], bool, bool, int, float],
+    drawn: tuple[list[Case], bool, bool, int, float, str],
 ) -> None:
-    cases, collect_hang, interrupt, reruns, deadline_sleep = drawn
+    cases, collect_hang, interrupt, reruns, deadline_sleep, isolation = drawn
     with tempfile.TemporaryDirectory(prefix="devpool-faults-") as tmp:
         folder = Path(tmp)
         (folder / "suite").mkdir()
@@ -224,7 +241,7 @@ def test_every_job_ends_once_and_truly_under_random_faults(
             (folder / "suite" / "test_collect_hang.py").write_text(COLLECT_HANG)
             expected["suite/test_collect_hang.py::test_never_collected"] = EXPECTED["collect_hang"]
             faults["suite/test_collect_hang.py::test_never_collected"] = "collect_hang"
-        code, _ = _run(folder, interrupt, reruns)
+        code, _ = _run(folder, interrupt, reruns, isolation)
         output = (folder / "output.txt").read_text(errors="replace")
         events = _events(folder / "run" / "record.jsonl")
         context = f"\n{output[-4000:]}"
@@ -283,3 +300,7 @@ def test_every_job_ends_once_and_truly_under_random_faults(
         while time.monotonic() < bound and any(_alive(pid) for pid in pids):
             time.sleep(0.05)
         assert not [pid for pid in pids if _alive(pid)], context
+        # Nor any other process of the run (a fork server's template): none works in its folder.
+        while time.monotonic() < bound and _working_in(folder):
+            time.sleep(0.05)
+        assert not _working_in(folder), context

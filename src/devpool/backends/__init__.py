@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from devpool.leases import Lease
 from devpool.markers import Request
@@ -62,3 +62,19 @@ class Backend(Protocol):
     def reap(self, worker: WorkerHandle, wait: float = 5.0) -> int | None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Forks(Protocol):
+    """A backend that can fork a worker from a template that has collected already."""
+
+    def fork(
+        self,
+        kind: str,
+        template_env: Mapping[str, str],
+        devices: tuple[int, ...],
+        lease: Lease | None,
+        env: Mapping[str, str],
+    ) -> WorkerHandle | None: ...
+
+    def notes(self) -> list[str]: ...

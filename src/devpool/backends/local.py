@@ -1,4 +1,8 @@
-"""Local backend: workers are child `python -m pytest` processes, one process group each."""
+"""Local backend: workers are child `python -m pytest` processes, one process group each.
+
+A worker that must be a fresh process (isolation, the isolate marker, a retry) may instead
+be forked from a template of its kind that has collected already (templates.py).
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,24 @@ import contextlib
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from devpool import protocol
 from devpool.backends import WorkerHandle
 from devpool.backends.pipes import EventPipes
+from devpool.backends.templates import ForkedProcess, ForkRequest, Template
 from devpool.leases import Lease
 from devpool.markers import Request
 from devpool.worker import stacks_file
+
+TEMPLATE_SHARE = 0.9  # of the worker start timeout, for a template to collect
 
 
 @dataclass(eq=False)
@@ -28,13 +37,14 @@ class Worker:
     key: int
     devices: tuple[int, ...]
     lease: Lease | None
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess  # forked: from a template
     log: Path
     fd_in: int  # controller writes commands here
     fd_out: int  # controller reads events here
     reader: protocol.Reader = field(default_factory=protocol.Reader)
     started: float = field(default_factory=time.monotonic)
     exited: bool = False
+    fresh_since: float | None = None  # a fork that became a fresh interpreter, from then
 
     @property
     def pid(self) -> int:
@@ -62,6 +72,9 @@ class Worker:
 
     def signal_group(self, signum: int) -> None:
         """Signal the worker's whole process group (the test's own children included)."""
+        if isinstance(self.process, ForkedProcess):
+            self.process.signal_group(signum)  # it may not be forked yet
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signum)
 
@@ -89,6 +102,8 @@ class LocalBackend:
         self.worker_env = dict(worker_env or {})  # the same for every worker of the run
         self.pipes = EventPipes()
         self._next_key = 0
+        self.templates: dict[str, Template] = {}  # kind → its template
+        self.start_timeout = 300.0  # seconds a worker may take to start (and collect)
 
     def start(
         self,
@@ -98,15 +113,98 @@ class LocalBackend:
         request: Request | None = None,
     ) -> Worker:
         """Spawn a worker for these devices; the lease fds are inherited so it outlives neither."""
+        worker, child_env, (cmd_read, ev_write) = self._prepare(devices, lease, env)
+        worker.process = self._popen(child_env, worker.log, cmd_read, ev_write, lease)
+        return worker
+
+    def fork(
+        self,
+        kind: str,
+        template_env: Mapping[str, str],
+        devices: tuple[int, ...],
+        lease: Lease | None,
+        env: Mapping[str, str],
+    ) -> Worker | None:
+        """A worker forked from the template of its kind (started now if there is none);
+        None when that template cannot fork (the caller starts a fresh interpreter)."""
+        template = self.templates.get(kind)
+        if template is None:
+            template = self._start_template(kind, template_env)
+        template.pump(0.0)
+        if template.state == "off":
+            return None
+        worker, child_env, (cmd_read, ev_write) = self._prepare(devices, lease, env)
+        log = os.open(worker.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+        def start_fresh(request: ForkRequest) -> None:
+            # The template cannot fork it after all: the same worker, as a fresh process.
+            os.close(request.log)
+            worker.fresh_since = time.monotonic()  # it starts (collects) from now
+            worker.process = self._popen(
+                request.env, worker.log, request.commands, request.events, request.lease
+            )
+
+        fork = ForkRequest(worker.key, child_env, cmd_read, ev_write, log, lease, start_fresh)
+        worker.process = template.fork(fork)
+        return worker
+
+    def notes(self) -> list[str]:
+        """What the templates said once (why one could not fork), taken once."""
+        taken = []
+        for kind, template in self.templates.items():
+            taken += [f"fork server for {kind} workers off: {note}" for note in template.notes]
+            template.notes.clear()
+        return taken
+
+    def _prepare(
+        self, devices: tuple[int, ...], lease: Lease | None, env: Mapping[str, str]
+    ) -> tuple[Worker, dict[str, str], tuple[int, int]]:
+        """A worker's pipes, log and environment, before its process exists."""
         self._next_key += 1
         key = self._next_key
         cmd_read, cmd_write = os.pipe()
         ev_read, ev_write = os.pipe()
         log = self.log_dir / f"worker-{key}.log"
-        lease_fds = lease.fds() if lease is not None else []
         child_env = {**env, **self.worker_env}
         child_env["DEVPOOL_STACKS_FILE"] = str(stacks_file(log))
+        flags = fcntl.fcntl(ev_read, fcntl.F_GETFL)
+        fcntl.fcntl(ev_read, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        placeholder: Any = None  # set by the caller at once
+        worker = Worker(key, devices, lease, placeholder, log, cmd_write, ev_read)
+        self.pipes.watch(worker)
+        return worker, child_env, (cmd_read, ev_write)
+
+    def _popen(
+        self,
+        env: Mapping[str, str],
+        log: Path,
+        cmd_read: int,
+        ev_write: int,
+        lease: Lease | None,
+    ) -> subprocess.Popen[bytes]:
+        lease_fds = lease.fds() if lease is not None else []
         spec = f"{cmd_read},{ev_write},{os.getpid()}"
+        argv = [sys.executable, "-m", "pytest", *self.args, "--devpool-worker", spec]
+        with open(log, "wb") as out:
+            process = subprocess.Popen(
+                argv,
+                cwd=self.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=(cmd_read, ev_write, *lease_fds),
+                start_new_session=True,
+            )
+        os.close(cmd_read)
+        os.close(ev_write)
+        return process
+
+    def _start_template(self, kind: str, env: Mapping[str, str]) -> Template:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        log = self.log_dir / f"template-{len(self.templates) + 1}.log"
+        child_env = {**env, **self.worker_env, "DEVPOOL_STACKS_FILE": str(stacks_file(log))}
+        spec = f"template,{theirs.fileno()},{os.getpid()}"
         argv = [sys.executable, "-m", "pytest", *self.args, "--devpool-worker", spec]
         with open(log, "wb") as out:
             process = subprocess.Popen(
@@ -116,19 +214,30 @@ class LocalBackend:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                pass_fds=(cmd_read, ev_write, *lease_fds),
+                pass_fds=(theirs.fileno(),),
                 start_new_session=True,
             )
-        os.close(cmd_read)
-        os.close(ev_write)
-        flags = fcntl.fcntl(ev_read, fcntl.F_GETFL)
-        fcntl.fcntl(ev_read, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-        worker = Worker(key, devices, lease, process, log, cmd_write, ev_read)
-        self.pipes.watch(worker)
-        return worker
+        theirs.close()
+        # It gives up a little before the workers waiting for it would be ended as stuck:
+        # they then start fresh, with a full start timeout of their own.
+        limit = self.start_timeout * TEMPLATE_SHARE
+        template = Template(kind, process, ours, str(log), time.monotonic() + limit, limit)
+        self.templates[kind] = template
+        fd = ours.fileno()
+
+        def said() -> None:
+            template.pump(0.0)
+            if template.ended:
+                self.pipes.uncall(fd)
+
+        self.pipes.call(fd, said)
+        return template
 
     def poll(self, timeout: float) -> list[tuple[WorkerHandle, list[protocol.Message], bool]]:
         """Events that arrived within timeout: (worker, messages, reached_eof)."""
+        now = time.monotonic()
+        for template in self.templates.values():
+            template.check(now)
         return self.pipes.poll(timeout)
 
     def drain(self, worker: WorkerHandle) -> list[protocol.Message]:
@@ -149,4 +258,8 @@ class LocalBackend:
         return code
 
     def close(self) -> None:
+        for template in self.templates.values():
+            if not template.ended:
+                self.pipes.uncall(template.sock.fileno())
+            template.close()
         self.pipes.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import selectors
+from collections.abc import Callable
 from typing import Any
 
 from devpool import protocol
@@ -26,6 +27,11 @@ def read_available(fd: int) -> tuple[bytes, bool]:
         chunks.append(data)
 
 
+class _Callback:
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+
+
 class EventPipes:
     """Watches workers' event pipes; a worker has `fd_out` and a `reader` (protocol.Reader)."""
 
@@ -34,6 +40,14 @@ class EventPipes:
 
     def watch(self, worker: Any) -> None:
         self.selector.register(worker.fd_out, selectors.EVENT_READ, worker)
+
+    def call(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call back when fd is readable (a fork server's socket), instead of reading it."""
+        self.selector.register(fd, selectors.EVENT_READ, _Callback(callback))
+
+    def uncall(self, fd: int) -> None:
+        if fd in self.selector.get_map():
+            self.selector.unregister(fd)
 
     def forget(self, worker: Any) -> None:
         if worker.fd_out in self.selector.get_map():
@@ -44,6 +58,9 @@ class EventPipes:
         results = []
         for key, _ in self.selector.select(timeout):
             worker = key.data
+            if isinstance(worker, _Callback):
+                worker.callback()
+                continue
             data, eof = read_available(worker.fd_out)
             if eof:
                 self.forget(worker)
@@ -57,7 +74,7 @@ class EventPipes:
         return list(worker.reader.feed(data))
 
     def empty(self) -> bool:
-        return not self.selector.get_map()
+        return not any(not isinstance(k.data, _Callback) for k in self.selector.get_map().values())
 
     def close(self) -> None:
         self.selector.close()

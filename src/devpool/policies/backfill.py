@@ -48,7 +48,7 @@ class Backfill:
                     continue
                 if not ends_in_time:
                     spare -= k
-            placement = pool.take(job, isolate_all or job.request.isolate)
+            placement = pool.take(job, isolate_all or job.fresh)
             if placement is None:
                 continue
             queue.pop_job(job)
@@ -112,7 +112,7 @@ def _select_shared(queue: Queue, pool: Pool, now: float, isolate_all: bool) -> l
     for job in queue:  # a snapshot in priority order: popping while walking is safe
         if pool.slots <= 0 or passed > LOOK_PAST:
             break
-        isolate = isolate_all or job.request.isolate
+        isolate = isolate_all or job.fresh
         if reserved is None or job.devices_needed == 0:
             placement = pool.take(job, isolate)
             if placement is None and reserved is None and job.devices_needed:

@@ -13,7 +13,7 @@ class Fifo:
     def select(self, queue: Queue, pool: Pool, now: float, isolate_all: bool) -> list[Placement]:
         placements: list[Placement] = []
         for job in sorted(queue, key=lambda job: job.index):
-            placement = pool.take(job, isolate_all or job.request.isolate)
+            placement = pool.take(job, isolate_all or job.fresh)
             if placement is None:
                 break
             queue.pop_job(job)
