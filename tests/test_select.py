@@ -24,6 +24,7 @@ from devpool.select.baseline import (
     export_generation,
     load_generation,
     toolkits,
+    union_deps,
 )
 from devpool.select.diff import Current, select
 from devpool.select.fingerprints import blocks_of_source
@@ -124,13 +125,54 @@ def deps(nodeid: str, block_hash: str = "h1") -> dict[str, object]:
     }
 
 
-def test_attempts_of_one_test_merge_worst_outcome_and_conflicting_fingerprints() -> None:
-    builder = Builder()
+def test_attempts_of_one_test_merge_worst_outcome_and_conflicting_fingerprints(
+    tmp_path: Path,
+) -> None:
+    builder = Builder(tmp_path)
     builder.add(deps("t::a"), "failed", 0)
     builder.add(deps("t::a", "h2"), "passed", 0)
     database = builder.database({})
     assert database["tests"]["t::a"]["outcome"] == "failed"
     assert database["blocks"] == [["m.py::f", "conflict"]]
+
+
+def test_a_library_stamped_twice_keeps_one_stamp_and_the_database_its_shape(
+    tmp_path: Path,
+) -> None:
+    # Two attempts (or two ranks on two nodes) saw the same library with other stamps.
+    builder = Builder(tmp_path)
+    builder.add({**deps("t::a"), "libs": {"/usr/lib/libx.so": [10, 1]}}, "passed", 0)
+    builder.add({**deps("t::a"), "libs": {"/usr/lib/libx.so": [10, 2]}}, "passed", 0)
+    database = builder.database({"/usr/lib/libx.so": "hx"})
+    assert database["libs"] == [["/usr/lib/libx.so", 10, 1, "hx"]]
+
+
+def test_a_library_inside_the_project_is_resolved_and_stamped_on_the_controller(
+    tmp_path: Path,
+) -> None:
+    # A Ray worker with shipped code names a project library relative to its own rootdir.
+    (tmp_path / "native").mkdir()
+    library = tmp_path / "native" / "libk.so"
+    library.write_bytes(b"\x7fELF")
+    builder = Builder(tmp_path)
+    builder.add({**deps("t::a"), "libs": {"native/libk.so": [4, 123]}}, "passed", 0)
+    builder.add({**deps("t::b"), "libs": {"/usr/lib/libx.so": [10, 1]}}, "passed", 0)
+    stat = library.stat()
+    assert builder.tests["t::a"]["libs"] == {str(library): (stat.st_size, stat.st_mtime_ns)}
+    assert builder.tests["t::b"]["libs"] == {"/usr/lib/libx.so": [10, 1]}
+    assert builder.library_paths() == {str(library), "/usr/lib/libx.so"}
+
+
+def test_the_ranks_of_a_multi_node_test_give_the_union_of_what_each_ran() -> None:
+    rank0 = {**deps("t::a"), "globs": ["k/*.cu"], "files": {"d.txt": "f1"}}
+    rank1 = {**deps("t::a"), "blocks": {"m.py::f": "h1", "m.py::g": "h3"}, "globs": ["x/*"]}
+    merged = union_deps([rank0, rank1])
+    assert merged["blocks"] == {"m.py::f": "h1", "m.py::g": "h3"}
+    assert merged["files"] == {"d.txt": "f1"} and merged["globs"] == ["k/*.cu", "x/*"]
+    assert rank0["blocks"] == {"m.py::f": "h1"}  # the inputs are left as they were
+    unrecorded = {"nodeid": "t::a", "recorded": False, "why": "something replaced it"}
+    merged = union_deps([rank0, unrecorded])
+    assert merged["recorded"] is False and merged["why"] == "something replaced it"
 
 
 def manifest(bucket: Bucket, **identity: object) -> dict[str, object]:
@@ -149,7 +191,7 @@ def manifest(bucket: Bucket, **identity: object) -> dict[str, object]:
 def test_generations_are_whole_or_refused(tmp_path: Path) -> None:
     store = Store(tmp_path / "store")
     bucket = Bucket(("tests",))
-    builder = Builder()
+    builder = Builder(tmp_path)
     builder.add(deps("t::a"), "passed", 1)
     first = store.write(manifest(bucket), builder.database({}))
     second = store.write(manifest(bucket), builder.database({}))
@@ -189,7 +231,7 @@ def test_a_changed_key_package_version_or_a_missing_baseline_means_a_full_run(
     assert select(store, current).full_reason == (
         "no baseline for this bucket (record one with --devpool-select record)"
     )
-    builder = Builder()
+    builder = Builder(tmp_path)
     builder.add(deps("t::a"), "passed", 1)
     store.write(manifest(bucket), builder.database({}))
     assert select(store, current).full_reason == "runtime identity changed: torch 2.1.0 → 2.1.1"

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devpool import protocol
+from devpool import protocol, worklist
 from devpool.backends import WorkerHandle
 from devpool.backends.pipes import EventPipes
 from devpool.config import Settings
@@ -37,6 +37,8 @@ from devpool.inventory import Inventory, Platform
 from devpool.leases import Holder, Lease, LockDir
 from devpool.markers import Request
 from devpool.report.terminal import read_log
+from devpool.select.baseline import union_deps
+from devpool.select.record import DEPS_ATTR
 from devpool.worker import stacks_file
 
 EVENTS_WAIT = 0.5  # seconds an actor holds an events() call open waiting for output
@@ -180,6 +182,32 @@ class RankSpec:
     ship_code: bool
     node_total: int
     peer_service: str | None = None
+    # --devpool-ray-ship-code: the controller's lists the worker reads (env var → lines),
+    # written on the node; module paths relative to the shipped folder.
+    lists: dict[str, list[str]] = field(default_factory=dict)
+
+
+# Files the controller names in a worker's environment and the worker reads at its start:
+# the selected node ids (rootdir-relative) and the modules to collect (paths).
+SELECTION_ENV, MODULES_ENV = worklist.NODEIDS_ENV, "DEVPOOL_COLLECT_ONLY"
+
+
+def shipped_lists(env: Mapping[str, str], cwd: Path) -> dict[str, list[str]]:
+    """The selection and module lists a worker reads, for a node that cannot see the
+    controller's files: modules relative to cwd (the folder shipped as working_dir)."""
+    lists: dict[str, list[str]] = {}
+    for name in (SELECTION_ENV, MODULES_ENV):
+        path = env.get(name)
+        if not path:
+            continue
+        try:
+            lines = [line for line in Path(path).read_text(encoding="utf-8").split("\n") if line]
+        except OSError:
+            continue  # the worker says so in its log
+        if name == MODULES_ENV:
+            lines = [os.path.relpath(line, cwd) for line in lines]
+        lists[name] = lines
+    return lists
 
 
 class RankProcess:
@@ -194,6 +222,7 @@ class RankProcess:
         self.cond = threading.Condition()
         self.leases: list[Lease] = []
         self.log = ""
+        self.written: list[str] = []  # the shipped lists' files on this node
 
     def place(self) -> dict[str, Any]:
         """Where Ray put this actor and what it assigned."""
@@ -257,6 +286,14 @@ class RankProcess:
             fd, self.log = tempfile.mkstemp(prefix="devpool-worker-", suffix=".log")
             os.close(fd)
         env["DEVPOOL_STACKS_FILE"] = str(stacks_file(Path(self.log)))
+        for name, lines in spec.lists.items():
+            if name == MODULES_ENV:  # where this node unpacked the shipped folder
+                lines = [os.path.join(cwd, line) for line in lines]
+            fd, path = tempfile.mkstemp(prefix="devpool-list-", suffix=".txt")
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write("".join(f"{line}\n" for line in lines))
+            self.written.append(path)
+            env[name] = path
         if spec.peer_service:
             self._start_service(spec.peer_service, cwd, env)
         cmd_read, cmd_write = os.pipe()
@@ -381,6 +418,10 @@ class RankProcess:
         for lease in self.leases:
             lease.release()
         self.leases = []
+        for path in self.written:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self.written = []
 
 
 # ---- merging ranks -------------------------------------------------------------------------
@@ -416,7 +457,20 @@ def merge_phase(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, A
     if failed:
         base["outcome"] = "failed"
         base["longrepr"] = "\n".join(_label(r, _longrepr_text(d)) for r, d in failed)
+    deps = _union_of_ranks(reports)
+    if deps is not None:
+        base[DEPS_ATTR] = deps
     return base
+
+
+def _union_of_ranks(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, Any] | None:
+    """--devpool-select record: a test depends on what any of its ranks ran or read."""
+    seen = [data.get(DEPS_ATTR) for _, data in reports]
+    if not any(isinstance(deps, Mapping) for deps in seen):
+        return None
+    nodeid = reports[0][1].get("nodeid")
+    lacking = {"nodeid": nodeid, "recorded": False, "why": "a rank sent no dependencies"}
+    return union_deps([deps if isinstance(deps, Mapping) else lacking for deps in seen])
 
 
 class Merge:
@@ -764,6 +818,7 @@ class RayBackend:
         port = ray.get(worker.ranks[0].actor.free_port.remote()) if n > 1 else 0
         totals = {node.node_id: node.count for node in self.nodes}
         ship = self.settings.ray_ship_code
+        lists = shipped_lists(env, self.cwd) if ship else {}
         refs = []
         for rank in worker.ranks:
             rank_env = dict(env)
@@ -788,6 +843,7 @@ class RayBackend:
                 ship_code=ship,
                 node_total=totals.get(rank.node_id, request.device_count),
                 peer_service=(request.peer_service or self.peer_service) if rank.rank > 0 else None,
+                lists=lists,
             )
             refs.append(rank.actor.start.remote(spec))
         started = ray.get(refs)

@@ -179,14 +179,38 @@ def changed_since(root: Path, commit: str) -> list[str]:
 _NOT_SOURCE = (".devpool/", ".pytest_cache/")
 
 
+def union_deps(many: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One test's dependencies seen by several processes (attempts, a multi-node test's
+    ranks): the union. A block or file seen with two hashes is "conflict", never equal again;
+    a library keeps its first stamp (the controller hashes the library itself)."""
+    merged = dict(many[0])
+    for kind in ("blocks", "files", "libs"):
+        if kind in merged:
+            merged[kind] = dict(merged[kind])
+    for deps in many[1:]:
+        if not deps.get("recorded") or not merged.get("recorded"):
+            merged["recorded"], merged["why"] = False, merged.get("why") or deps.get("why")
+            continue
+        for kind in ("blocks", "files"):
+            for key, value in deps.get(kind, {}).items():
+                if merged[kind].setdefault(key, value) != value:
+                    merged[kind][key] = "conflict"  # changed during the run
+        for path, stamp in deps.get("libs", {}).items():
+            merged["libs"].setdefault(path, stamp)
+        merged["globs"] = sorted({*merged.get("globs", []), *deps.get("globs", [])})
+    return merged
+
+
 class Builder:
     """The controller gathers each test's dependencies here, then writes one generation."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path) -> None:
+        self.root = root
         self.tests: dict[str, dict[str, Any]] = {}
 
     def add(self, deps: Mapping[str, Any], outcome: str, devices: int) -> None:
         """One attempt's dependencies (a worker's devpool_deps) and its outcome."""
+        deps = self._here(deps)
         nodeid = str(deps["nodeid"])
         test = self.tests.get(nodeid)
         if test is None:
@@ -194,15 +218,23 @@ class Builder:
             return
         if _RANK.get(outcome, 2) > _RANK.get(test["outcome"], 2):
             test["outcome"] = outcome
-        if not deps.get("recorded") or not test.get("recorded"):
-            test["recorded"], test["why"] = False, test.get("why") or deps.get("why")
-            return
-        for kind in ("blocks", "files", "libs"):  # an attempt again: the union of both
-            for key, value in deps.get(kind, {}).items():
-                old = test[kind].setdefault(key, value)
-                if old != value:
-                    test[kind][key] = "conflict"  # changed during the run: never equal
-        test["globs"] = sorted({*test.get("globs", []), *deps.get("globs", [])})
+        test.update(union_deps([test, deps]))
+
+    def _here(self, deps: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A library the worker named relative to its rootdir (one inside the project) is
+        the file at that place under this rootdir, stamped here: a Ray worker with shipped
+        code ran a copy of it elsewhere."""
+        libs = deps.get("libs")
+        if not isinstance(libs, Mapping) or all(os.path.isabs(p) for p in libs):
+            return deps
+        here: dict[str, Any] = {}
+        for path, stamp in libs.items():
+            if os.path.isabs(path):
+                here[path] = stamp
+            else:
+                local = str(self.root / path)
+                here[local] = library_stamp(local)
+        return {**deps, "libs": here}
 
     def database(self, lib_hashes: Mapping[str, str | None]) -> dict[str, Any]:
         """The deps.json content: each fingerprint once, tests point at them by index."""

@@ -59,7 +59,7 @@ class SelectSession:
         self.root = config.rootpath
         self.store = store_for(self.root)
         self.selection: Selection | None = None
-        self.builder = Builder()
+        self.builder = Builder(self.root)
         self.outcomes: dict[str, str] = {}  # display id → worst phase outcome so far
         self.misses: list[str] = []
         self.written: str | None = None
@@ -231,6 +231,13 @@ class SelectSession:
             )
         if self.write_error:
             write(f"devpool select: WARNING: {self.write_error}", red=True)
+
+
+def worker_options(config: pytest.Config) -> list[str]:
+    """The mode this controller resolved, pinned for its workers: `auto` asks git, and a Ray
+    worker with shipped code has no .git to ask (it would not record)."""
+    session = config.pluginmanager.get_plugin("devpool-select")
+    return [f"--devpool-select={session.mode}"] if isinstance(session, SelectSession) else []
 
 
 def register_controller(
