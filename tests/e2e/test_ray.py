@@ -8,50 +8,25 @@ and adds one back. Every wait polls a condition under a deadline.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from ray_cluster import (
+    NODE_NPU,
+    PLUGIN_ARGS,
+    PYPROJECT,
+    Cluster,
+    alive,
+    job_ends,
+    outcomes,
+    run_ray,
+    wait_until,
+)
 
-# Ray reads it when imported: every Ray process of these tests binds to 127.0.0.1 only.
-# Set for this process and so for every child session (and their Ray workers) too.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-
-try:
-    import ray  # noqa: F401
-    from ray.cluster_utils import Cluster
-except ImportError:
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("Ray is not installed (pip install -e '.[ray]')", allow_module_level=True)
-
-PLUGIN_ARGS = ("-p", "devpool.plugin", "-p", "no:cacheprovider")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-# The built-in sim platform, counted in the cluster's NPU resource.
-PYPROJECT = """
-[tool.devpool.platforms]
-sim = { kind = "sim", ray-resource = "NPU" }
-"""
-NODE_NPU = 4
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    """Two Ray nodes on 127.0.0.1, 4 NPU each; stopped through its own API."""
-    started = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"NPU": NODE_NPU}}
-    )
-    try:
-        started.add_node(num_cpus=1, resources={"NPU": NODE_NPU})
-        started.wait_for_nodes()
-        yield started
-    finally:
-        started.shutdown()
 
 
 @pytest.fixture(autouse=True)
@@ -59,48 +34,6 @@ def _no_plugin_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
     # Workers are whole pytest starts (on Ray nodes too): other installed plugins only slow
     # them down. The sessions and their workers inherit it.
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-
-
-def run_ray(
-    pytester: pytest.Pytester, cluster: Cluster, record: Path, *args: str
-) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        *PLUGIN_ARGS,
-        "--devpool-backend",
-        "ray",
-        "--devpool-ray-address",
-        cluster.address,
-        "--devices",
-        "sim",
-        f"--devpool-run-record={record}",
-        f"--devpool-lock-dir={pytester.path / 'locks'}",
-        *args,
-        timeout=180,
-    )
-
-
-def job_ends(record: Path) -> list[dict[str, Any]]:
-    events = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
-    return [e for e in events if e["type"] == "job_end"]
-
-
-def outcomes(record: Path) -> set[tuple[str, str]]:
-    return {(e["nodeid"], e["outcome"]) for e in job_ends(record) if not e["retried"]}
-
-
-def _alive(pid: int) -> bool:
-    status = Path(f"/proc/{pid}/status")
-    try:
-        return "zombie" not in status.read_text().lower()
-    except OSError:
-        return False
-
-
-def wait_until(condition: Any, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_two_ranks_on_two_nodes_talk_over_tcp(pytester: pytest.Pytester, cluster: Cluster) -> None:
@@ -178,7 +111,7 @@ def test_two_ranks_on_two_nodes_talk_over_tcp(pytester: pytest.Pytester, cluster
     for rank in end["ranks"]:
         assert len(rank["devices"]) == 2 and Path(rank["log"]).is_file()
     service_pid = int((out / "service-1.pid").read_text())
-    wait_until(lambda: not _alive(service_pid), 10, "the peer service to stop")
+    wait_until(lambda: not alive(service_pid), 10, "the peer service to stop")
     # Each rank's captured output comes back labelled with its rank.
     result.stdout.fnmatch_lines(["*Captured stdout call*rank 1*", "rank 1 got its answer"])
 

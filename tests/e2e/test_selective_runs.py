@@ -8,156 +8,19 @@ the reason when the baseline cannot be trusted.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
+from select_project import DATA, MATH, PROJECT, Run, git, git_project, record, write
 
-FAST = ("-p", "devpool.plugin", "-p", "no:hypothesispytest", "-p", "no:cacheprovider")
-
-PROJECT = {
-    "pyproject.toml": """
-        [tool.pytest.ini_options]
-        pythonpath = ["."]
-        """,
-    # pytester keeps each session's basetemp, stdout and stderr in the project: no sources.
-    ".gitignore": ".devpool/\n__pycache__/\nbuild/\nrunpytest-*\nstdout\nstderr\n",
-    "lib.py": """
-        def add(a, b):
-            return a + b
-
-
-        def mul(a, b):
-            return a * b
-        """,
-    "configs/model.yaml": "depth: 2\n",
-    "kernels/a.cu": "// kernel a\n",
-    "tests/conftest.py": "# the bucket's conftest\n",
-    "tests/test_math.py": """
-        import lib
-
-
-        def test_add():
-            assert lib.add(2, 3) == 5
-
-
-        def test_mul():
-            assert lib.mul(2, 3) == 6
-
-
-        def test_both():
-            assert lib.add(1, 1) + lib.mul(1, 1) == 3
-        """,
-    "tests/test_data.py": """
-        import os
-        from pathlib import Path
-
-        import pytest
-
-        ROOT = Path(__file__).parent.parent
-
-
-        def test_reads_config():
-            assert "depth" in (ROOT / "configs" / "model.yaml").read_text()
-
-
-        def test_plain():
-            assert os.environ.get("BREAK_PLAIN") is None
-
-
-        @pytest.mark.depends_on("kernels/*.cu")
-        def test_kernels():
-            pass
-
-
-        @pytest.mark.device_count(8)
-        def test_eight(devpool_devices):
-            assert len(devpool_devices) == 8
-        """,
-}
-MATH = {f"tests/test_math.py::test_{n}" for n in ("add", "mul", "both")}
-DATA = {f"tests/test_data.py::test_{n}" for n in ("reads_config", "plain", "kernels", "eight")}
-
-
-@pytest.fixture(autouse=True)
-def _no_plugin_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    for name in (
-        "GITHUB_ACTIONS",
-        "GITHUB_STEP_SUMMARY",
-        "GITLAB_CI",
-        "BUILDKITE",
-        "CI",
-        "BREAK_PLAIN",
-    ):
-        monkeypatch.delenv(name, raising=False)
-
-
-def git(root: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
-        cwd=root,
-        check=True,
-        capture_output=True,
-    )
-
-
-def write(root: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip("\n"))
+pytestmark = pytest.mark.usefixtures("selective_env")
 
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> Path:
-    root = pytester.path
-    write(root, PROJECT)
-    git(root, "init", "-q")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "init")
-    return root
-
-
-class Run:
-    """One pytest session in the project, read back from its run record."""
-
-    def __init__(self, pytester: pytest.Pytester, tmp: Path, name: str, *args: str) -> None:
-        self.record = tmp / f"{name}.jsonl"
-        self.result = pytester.runpytest_subprocess(
-            *FAST,
-            f"--devpool-lock-dir={tmp / 'locks'}",
-            f"--devpool-run-record={self.record}",
-            "--devpool-skip-unsatisfiable",
-            *args,
-            "tests",
-            timeout=120,
-        )
-        self.events = [json.loads(line) for line in self.record.read_text().splitlines()]
-
-    @property
-    def ran(self) -> set[str]:
-        """Node ids that ran or were reported skipped (unsatisfiable ones too)."""
-        return {e["nodeid"] for e in self.events if e["type"] == "job_end"}
-
-    @property
-    def select(self) -> dict[str, Any]:
-        (event,) = [e for e in self.events if e["type"] == "select"]
-        return event
-
-    def output(self) -> str:
-        return "\n".join(self.result.outlines)
-
-
-def record(pytester: pytest.Pytester, tmp: Path, devices: str = "sim:0-1") -> Run:
-    run = Run(pytester, tmp, "record", "--devices", devices, "--devpool-select", "record")
-    assert run.result.ret == 0, run.output()
-    assert "devpool select: recorded baseline" in run.output()
-    return run
+    return git_project(pytester.path, PROJECT)
 
 
 def test_an_edit_inside_one_function_selects_only_the_tests_that_ran_it(
