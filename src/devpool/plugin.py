@@ -100,11 +100,12 @@ def _configure_controller(config: pytest.Config) -> None:
     else:
         inventory = resolve_inventory(settings.devices, settings.platforms, os.environ)
     lock_dir = LockDir(settings.lock_dir)
-    from devpool.controller import Controller
+    from devpool.controller import Controller, FinishGuard
 
     config.pluginmanager.register(
         Controller(config, settings, inventory, lock_dir), "devpool-controller"
     )
+    config.pluginmanager.register(FinishGuard(), "devpool-finish-guard")
     from devpool.select.session import register_controller
 
     register_controller(config, settings, read_table(pyproject), str(pyproject))

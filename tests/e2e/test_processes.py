@@ -617,6 +617,32 @@ def test_interrupt_ends_workers_and_frees_devices(
     assert not held(lock_dir)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_the_results_are_written_waits_for_them_and_exits_2(
+    pytester: pytest.Pytester, lock_dir: Path, out: Path, signum: int
+) -> None:
+    # The signal comes inside pytest_sessionfinish, as a Ctrl-C right at the end of a run can.
+    pytester.makeconftest(
+        f"""
+        import os, time
+
+        def pytest_sessionfinish(session):
+            if not os.environ.get("DEVPOOL_RUN_ID"):  # the controller only
+                os.kill(os.getpid(), {int(signum)})
+                time.sleep(0.2)
+        """
+    )
+    suite(pytester, out, "test_end", "def test_one():\n    record('one')\n")
+    result = run_session(pytester, lock_dir, "--devices", "sim:0")
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == 2, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    name = signal.Signals(signum).name
+    assert f"devpool: {name} while the run wrote its results: written first" in output, output
+    [record_file] = pytester.path.glob(".devpool/runs/*/record.jsonl")
+    assert '"session_end"' in record_file.read_text()  # the record was finished
+
+
 def test_sigkilled_controller_takes_its_workers_and_leases_with_it(
     pytester: pytest.Pytester, lock_dir: Path, out: Path, launch: Callable[..., Session]
 ) -> None:
