@@ -5,7 +5,9 @@ Run: python benchmarks/isolation.py [--repeat 3] [--modules 4] [--tests 5]
 Every module imports numpy (a real import, not a sleep) and its tests use it. devpool runs
 CPU-only (`--devices sim:0-1 --devpool-cpu-slots 2`) on warm workers (the default), with
 `--devpool-isolation module` (a fresh process per module) and `--devpool-isolation job` (a
-fresh process per test); the variants alternate within each repetition. Per-test cost of
+fresh process per test), the last also with `--devpool-no-fork-server` (a new interpreter
+per test instead of a fork of a template that has collected); the variants alternate
+within each repetition. Per-test cost of
 isolation = (isolated − warm) / tests. Target (issue 12): isolation=job at most 1.5x warm
 workers on CPU.
 """
@@ -47,11 +49,15 @@ def main() -> None:
             Variant("devpool, warm workers", base),
             Variant("devpool, isolation=module", [*base, "--devpool-isolation", "module"]),
             Variant("devpool, isolation=job", [*base, "--devpool-isolation", "job"]),
+            Variant(
+                "devpool, isolation=job, fresh interpreters",
+                [*base, "--devpool-isolation", "job", "--devpool-no-fork-server"],
+            ),
         ]
         print(f"{args.modules} modules importing numpy, {total} tests")
         alternate(variants, root, args.repeat)
-    _, warm, module, job = variants
-    for isolated in (module, job):
+    _, warm, module, job, fresh = variants
+    for isolated in (module, job, fresh):
         print(show_ratio(isolated, warm, TARGET))
         cost = (isolated.median - warm.median) / total
         print(f"  {isolated.name}: {cost * 1000:.0f} ms a test over warm workers")

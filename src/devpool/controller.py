@@ -39,6 +39,7 @@ from devpool.loop import Loop
 from devpool.markers import Request, request_for
 from devpool.outcomes import RERUN, Outcome
 from devpool.plan import Job, Plan, build_plan
+from devpool.pool import template_kind, templates_env
 from devpool.probes import FatalPatterns
 from devpool.quarantine import Entry, Quarantine, entries_from_file, entries_from_table
 from devpool.record import RecordWriter, host_name, read_record
@@ -114,19 +115,14 @@ class Controller:
         self.record: RecordWriter | None = None
         self.listeners: list[Listener] = []
         self.github: GitHubLog | None = None
+        self.early_backend: LocalBackend | None = None  # started while collecting
 
     def make_backend(self, config: pytest.Config) -> Backend:
         """Local child processes, or Ray actors when --devpool-backend ray.
 
         Workers get this process's rootdir, inifile and final selection (see worklist)."""
         cwd = config.invocation_params.dir
-        # Other plugins' settings that every worker must share (seed, coverage): see compat.
-        args = [
-            *worklist.worker_args(config),
-            *compat.worker_options(config),
-            *select_session.worker_options(config),
-        ]
-        env = compat.worker_env(config)
+        args, env = self._worker_setup(config)
         if not self.settings.plan:  # --devpool-plan starts no worker and leaves no folder
             selected = worklist.write_selection(self.items, self.run_dir / "collect")
             env[worklist.NODEIDS_ENV] = str(selected)
@@ -134,9 +130,39 @@ class Controller:
             from devpool.backends.ray import RayBackend
 
             return RayBackend(args, cwd, self.log_dir, self.settings, self.inventory, env)
+        if self.early_backend is not None:
+            self.early_backend.worker_env.update(env)  # the selection, now that it is known
+            return self.early_backend
         backend = LocalBackend(args, cwd, self.log_dir, env)
         backend.start_timeout = self.settings.worker_start_timeout  # a template's collection
         return backend
+
+    def _worker_setup(self, config: pytest.Config) -> tuple[list[str], dict[str, str]]:
+        """Every worker's pytest arguments, and the environment all of them share."""
+        # Other plugins' settings that every worker must share (seed, coverage): see compat.
+        args = [
+            *worklist.worker_args(config),
+            *compat.worker_options(config),
+            *select_session.worker_options(config),
+        ]
+        return args, compat.worker_env(config)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> None:
+        """While this process collects, a fork server template for CPU-only workers collects
+        too: they fork from it once the plan is made, instead of each collecting again."""
+        config = session.config
+        settings = self.settings
+        if settings.backend != "local" or not settings.fork_server or settings.plan:
+            return
+        if config.option.collectonly:
+            return
+        args, env = self._worker_setup(config)
+        backend = LocalBackend(args, config.invocation_params.dir, self.log_dir, env)
+        backend.start_timeout = settings.worker_start_timeout
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        backend.prepare(template_kind(0), templates_env(self, ()))
+        self.early_backend = backend
 
     def emit(self, event_type: str, **fields: Any) -> None:
         """One run event: to the record (written at once) and to every live listener."""
@@ -223,6 +249,8 @@ class Controller:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.early_backend is not None:  # the run ended before its loop (or after)
+            self.early_backend.close()
         xmlpath = getattr(self.config.option, "xmlpath", None)
         if xmlpath and self.retried and os.path.exists(xmlpath):
             prefix = getattr(self.config.option, "junitprefix", None)

@@ -23,6 +23,7 @@ says "unsafe" (and why) instead; the controller then starts fresh interpreters.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import selectors
@@ -49,11 +50,29 @@ def initialised_runtime(config: pytest.Config) -> str | None:
             check: Callable[[], bool] | None = getattr(runtime, "is_initialized", None)
             if check is not None and _true(check):
                 return f"torch.{name}"
+    if _cuda_driver_initialised():  # torch.cuda.is_available() does it, outside torch's view
+        return "the CUDA driver (cuInit)"
     xla_bridge = sys.modules.get("jax._src.xla_bridge")  # jax initialises on first use
     if xla_bridge is not None and getattr(xla_bridge, "_backends", None):
         return "jax"
     answer: str | None = config.hook.pytest_devpool_device_initialised(config=config)
     return answer
+
+
+def _cuda_driver_initialised() -> bool:
+    """Whether cuInit ran in this process: a child could not use CUDA after it.
+
+    Asked of libcuda itself, and only when it is loaded already: before cuInit, its
+    cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED and initialises nothing."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            if "libcuda.so" not in maps.read():
+                return False
+        libcuda = ctypes.CDLL("libcuda.so.1")  # the copy already loaded
+        count = ctypes.c_int(0)
+        return int(libcuda.cuDeviceGetCount(ctypes.byref(count))) == 0  # CUDA_SUCCESS
+    except (OSError, AttributeError):
+        return False
 
 
 def _true(check: Callable[[], bool]) -> bool:
@@ -74,6 +93,10 @@ def unsafe_reason(config: pytest.Config) -> str:
     runtime = initialised_runtime(config)
     if runtime:
         return f"the device runtime {runtime} is initialised in it"
+    from devpool.compat.coverage import measuring
+
+    if measuring() is not None:  # its data file and tracer state would be every child's
+        return "coverage measurement (pytest-cov or coverage run) is running in it"
     threads = other_threads()
     if threads:
         return f"it runs {len(threads)} thread(s) besides the main one: {', '.join(threads)}"

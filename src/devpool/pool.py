@@ -14,6 +14,7 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from devpool import memory
 from devpool.attempts import Attempt, State
@@ -83,7 +84,7 @@ class WorkerPool:
         self.slots: dict[int, Slot] = {}
         self.idle: dict[int, Slot] = {}
         self.starting: dict[int, tuple[Placement, set[int]]] = {}  # job id → retirees
-        self.modules_for = _module_lists(ctx, plan)
+        self.modules_for, self.modules_of_size = _module_lists(ctx, plan)
 
     # ---- what is held ---------------------------------------------------------------------
 
@@ -155,45 +156,37 @@ class WorkerPool:
     def _fork(
         self, devices: tuple[int, ...], lease: Lease | None, env: dict[str, str], job: Job
     ) -> Worker | None:
-        """A process of its own, forked from a template of its kind that has collected
-        already; None: start a fresh interpreter (no fork server, or it cannot fork)."""
+        """A worker forked from a template of its kind that has collected already; None:
+        start a fresh interpreter. A process that must be fresh forks from a template
+        (started now if there is none); a warm worker forks only from one that exists
+        (the CPU-only template the controller starts while it collects)."""
         backend = self.backend
         if not self.ctx.settings.fork_server or not isinstance(backend, Forks):
             return None
-        if not (job.fresh or self.ctx.settings.isolation != "worker"):
-            return None  # a warm worker starts once and runs many tests
-        kind = f"{job.devices_needed}-device" + (" isolate" if job.request.isolate else "")
+        fresh = job.fresh or self.ctx.settings.isolation != "worker"
+        kind = template_kind(job.devices_needed)
         # The template sees as many devices as its workers will (an import-time
         # `skipif(device_count() < 2)` decides alike) but initialises none.
         seen = tuple(self.ctx.inventory.devices[: len(devices)])
-        template_env = self._env(seen, job, one_module=False)
-        worker = backend.fork(kind, template_env, devices, lease, env)
+        template_env = templates_env(self.ctx, seen)
+        modules = self.modules_of_size.get(job.devices_needed)
+        if modules is not None:
+            template_env["DEVPOOL_COLLECT_ONLY"] = str(modules)
+        worker = backend.fork(kind, template_env, devices, lease, env, start=fresh)
         for note in backend.notes():
             self.ctx.run_notes.append(note)
             self.ctx.emit("fork_server", note=note)
         return worker
 
-    def _env(self, devices: tuple[int, ...], job: Job, one_module: bool = True) -> dict[str, str]:
-        env = dict(os.environ)
-        platform = self.ctx.inventory.platform
+    def _env(self, devices: tuple[int, ...], job: Job) -> dict[str, str]:
         modules = self.modules_for.get((job.devices_needed, job.request.isolate))
         isolated = job.request.isolate or self.ctx.settings.isolation != "worker"
-        if modules is not None and one_module and isolated:
+        if modules is not None and isolated:
             # A process that runs one job, or one module's jobs, imports that module alone.
             modules = self._one_module(job) or modules
+        env = device_env(self.ctx, devices)
         if modules is not None:
             env["DEVPOOL_COLLECT_ONLY"] = str(modules)
-        ids = ",".join(str(d) for d in devices)
-        env["DEVPOOL_DEVICES"] = ids
-        env["DEVPOOL_PLATFORM"] = platform.name
-        env["DEVPOOL_RUN_ID"] = self.ctx.run_id
-        env["DEVPOOL_ARTIFACTS"] = str(self.ctx.artifacts_dir)
-        if platform.visible_env:
-            # A CPU-only test sees no device at all: a stray device use fails loudly
-            # instead of silently sharing a card another test holds.
-            env[platform.visible_env] = ids
-        if platform.kind == "cuda":
-            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # ids are nvidia-smi's order
         return env
 
     def _one_module(self, job: Job) -> Path | None:
@@ -336,7 +329,42 @@ class WorkerPool:
                 self.ctx.emit("fork_server", note=note)
 
 
-def _module_lists(ctx: RunContext, plan: Plan) -> dict[tuple[int, bool], Path]:
+def template_kind(devices: int) -> str:
+    """The name of a fork server template's kind: the number of devices its workers hold."""
+    return f"{devices}-device"
+
+
+def device_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
+    """A worker's environment for these devices (ctx: the run's inventory, id, artifacts)."""
+    env = dict(os.environ)
+    platform = ctx.inventory.platform
+    ids = ",".join(str(d) for d in devices)
+    env["DEVPOOL_DEVICES"] = ids
+    env["DEVPOOL_PLATFORM"] = platform.name
+    env["DEVPOOL_RUN_ID"] = ctx.run_id
+    env["DEVPOOL_ARTIFACTS"] = str(ctx.artifacts_dir)
+    if platform.visible_env:
+        # A CPU-only test sees no device at all: a stray device use fails loudly
+        # instead of silently sharing a card another test holds.
+        env[platform.visible_env] = ids
+    if platform.kind == "cuda":
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # ids are nvidia-smi's order
+    return env
+
+
+def templates_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
+    """A fork server template's environment: its workers', and no device runtime started."""
+    env = device_env(ctx, devices)
+    if ctx.inventory.platform.kind == "cuda":
+        # torch.cuda.is_available() at import (a skipif) asks NVML instead of calling
+        # cuInit, after which no child could use CUDA.
+        env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    return env
+
+
+def _module_lists(
+    ctx: RunContext, plan: Plan
+) -> tuple[dict[tuple[int, bool], Path], dict[int, Path]]:
     """Per kind of worker, the test modules its jobs live in: a worker imports only those.
 
     A worker runs jobs of one size only, so it never needs the modules of the others
@@ -345,7 +373,7 @@ def _module_lists(ctx: RunContext, plan: Plan) -> dict[tuple[int, bool], Path]:
     for job in plan.jobs:
         item = ctx.items.get(job.nodeid)
         if item is None:
-            return {}  # a job devpool cannot place in a file: let workers collect all
+            return {}, {}  # a job devpool cannot place in a file: let workers collect all
         key = (job.devices_needed, job.request.isolate)
         modules.setdefault(key, set()).add(str(item.path))
     folder = ctx.run_dir / "collect"
@@ -355,4 +383,13 @@ def _module_lists(ctx: RunContext, plan: Plan) -> dict[tuple[int, bool], Path]:
         target = folder / f"size-{size}{'-isolate' if isolate else ''}.txt"
         target.write_text("\n".join(sorted(paths)) + "\n", encoding="utf-8")
         lists[(size, isolate)] = target
-    return lists
+    # A template serves every worker of its size, isolated or not.
+    sizes: dict[int, set[str]] = {}
+    for (size, _), paths in modules.items():
+        sizes.setdefault(size, set()).update(paths)
+    by_size = {}
+    for size, paths in sizes.items():
+        target = folder / f"template-{size}.txt"
+        target.write_text("\n".join(sorted(paths)) + "\n", encoding="utf-8")
+        by_size[size] = target
+    return lists, by_size

@@ -117,7 +117,7 @@ class WorkerSession:
             self.template.refuse(why)
             os._exit(0)
 
-    def _become(self, fork: forkserver.Fork) -> None:
+    def _become(self, session: pytest.Session, fork: forkserver.Fork) -> None:
         """In a child the template forked: a worker of its own, on the pipes it was sent."""
         _die_with_parent()
         if os.getppid() != fork.template_pid:  # the template died before prctl took effect
@@ -126,6 +126,12 @@ class WorkerSession:
         self.template = None
         self.fd_in, self.fd_out = fork.commands, fork.events
         self._open_stacks()
+        # A template started while the controller was still collecting had no selection
+        # yet: its child applies it now, over the same collection (see
+        # pytest_collection_finish).
+        self.selected = _selection()
+        if self.selected is not None:
+            session.items[:] = worklist.restrict(self.collected, session.items, self.selected)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -146,8 +152,9 @@ class WorkerSession:
             gc.freeze()  # what collection built is shared by every child, copy-on-write
             fork = self.template.serve(self.config)
             if fork is None:
+                self._no_summary()
                 return True  # the template's work is done
-            self._become(fork)
+            self._become(session, fork)
         items = {item.nodeid: item for item in session.items}
         order = {item.nodeid: index for index, item in enumerate(session.items)}
         # What collection built lives as long as the process: out of the collector's sight,
@@ -198,13 +205,16 @@ class WorkerSession:
             setup_state.teardown_exact(None)
         except Exception as exc:  # noqa: BLE001 - a teardown error must not hide the run's end
             print(f"devpool worker: error tearing down fixtures: {exc!r}", file=sys.stderr)
-        # The controller writes the summary; a worker's would cost its devices' next user
-        # time: plugins' pytest_terminal_summary may import whole packages at exit
-        # (hypothesis does, assertion-rewritten, seconds of CPU without a bytecode cache).
+        self._no_summary()
+        return True
+
+    def _no_summary(self) -> None:
+        """The controller writes the summary; a worker's would cost its devices' next user
+        time: plugins' pytest_terminal_summary may import whole packages at exit
+        (hypothesis does, assertion-rewritten: seconds of CPU without a bytecode cache)."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             self.config.pluginmanager.unregister(reporter)
-        return True
 
     def _run(
         self, session: pytest.Session, setup_state: Any, item: pytest.Item, index: int

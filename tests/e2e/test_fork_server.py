@@ -171,8 +171,11 @@ def test_the_isolate_marker_and_a_retry_after_a_crash_fork_too(
     assert "last words before the crash" in log.read_text(), log.read_text()
     for key in ("isolated", "crash1", "crash2"):  # the retry too: a fork, not a fresh start
         assert "template," in seen[key]["parent"], seen
-    for warm in ("warm1", "warm2"):  # warm workers still start once and run many tests
-        assert "template," not in seen[warm]["parent"], seen
+    # Warm CPU-only workers fork too (from the template that collected while the controller
+    # did), and still run many tests each: both warm tests in one process, no other's.
+    assert "template," in seen["warm1"]["parent"], seen
+    assert seen["warm1"]["pid"] == seen["warm2"]["pid"], seen
+    assert seen["warm1"]["pid"] not in {seen[k]["pid"] for k in ("isolated", "crash1", "crash2")}
 
 
 def test_a_thread_in_the_template_means_fresh_interpreters_and_one_line_saying_why(

@@ -246,3 +246,56 @@ def test_two_concurrent_sessions_never_share_the_gpu(tmp_path: Path) -> None:
     assert len(intervals) == 6
     for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
         assert start >= end, intervals
+
+
+FORKED = """
+import os
+import pytest
+import torch  # imported by the template; CUDA is initialised in each forked test only
+
+# Evaluated at import, in the template: asks NVML there (no cuInit), so forks stay safe.
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+
+
+def _parent():
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+        return cmdline.read().replace(b"\\0", b" ").decode()
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.parametrize("n", range(8))
+def test_cuda_in_a_fork(n):
+    assert "--devpool-worker template," in _parent()
+    assert not torch.cuda.is_initialized()  # nothing inherited from the template
+    assert torch.ones(4, device="cuda").sum().item() == 4
+"""
+
+
+def test_isolated_cuda_tests_fork_from_a_template_and_initialise_cuda_themselves(
+    tmp_path: Path,
+) -> None:
+    code, output, events = _session(tmp_path, FORKED, "--devpool-isolation", "job")
+    assert code == 0, output
+    assert "fork server" not in output, output  # torch imported, no context: safe to fork
+    assert sorted(_finals(events).values()) == ["passed"] * 8, output
+
+
+def test_a_module_that_initialises_cuda_at_import_is_named_and_runs_fresh(
+    tmp_path: Path,
+) -> None:
+    body = """
+    import pytest
+    import torch
+
+    WARM = torch.zeros(1, device="cuda")  # a CUDA context at import: no fork is safe
+
+    @pytest.mark.device_count(1)
+    def test_eager():
+        assert WARM.device.type == "cuda"
+    """
+    code, output, events = _session(
+        tmp_path, body, "--devpool-isolation", "job", name="test_eager.py"
+    )
+    assert code == 0, output
+    assert "importing test_eager.py initialised torch.cuda" in output, output
+    assert _finals(events) == {"test_eager": "passed"}, output

@@ -75,6 +75,9 @@ class Forks(Protocol):
         devices: tuple[int, ...],
         lease: Lease | None,
         env: Mapping[str, str],
+        start: bool = True,
     ) -> WorkerHandle | None: ...
+
+    def prepare(self, kind: str, template_env: Mapping[str, str]) -> None: ...
 
     def notes(self) -> list[str]: ...

@@ -104,6 +104,7 @@ class LocalBackend:
         self._next_key = 0
         self.templates: dict[str, Template] = {}  # kind → its template
         self.start_timeout = 300.0  # seconds a worker may take to start (and collect)
+        self.closed = False
 
     def start(
         self,
@@ -124,10 +125,14 @@ class LocalBackend:
         devices: tuple[int, ...],
         lease: Lease | None,
         env: Mapping[str, str],
+        start: bool = True,
     ) -> Worker | None:
-        """A worker forked from the template of its kind (started now if there is none);
-        None when that template cannot fork (the caller starts a fresh interpreter)."""
+        """A worker forked from the template of its kind (started now if there is none and
+        start says so); None when no template can fork it (the caller starts a fresh
+        interpreter)."""
         template = self.templates.get(kind)
+        if template is None and not start:
+            return None
         if template is None:
             template = self._start_template(kind, template_env)
         template.pump(0.0)
@@ -147,6 +152,11 @@ class LocalBackend:
         fork = ForkRequest(worker.key, child_env, cmd_read, ev_write, log, lease, start_fresh)
         worker.process = template.fork(fork)
         return worker
+
+    def prepare(self, kind: str, template_env: Mapping[str, str]) -> None:
+        """Start the template of a kind ahead of its first worker (it collects meanwhile)."""
+        if kind not in self.templates:
+            self._start_template(kind, template_env)
 
     def notes(self) -> list[str]:
         """What the templates said once (why one could not fork), taken once."""
@@ -258,6 +268,9 @@ class LocalBackend:
         return code
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         for template in self.templates.values():
             if not template.ended:
                 self.pipes.uncall(template.sock.fileno())
