@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from pathlib import Path
-from types import CodeType, FrameType
+from types import CodeType, FrameType, ModuleType
 from typing import Any
 
 import pytest
@@ -27,6 +27,7 @@ from devpool.project import option_value
 from devpool.select.fingerprints import (
     TOP,
     BlockCache,
+    ModuleBlocks,
     file_hash,
     library_stamp,
     mapped_libraries,
@@ -55,10 +56,17 @@ class Recorder:
         self.importing = 0
         self.reads: set[str] = set()
         self.active = False
+        self.paused = False  # devpool stopped watching: reports, and between tests
+        self.lost = ""  # why the running test cannot be recorded; "" while it can
         self.how = ""  # "trace" or "profile": the hook calls are seen with; "" none
         self._rel: dict[str, str | None] = {}
         self._hashes: dict[tuple[str, int, int], str | None] = {}
         self._items: dict[str, pytest.Item] = {}
+        # What _blocks keeps between tests: the shared spots, with the count of import
+        # codes and the modules they were computed from, and each spot's block key.
+        self._shared_of: tuple[int, list[ModuleType]] = (-1, [])
+        self._shared: set[tuple[str, int]] = set()
+        self._block_keys: dict[tuple[str, int], tuple[ModuleBlocks, str]] = {}
         sys.addaudithook(self._audit)
 
     # ---- the hooks that see the code and the files --------------------------------------
@@ -125,10 +133,44 @@ class Recorder:
             return "something replaced devpool's profile function"
         return "" if self.how else "another tracer and profiler were both installed"
 
+    def _pause(self) -> None:
+        """Stop watching this thread while reports are handled and between tests: each
+        traced call costs, and none of that code is the test's."""
+        if self.paused:
+            return
+        self.lost = self.lost or self._intact()
+        if self.how == "trace":
+            sys.settrace(None)
+        elif self.how == "profile":
+            sys.setprofile(None)
+        self.paused = True
+
+    def _resume(self) -> None:
+        """Watch again; a hook found in devpool's place means the test is not recorded."""
+        if not self.paused:
+            return
+        self.paused = False
+        if self.how == "trace":
+            if sys.gettrace() is not None:
+                self.lost = self.lost or "something replaced devpool's trace function"
+            sys.settrace(self._trace)
+        elif self.how == "profile":
+            if sys.getprofile() is not None:
+                self.lost = self.lost or "something replaced devpool's profile function"
+            sys.setprofile(self._profile)
+
     # ---- pytest hooks ---------------------------------------------------------------------
 
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
         self.codes, self.outer, self.reads = set(), [], set()
+        self.lost = ""
+        self._resume()
+        self.active = True
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        # A plugin may run a test again after its teardown report without a new logstart.
+        self._resume()
         self.active = True
 
     @pytest.hookimpl(wrapper=True)
@@ -143,35 +185,49 @@ class Recorder:
             self.codes |= inner
             self.fixture_codes.setdefault(id(fixturedef), set()).update(inner)
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Before the worker serializes the teardown report: attach the test's dependencies."""
-        if report.when != "teardown":
-            return
-        self.active = False
-        why = self._intact()
-        item = self._items.get(report.nodeid)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None, Any, Any]:
+        """Every plugin handles a report untraced; the teardown report gets the test's
+        dependencies before the worker serializes it, and tracing stays off until the next
+        test starts."""
+        self._pause()
+        if report.when == "teardown":
+            self.active = False
+            setattr(report, DEPS_ATTR, self._deps(report.nodeid))
+        try:
+            return (yield)
+        finally:
+            if report.when != "teardown":
+                self._resume()
+
+    def _deps(self, nodeid: str) -> dict[str, Any]:
+        why = self.lost
+        item = self._items.get(nodeid)
         if item is not None and type(item).__name__ == "DoctestItem":
             why = "a doctest: its examples are text no trace sees"
-        deps: dict[str, Any] = {"nodeid": report.nodeid, "recorded": not why, "why": why}
+        deps: dict[str, Any] = {"nodeid": nodeid, "recorded": not why, "why": why}
         if not why:
-            codes = self.codes | self.import_codes
-            markers = item.iter_markers("depends_on") if item is not None else ()
-            globs = [str(g) for marker in markers for g in marker.args]
-            if item is not None:  # fixtures it uses that an earlier test set up
-                info = getattr(item, "_fixtureinfo", None)
-                for fixturedefs in getattr(info, "name2fixturedefs", {}).values():
-                    for fixturedef in fixturedefs:
-                        codes |= self.fixture_codes.get(id(fixturedef), set())
-            own = [str(item.path)] if item is not None and item.path.suffix != ".py" else []
-            deps.update(
-                blocks=self._blocks(codes),
-                # A test collected from a non-Python file (YAML, .txt) depends on that file.
-                files=self._files(globs, own),
-                libs=self._libraries(),
-                globs=globs,
-            )
-        setattr(report, DEPS_ATTR, deps)
+            self._attach(deps, item)
+        return deps
+
+    def _attach(self, deps: dict[str, Any], item: pytest.Item | None) -> None:
+        """Add the fingerprints of what the test ran and read to its deps."""
+        codes = set(self.codes)  # import_codes: _blocks keeps their blocks between tests
+        markers = item.iter_markers("depends_on") if item is not None else ()
+        globs = [str(g) for marker in markers for g in marker.args]
+        if item is not None:  # fixtures it uses that an earlier test set up
+            info = getattr(item, "_fixtureinfo", None)
+            for fixturedefs in getattr(info, "name2fixturedefs", {}).values():
+                for fixturedef in fixturedefs:
+                    codes |= self.fixture_codes.get(id(fixturedef), set())
+        own = [str(item.path)] if item is not None and item.path.suffix != ".py" else []
+        deps.update(
+            blocks=self._blocks(codes),
+            # A test collected from a non-Python file (YAML, .txt) depends on that file.
+            files=self._files(globs, own),
+            libs={p: library_stamp(p) for p in sorted(mapped_libraries())},
+            globs=globs,
+        )
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._items = {item.nodeid: item for item in session.items}
@@ -183,29 +239,47 @@ class Recorder:
             self._rel[filename] = project_rel(self.root, filename)
         return self._rel[filename]
 
-    def _blocks(self, codes: set[CodeType]) -> dict[str, str]:
-        found: dict[str, str] = {}
+    def _spots(self, codes: Iterable[CodeType]) -> set[tuple[str, int]]:
+        """Where code objects of the project's Python files start: (file, first line), with
+        line 0 for a module's own code (it starts at line 1, maybe inside a function)."""
+        spots = set()
         for code in codes:
             rel = self._relpath(code.co_filename)
-            if rel is None or not rel.endswith(".py"):
+            if rel is not None and rel.endswith(".py"):
+                spots.add((rel, 0 if code.co_name == "<module>" else code.co_firstlineno))
+        return spots
+
+    def _shared_spots(self) -> set[tuple[str, int]]:
+        """Code that ran at import, and the top level of every project module loaded in this
+        process: every test may depend on them. Recomputed only when either has changed."""
+        modules = list(sys.modules.values())
+        if len(self.import_codes) != self._shared_of[0] or modules != self._shared_of[1]:
+            spots = self._spots(self.import_codes)
+            # Module top levels run at import, before any test: every project module loaded
+            # may have shaped this test (constants, decorators, signatures).
+            for module_object in modules:
+                filename = getattr(module_object, "__file__", None)
+                rel = self._relpath(filename) if isinstance(filename, str) else None
+                if rel is not None and rel.endswith(".py"):
+                    spots.add((rel, 0))
+            self._shared_of = (len(self.import_codes), modules)
+            self._shared = spots
+        return self._shared
+
+    def _blocks(self, codes: set[CodeType]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        modules: dict[str, ModuleBlocks | None] = {}  # one stat of each file per test
+        for rel, line in self._spots(codes) | self._shared_spots():
+            if rel not in modules:
+                modules[rel] = self.blocks.blocks(rel)
+            module = modules[rel]
+            if module is None:
                 continue
-            module = self.blocks.blocks(rel)
-            if module is not None:
-                # A module's code starts at line 1, which may be inside its first function.
-                top = code.co_name == "<module>"
-                key = module.key(TOP) if top else module.block_at(code.co_firstlineno)
-                found[key] = module.hashes[key]
-        # Module top levels run at import, before any test: every project module loaded in
-        # this process may have shaped this test (constants, decorators, signatures).
-        for module_object in list(sys.modules.values()):
-            filename = getattr(module_object, "__file__", None)
-            rel = self._relpath(filename) if isinstance(filename, str) else None
-            if rel is None or not rel.endswith(".py"):
-                continue
-            module = self.blocks.blocks(rel)
-            if module is not None:
-                key = module.key(TOP)
-                found[key] = module.hashes[key]
+            cached = self._block_keys.get((rel, line))
+            if cached is None or cached[0] is not module:  # the file was parsed again
+                key = module.key(TOP) if line == 0 else module.block_at(line)
+                cached = self._block_keys[(rel, line)] = (module, key)
+            found[cached[1]] = module.hashes[cached[1]]
         return found
 
     def _files(self, globs: list[str], own: list[str]) -> dict[str, str | None]:
@@ -218,16 +292,6 @@ class Recorder:
             if rel is not None:
                 files[rel] = self._hash(path)
         return files
-
-    def _libraries(self) -> dict[str, tuple[int, int] | None]:
-        """Mapped libraries by path; one inside the rootdir by its path relative to it.
-
-        A Ray worker with shipped code has its rootdir elsewhere: the controller resolves a
-        relative path against its own rootdir (baseline.Builder)."""
-        found: dict[str, tuple[int, int] | None] = {}
-        for path in sorted(mapped_libraries()):
-            found[self._relpath(path) or path] = library_stamp(path)
-        return found
 
     def _hash(self, path: str) -> str | None:
         stamp = library_stamp(path)
