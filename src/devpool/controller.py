@@ -23,6 +23,7 @@ import pytest
 from devpool import compat, memory, probes, shards, worklist
 from devpool.backends import Backend
 from devpool.backends.local import LocalBackend
+from devpool.compat import coverage
 from devpool.config import Settings
 from devpool.errors import DevpoolError
 from devpool.history import (
@@ -157,6 +158,8 @@ class Controller:
             return
         if config.option.collectonly:
             return
+        if coverage.measuring() is not None:
+            return  # workers measure coverage: no template would be safe to fork (forkserver)
         args, env = self._worker_setup(config)
         backend = LocalBackend(args, config.invocation_params.dir, self.log_dir, env)
         backend.start_timeout = settings.worker_start_timeout

@@ -223,6 +223,10 @@ class WorkerPool:
 
     def escalate(self, now: float, grace: float) -> None:
         """Timeouts on the process side: slow starts, workers that will not stop, deadlines."""
+        if isinstance(self.backend, Forks):
+            # First: a template that has not collected in time turns its waiting workers
+            # into fresh interpreters, which then have a start timeout of their own.
+            self.backend.check(now)
         for slot in self.slots.values():
             fresh_since = getattr(slot.worker, "fresh_since", None)  # a fork that fell back
             if slot.ready_by is not None and fresh_since is not None:
@@ -264,7 +268,7 @@ class WorkerPool:
 
     def due(self, now: float) -> list[float]:
         """When escalate() next has something to do."""
-        times = []
+        times = self.backend.due() if isinstance(self.backend, Forks) else []
         for slot in self.slots.values():
             if slot.ready_by is not None:
                 times.append(slot.ready_by)

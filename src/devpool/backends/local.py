@@ -245,10 +245,17 @@ class LocalBackend:
 
     def poll(self, timeout: float) -> list[tuple[WorkerHandle, list[protocol.Message], bool]]:
         """Events that arrived within timeout: (worker, messages, reached_eof)."""
-        now = time.monotonic()
+        self.check(time.monotonic())
+        return self.pipes.poll(timeout)
+
+    def check(self, now: float) -> None:
+        """End templates that have not collected in time (their workers start fresh)."""
         for template in self.templates.values():
             template.check(now)
-        return self.pipes.poll(timeout)
+
+    def due(self) -> list[float]:
+        """When check() next has something to do."""
+        return [t.ready_by for t in self.templates.values() if t.state == "starting"]
 
     def drain(self, worker: WorkerHandle) -> list[protocol.Message]:
         """Whatever an exited worker still had in its pipe; stops watching that pipe."""
