@@ -137,6 +137,7 @@ def run_pairs(
     state: Path | None = None,
     extra: list[str] | None = None,
     outcomes: bool = False,
+    devpool_extra: list[str] | None = None,
 ) -> Pairs:
     """Time devpool and `pytest -n 2` alternately in `root`, `pairs` times each; with
     `result`, add the pairs to those (no priming runs again). devpool's history and locks
@@ -146,7 +147,7 @@ def run_pairs(
     history = state / "pairs.sqlite"
     devpool = [*PYTEST, *devpool_options(state, "sim:0-1", history), "--devpool-cpu-slots", "2"]
     xdist = [*PYTEST, "-n", "2"]
-    devpool += extra or []
+    devpool += [*(extra or []), *(devpool_extra or [])]
     xdist += extra or []
 
     def run(name: str, argv: list[str]) -> tuple[float, float]:
@@ -197,6 +198,13 @@ def main() -> None:
         metavar="ARG",
         help="extra argument for both runners, e.g. --pytest-arg=--deselect=tests/x.py::t",
     )
+    parser.add_argument(
+        "--devpool-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for devpool alone, e.g. --devpool-arg=--devpool-no-fork-server",
+    )
     args = parser.parse_args()
     history = "cold" if args.cold else "warm"
     with tempfile.TemporaryDirectory(prefix="devpool-pairs-") as tmp:
@@ -204,13 +212,21 @@ def main() -> None:
             root = args.folder.resolve()
             print(f"{root}, {history} history, {args.pairs} pairs")
             result = run_pairs(
-                root, args.pairs, args.cold, state=Path(tmp), extra=args.pytest_arg, outcomes=True
+                root,
+                args.pairs,
+                args.cold,
+                state=Path(tmp),
+                extra=args.pytest_arg,
+                outcomes=True,
+                devpool_extra=args.devpool_arg,
             )
         else:
             title, files = SUITES[args.suite]
             root = suite_root(Path(tmp), files)
             print(f"{title}, {history} history, {args.pairs} pairs")
-            result = run_pairs(root, args.pairs, args.cold, extra=args.pytest_arg)
+            result = run_pairs(
+                root, args.pairs, args.cold, extra=args.pytest_arg, devpool_extra=args.devpool_arg
+            )
     verdict = "met" if result.ratio <= TARGET else "MISSED"
     print(f"  {result.describe()}  target ≤ {TARGET}x: {verdict}")
 

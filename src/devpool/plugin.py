@@ -15,6 +15,7 @@ from devpool.errors import DevpoolError
 from devpool.inventory import resolve_inventory
 from devpool.leases import LockDir
 from devpool.markers import MARKERS
+from devpool.plain_collection import PlainCollection, is_controller
 from devpool.report.terminal import file_name
 from devpool.select import DEPENDS_ON_MARKER
 
@@ -41,6 +42,10 @@ def pytest_load_initial_conftests(
     start_early(early_config, args)  # a record run's worker watches imports from here on
     base = capture.worker_base(args, os.environ)
     if base is None:
+        if is_controller(early_config, args):
+            plain = PlainCollection()
+            plain.start()
+            early_config.add_cleanup(plain.stop)
         return (yield)
     with capture.named_capture_files(base):
         return (yield)

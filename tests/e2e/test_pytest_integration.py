@@ -725,19 +725,24 @@ def test_old_run_folders_are_pruned_and_other_folders_left_alone(
     assert len(left) == 3  # the newest old run, this run, and keep-me
 
 
+@pytest.mark.parametrize("fork_server", [False, True], ids=["fresh", "fork-server"])
 def test_a_worker_imports_only_the_modules_of_its_own_kind_of_job(
-    pytester: pytest.Pytester, tmp_path: Path
+    pytester: pytest.Pytester, tmp_path: Path, fork_server: bool
 ) -> None:
-    # The device-only module leaves a mark when a CPU-only worker imports it.
-    marks = tmp_path / "imported-by-cpu-worker"
+    # The device-only module leaves a mark when a CPU-only process imports it: which
+    # process (a fork server's template, or a worker).
+    marks = tmp_path / "imported-by-cpu-process"
     pytester.makepyfile(
         test_gpu_only=f"""
         import os
+        import sys
 
         import pytest
 
         if os.environ.get("DEVPOOL_DEVICES") == "":
-            open({str(marks)!r}, "w").close()
+            role = "template" if "template," in " ".join(sys.argv) else "worker"
+            with open({str(marks)!r}, "a") as mark:
+                mark.write(role + "\\n")
 
         @pytest.mark.device_count(1)
         def test_kernel():
@@ -745,9 +750,16 @@ def test_a_worker_imports_only_the_modules_of_its_own_kind_of_job(
         """,
         test_cpu_only="def test_math():\n    assert 1 + 1 == 2\n",
     )
-
-    result = run(pytester, tmp_path, "--devices", "sim:0")
+    extra = [] if fork_server else ["--devpool-no-fork-server"]
+    result = run(pytester, tmp_path, "--devices", "sim:0", *extra)
 
     assert result.ret == 0, output(result)
     result.assert_outcomes(passed=2)
-    assert not marks.exists(), "the CPU-only worker imported the device-only module"
+    imported = marks.read_text().split() if marks.exists() else []
+    if fork_server:
+        # The CPU-only template collects while the controller does, before it is known
+        # which modules hold CPU-only tests: it imports every module, once; the workers
+        # forked from it import nothing again.
+        assert imported == ["template"], imported
+    else:
+        assert imported == [], "the CPU-only worker imported the device-only module"

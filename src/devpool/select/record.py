@@ -225,7 +225,7 @@ class Recorder:
             blocks=self._blocks(codes),
             # A test collected from a non-Python file (YAML, .txt) depends on that file.
             files=self._files(globs, own),
-            libs={p: library_stamp(p) for p in sorted(mapped_libraries())},
+            libs=self._libraries(),
             globs=globs,
         )
 
@@ -292,6 +292,16 @@ class Recorder:
             if rel is not None:
                 files[rel] = self._hash(path)
         return files
+
+    def _libraries(self) -> dict[str, tuple[int, int] | None]:
+        """Mapped libraries by path; one inside the rootdir by its path relative to it.
+
+        A Ray worker with shipped code has its rootdir elsewhere: the controller resolves a
+        relative path against its own rootdir (baseline.Builder)."""
+        found: dict[str, tuple[int, int] | None] = {}
+        for path in sorted(mapped_libraries()):
+            found[self._relpath(path) or path] = library_stamp(path)
+        return found
 
     def _hash(self, path: str) -> str | None:
         stamp = library_stamp(path)
