@@ -90,6 +90,8 @@ def other_threads() -> list[str]:
 
 def unsafe_reason(config: pytest.Config) -> str:
     """Why this process must not be forked ("" when it may)."""
+    if not hasattr(os, "pidfd_open"):  # how the template waits for its children
+        return "this system has no pidfd_open (Linux 5.3 or later)"
     runtime = initialised_runtime(config)
     if runtime:
         return f"the device runtime {runtime} is initialised in it"
