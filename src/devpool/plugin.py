@@ -105,7 +105,8 @@ def _configure_controller(config: pytest.Config) -> None:
     else:
         inventory = resolve_inventory(settings.devices, settings.platforms, os.environ)
     lock_dir = LockDir(settings.lock_dir)
-    from devpool.controller import Controller, FinishGuard
+    from devpool.controller import Controller
+    from devpool.finish_guard import FinishGuard
 
     config.pluginmanager.register(
         Controller(config, settings, inventory, lock_dir), "devpool-controller"
