@@ -134,9 +134,7 @@ class Controller:
         if self.early_backend is not None:
             self.early_backend.worker_env.update(env)  # the selection, now that it is known
             return self.early_backend
-        backend = LocalBackend(args, cwd, self.log_dir, env)
-        backend.start_timeout = self.settings.worker_start_timeout  # a template's collection
-        return backend
+        return LocalBackend(args, cwd, self.log_dir, env, self.settings.worker_start_timeout)
 
     def _worker_setup(self, config: pytest.Config) -> tuple[list[str], dict[str, str]]:
         """Every worker's pytest arguments, and the environment all of them share."""
@@ -161,8 +159,8 @@ class Controller:
         if coverage.measuring() is not None:
             return  # workers measure coverage: no template would be safe to fork (forkserver)
         args, env = self._worker_setup(config)
-        backend = LocalBackend(args, config.invocation_params.dir, self.log_dir, env)
-        backend.start_timeout = settings.worker_start_timeout
+        cwd = config.invocation_params.dir
+        backend = LocalBackend(args, cwd, self.log_dir, env, settings.worker_start_timeout)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         backend.prepare(template_kind(0), templates_env(self, ()))
         self.early_backend = backend

@@ -173,10 +173,15 @@ class WorkerPool:
         if modules is not None:
             template_env["DEVPOOL_COLLECT_ONLY"] = str(modules)
         worker = backend.fork(kind, template_env, devices, lease, env, start=fresh)
-        for note in backend.notes():
-            self.ctx.run_notes.append(note)
-            self.ctx.emit("fork_server", note=note)
+        self._fork_notes()
         return worker
+
+    def _fork_notes(self) -> None:
+        """Why a template could not fork: said once, at the end of the run and in the record."""
+        if isinstance(self.backend, Forks):
+            for note in self.backend.notes():
+                self.ctx.run_notes.append(note)
+                self.ctx.emit("fork_server", note=note)
 
     def _env(self, devices: tuple[int, ...], job: Job) -> dict[str, str]:
         modules = self.modules_for.get((job.devices_needed, job.request.isolate))
@@ -327,10 +332,7 @@ class WorkerPool:
         self.slots.clear()
         self.idle.clear()
         self.backend.close()
-        if isinstance(self.backend, Forks):
-            for note in self.backend.notes():
-                self.ctx.run_notes.append(note)
-                self.ctx.emit("fork_server", note=note)
+        self._fork_notes()
 
 
 def template_kind(devices: int) -> str:

@@ -95,6 +95,7 @@ class LocalBackend:
         cwd: Path,
         log_dir: Path,
         worker_env: Mapping[str, str] | None = None,
+        start_timeout: float = 300.0,
     ) -> None:
         self.args = list(args)  # a worker's pytest arguments: see worklist.worker_args
         self.cwd = cwd
@@ -103,7 +104,7 @@ class LocalBackend:
         self.pipes = EventPipes()
         self._next_key = 0
         self.templates: dict[str, Template] = {}  # kind → its template
-        self.start_timeout = 300.0  # seconds a worker may take to start (and collect)
+        self.start_timeout = start_timeout  # seconds a worker may take to start (and collect)
         self.closed = False
 
     def start(
@@ -194,39 +195,35 @@ class LocalBackend:
     ) -> subprocess.Popen[bytes]:
         lease_fds = lease.fds() if lease is not None else []
         spec = f"{cmd_read},{ev_write},{os.getpid()}"
+        process = self._spawn(spec, env, log, (cmd_read, ev_write, *lease_fds))
+        os.close(cmd_read)
+        os.close(ev_write)
+        return process
+
+    def _spawn(
+        self, spec: str, env: Mapping[str, str], log: Path, fds: tuple[int, ...]
+    ) -> subprocess.Popen[bytes]:
+        """A `python -m pytest ... --devpool-worker SPEC` process of its own session, its
+        output in log, inheriting fds (a worker's pipes and leases, a template's socket)."""
         argv = [sys.executable, "-m", "pytest", *self.args, "--devpool-worker", spec]
         with open(log, "wb") as out:
-            process = subprocess.Popen(
+            return subprocess.Popen(
                 argv,
                 cwd=self.cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                pass_fds=(cmd_read, ev_write, *lease_fds),
+                pass_fds=fds,
                 start_new_session=True,
             )
-        os.close(cmd_read)
-        os.close(ev_write)
-        return process
 
     def _start_template(self, kind: str, env: Mapping[str, str]) -> Template:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         log = self.log_dir / f"template-{len(self.templates) + 1}.log"
         child_env = {**env, **self.worker_env, "DEVPOOL_STACKS_FILE": str(stacks_file(log))}
         spec = f"template,{theirs.fileno()},{os.getpid()}"
-        argv = [sys.executable, "-m", "pytest", *self.args, "--devpool-worker", spec]
-        with open(log, "wb") as out:
-            process = subprocess.Popen(
-                argv,
-                cwd=self.cwd,
-                env=child_env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,
-            )
+        process = self._spawn(spec, child_env, log, (theirs.fileno(),))
         theirs.close()
         # It gives up a little before the workers waiting for it would be ended as stuck:
         # they then start fresh, with a full start timeout of their own.
