@@ -163,3 +163,34 @@ def record(
     assert run.result.ret == 0, run.output()
     assert "devpool select: recorded baseline" in run.output()
     return run
+
+
+def native_project(folder: str) -> dict[str, str]:
+    """A project whose test loads libk.so, built from k.c into folder (see build_library)."""
+    return {
+        "pyproject.toml": PROJECT["pyproject.toml"] + '[tool.devpool.select]\nignore = ["*.c"]\n',
+        ".gitignore": PROJECT[".gitignore"],
+        "k.c": "int k(void) { return 1; }\n",
+        "tests/test_native.py": f"""
+            import ctypes
+            from pathlib import Path
+
+            LIB = Path(__file__).parent.parent / "{folder}" / "libk.so"
+
+
+            def test_native():
+                assert ctypes.CDLL(str(LIB)).k() in (1, 2)
+
+
+            def test_python():
+                assert True
+            """,
+    }
+
+
+def build_library(root: Path, folder: str, value: int) -> None:
+    """Build folder/libk.so from a k.c whose k() returns value."""
+    (root / "k.c").write_text(f"int k(void) {{ return {value}; }}\n")
+    (root / folder).mkdir(exist_ok=True)
+    target = f"{folder}/libk.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", target, "k.c"], cwd=root, check=True)

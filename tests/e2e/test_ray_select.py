@@ -9,14 +9,24 @@ controller's rootdir, so that either kind of run can select from the other's bas
 from __future__ import annotations
 
 import json
-import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ray_cluster import PYPROJECT, Cluster
-from select_project import DATA, MATH, PROJECT, Run, git, git_project, record, write
+from select_project import (
+    DATA,
+    MATH,
+    PROJECT,
+    Run,
+    build_library,
+    git,
+    git_project,
+    native_project,
+    record,
+    write,
+)
 
 pytestmark = pytest.mark.usefixtures("selective_env")
 
@@ -194,32 +204,12 @@ def test_auto_records_on_the_main_branch_with_shipped_code(
     assert all(t["recorded"] for t in tests.values()), tests
 
 
-NATIVE = {
-    # native/ (not build/, which shipping leaves out) holds the library built from k.c.
-    "pyproject.toml": PROJECT["pyproject.toml"] + '[tool.devpool.select]\nignore = ["*.c"]\n',
-    ".gitignore": PROJECT[".gitignore"],
-    "k.c": "int k(void) { return 1; }\n",
-    "tests/test_native.py": """
-        import ctypes
-        from pathlib import Path
-
-        LIB = Path(__file__).parent.parent / "native" / "libk.so"
-
-
-        def test_native():
-            assert ctypes.CDLL(str(LIB)).k() in (1, 2)
-
-
-        def test_python():
-            assert True
-        """,
-}
+# native/ (not build/, which shipping leaves out) holds the library built from k.c.
+NATIVE = native_project("native")
 
 
 def build(root: Path, value: int) -> None:
-    (root / "k.c").write_text(f"int k(void) {{ return {value}; }}\n")
-    (root / "native").mkdir(exist_ok=True)
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", "native/libk.so", "k.c"], cwd=root, check=True)
+    build_library(root, "native", value)
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")

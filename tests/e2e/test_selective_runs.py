@@ -13,7 +13,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from select_project import DATA, MATH, PROJECT, Run, git, git_project, record, write
+from select_project import (
+    DATA,
+    MATH,
+    PROJECT,
+    Run,
+    build_library,
+    git,
+    git_project,
+    native_project,
+    record,
+    write,
+)
 
 pytestmark = pytest.mark.usefixtures("selective_env")
 
@@ -277,32 +288,12 @@ def test_tests_from_other_files_depend_on_them_and_doctests_always_run(
     assert run.ran == {"tests/check_a.txt::check", "tests/util.py::util.double"}, run.output()
 
 
-NATIVE = {
-    # k.c is built into build/libk.so, whose own fingerprint covers it.
-    "pyproject.toml": PROJECT["pyproject.toml"] + '[tool.devpool.select]\nignore = ["*.c"]\n',
-    ".gitignore": PROJECT[".gitignore"],
-    "k.c": "int k(void) { return 1; }\n",
-    "tests/test_native.py": """
-        import ctypes
-        from pathlib import Path
-
-        LIB = Path(__file__).parent.parent / "build" / "libk.so"
-
-
-        def test_native():
-            assert ctypes.CDLL(str(LIB)).k() in (1, 2)
-
-
-        def test_python():
-            assert True
-        """,
-}
+# k.c is built into build/libk.so, whose own fingerprint covers it.
+NATIVE = native_project("build")
 
 
 def build(root: Path, value: int) -> None:
-    (root / "k.c").write_text(f"int k(void) {{ return {value}; }}\n")
-    (root / "build").mkdir(exist_ok=True)
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", "build/libk.so", "k.c"], cwd=root, check=True)
+    build_library(root, "build", value)
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
