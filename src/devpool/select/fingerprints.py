@@ -9,10 +9,13 @@ edited comment changes nothing, while any edit inside one body changes that bloc
 from __future__ import annotations
 
 import ast
+import ctypes
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TOP = "<module>"  # the block name of a module's top-level code
 _CHUNK = 1 << 20
@@ -147,6 +150,66 @@ def library_stamp(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return (stat.st_size, stat.st_mtime_ns)
+
+
+class _LinkerInfo(ctypes.Structure):
+    """glibc's and musl's struct dl_phdr_info, up to the load and unload counters."""
+
+    _fields_ = [
+        ("addr", ctypes.c_void_p),
+        ("name", ctypes.c_char_p),
+        ("phdr", ctypes.c_void_p),
+        ("phnum", ctypes.c_uint16),
+        ("adds", ctypes.c_ulonglong),
+        ("subs", ctypes.c_ulonglong),
+    ]
+
+
+_LINKER_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(_LinkerInfo), ctypes.c_size_t, ctypes.c_void_p
+)
+
+
+class LoadedLibraries:
+    """The shared libraries this process has mapped, with their stamps. /proc/self/maps is
+    read again only when the dynamic linker's load or unload counter has moved (asked of
+    dl_iterate_phdr, which stops at its first object); without those counters, every time."""
+
+    def __init__(self) -> None:
+        self._counts: tuple[int, int] | None = None
+        self._stamps: dict[str, tuple[int, int] | None] = {}
+        self._seen: tuple[int, int] | None = None
+        self._ask = self._linker_asker()
+
+    def _linker_asker(self) -> Callable[[], tuple[int, int] | None]:
+        try:
+            iterate = ctypes.CDLL(None).dl_iterate_phdr
+        except (OSError, AttributeError):
+            return lambda: None
+        iterate.argtypes = [_LINKER_CALLBACK, ctypes.c_void_p]
+        iterate.restype = ctypes.c_int
+
+        def first(info: Any, size: int, data: object) -> int:
+            if size >= _LinkerInfo.subs.offset + ctypes.sizeof(ctypes.c_ulonglong):
+                self._seen = (info.contents.adds, info.contents.subs)
+            return 1  # stop: the counters are the same in every object's info
+
+        callback = _LINKER_CALLBACK(first)
+
+        def ask() -> tuple[int, int] | None:
+            self._seen = None
+            iterate(callback, None)
+            return self._seen
+
+        return ask
+
+    def stamps(self) -> dict[str, tuple[int, int] | None]:
+        """Each mapped library's (size, mtime in ns), or None when its file is gone."""
+        counts = self._ask()
+        if counts is None or counts != self._counts:
+            self._stamps = {path: library_stamp(path) for path in sorted(mapped_libraries())}
+            self._counts = counts
+        return self._stamps
 
 
 def mapped_libraries(maps: Path = Path("/proc/self/maps")) -> set[str]:

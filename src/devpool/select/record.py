@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections.abc import Generator, Iterable
 from pathlib import Path
-from types import CodeType, FrameType, ModuleType
+from types import CodeType, ModuleType
 from typing import Any
 
 import pytest
@@ -27,14 +26,15 @@ from devpool.project import option_value
 from devpool.select.fingerprints import (
     TOP,
     BlockCache,
+    LoadedLibraries,
     ModuleBlocks,
     file_hash,
     library_stamp,
-    mapped_libraries,
     project_rel,
 )
 from devpool.select.options import mode_of, select_options
 from devpool.select.policy import auto_mode
+from devpool.select.watch import Watch, watch_for_this_interpreter
 
 DEPS_ATTR = "devpool_deps"
 _READ_FLAGS = (os.O_RDONLY, os.O_RDWR)
@@ -44,55 +44,36 @@ _NOT_DATA = (".py", ".pyc", ".so", ".pth")
 class Recorder:
     """The worker-side plugin of `--devpool-select record`."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, watch: Watch | None = None) -> None:
         self.root = root
         self.blocks = BlockCache(root)
+        self.libraries = LoadedLibraries()
+        self._libraries_of: dict[str, tuple[int, int] | None] = {}
+        self._libraries_named: dict[str, tuple[int, int] | None] = {}
+        self.watch = watch
         self.codes: set[CodeType] = set()  # where the running code is noted: test or fixture
         self.outer: list[set[CodeType]] = []  # the sets around a fixture being set up
         self.fixture_codes: dict[int, set[CodeType]] = {}  # id(FixtureDef) → its setup's code
-        # Code that ran while a module was imported (collection, or a lazy import in a
-        # test): every later test may use what it built, so every test gets it.
+        # Code that ran before the first test (collection: imports, conftest hooks) or while
+        # a module was imported during a test: every later test may use what it built.
         self.import_codes: set[CodeType] = set()
-        self.importing = 0
+        self.tested = False  # a test has started: what ran before it was collection
         self.reads: set[str] = set()
         self.active = False
-        self.paused = False  # devpool stopped watching: reports, and between tests
+        self.paused = True  # devpool stopped watching: reports, and between tests
         self.lost = ""  # why the running test cannot be recorded; "" while it can
-        self.how = ""  # "trace" or "profile": the hook calls are seen with; "" none
         self._rel: dict[str, str | None] = {}
         self._hashes: dict[tuple[str, int, int], str | None] = {}
         self._items: dict[str, pytest.Item] = {}
-        # What _blocks keeps between tests: the shared spots, with the count of import
-        # codes and the modules they were computed from, and each spot's block key.
+        # What _blocks keeps between tests: the shared blocks, with the count of import
+        # codes and the modules they were resolved from; each file's blocks; each spot's.
         self._shared_of: tuple[int, list[ModuleType]] = (-1, [])
-        self._shared: set[tuple[str, int]] = set()
-        self._block_keys: dict[tuple[str, int], tuple[ModuleBlocks, str]] = {}
+        self._shared: dict[str, str] = {}
+        self._modules: dict[str, ModuleBlocks | None] = {}
+        self._block_of: dict[tuple[str, int], tuple[str, str]] = {}
         sys.addaudithook(self._audit)
 
-    # ---- the hooks that see the code and the files --------------------------------------
-
-    def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
-        code = frame.f_code  # a 'call' event; no local tracing (cheap) except for modules
-        self.codes.add(code)
-        if self.importing:
-            self.import_codes.add(code)
-        if code.co_name == "<module>":
-            self.importing += 1
-            frame.f_trace_lines = False
-            return self._module_end
-        return None
-
-    def _module_end(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "return":  # also after an exception: it ends with a return event
-            self.importing -= 1
-        return self._module_end
-
-    def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call":
-            self._trace(frame, event, arg)
-        elif event == "return" and frame.f_code.co_name == "<module>":
-            # max: the __main__ module of `python -m pytest` began before the hook did.
-            self.importing = max(0, self.importing - 1)
+    # ---- what the watch saw, and the files ------------------------------------------------
 
     def _audit(self, event: str, args: tuple[Any, ...]) -> None:
         if event != "open" or not self.active:
@@ -110,39 +91,28 @@ class Recorder:
             self.reads.add(os.path.abspath(name))
 
     def install(self) -> None:
-        """Watch every call from now on, in this thread and threads started later.
+        """Watch from now on with the cheapest free hook (watch.py). With every hook taken
+        nothing is recorded, and every test always runs."""
+        if self.watch is None:
+            self.watch = watch_for_this_interpreter()
+        self._resume()
 
-        A tracer already there (coverage.py, a debugger) keeps its hook; the profile hook
-        sees the same calls. With both taken nothing is recorded (every test always runs)."""
-        if sys.gettrace() is None:
-            self.how = "trace"
-            sys.settrace(self._trace)
-            threading.settrace(self._trace)
-        elif sys.getprofile() is None:
-            self.how = "profile"
-            sys.setprofile(self._profile)
-            threading.setprofile(self._profile)
-
-    def _intact(self) -> str:
-        """'' when the hook is still ours, else why this test is not recorded."""
-        if self.how == "trace" and sys.gettrace() != self._trace:
-            sys.settrace(self._trace)
-            return "something replaced devpool's trace function"
-        if self.how == "profile" and sys.getprofile() != self._profile:
-            sys.setprofile(self._profile)
-            return "something replaced devpool's profile function"
-        return "" if self.how else "another tracer and profiler were both installed"
+    def _collect(self) -> None:
+        """Move what the watch saw into the running set (test or fixture)."""
+        if self.watch is not None:
+            codes, imported = self.watch.take()
+            self.codes |= codes
+            self.import_codes |= imported
 
     def _pause(self) -> None:
-        """Stop watching this thread while reports are handled and between tests: each
-        traced call costs, and none of that code is the test's."""
+        """Stop watching while reports are handled and between tests: each watched call
+        costs, and none of that code is the test's."""
         if self.paused:
             return
-        self.lost = self.lost or self._intact()
-        if self.how == "trace":
-            sys.settrace(None)
-        elif self.how == "profile":
-            sys.setprofile(None)
+        if self.watch is None:
+            self.lost = self.lost or "another tracer and profiler were both installed"
+        else:
+            self.lost = self.lost or self.watch.stop()
         self.paused = True
 
     def _resume(self) -> None:
@@ -150,18 +120,16 @@ class Recorder:
         if not self.paused:
             return
         self.paused = False
-        if self.how == "trace":
-            if sys.gettrace() is not None:
-                self.lost = self.lost or "something replaced devpool's trace function"
-            sys.settrace(self._trace)
-        elif self.how == "profile":
-            if sys.getprofile() is not None:
-                self.lost = self.lost or "something replaced devpool's profile function"
-            sys.setprofile(self._profile)
+        if self.watch is not None:
+            self.lost = self.lost or self.watch.start()
 
     # ---- pytest hooks ---------------------------------------------------------------------
 
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+        self._collect()  # collection, the first time; else nothing (paused between tests)
+        if not self.tested:
+            self.import_codes |= self.codes
+            self.tested = True
         self.codes, self.outer, self.reads = set(), [], set()
         self.lost = ""
         self._resume()
@@ -175,12 +143,17 @@ class Recorder:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: Any, request: Any) -> Generator[None, Any, Any]:
-        """A fixture's setup runs once for all the tests that share it: note its code apart."""
+        """A fixture's setup runs once for all the tests that share it: note its code apart.
+        A function-scoped one runs again for each test, so its code is the test's anyway."""
+        if fixturedef.scope == "function":
+            return (yield)
+        self._collect()
         self.outer.append(self.codes)
         self.codes = set()
         try:
             return (yield)
         finally:
+            self._collect()
             inner, self.codes = self.codes, self.outer.pop()
             self.codes |= inner
             self.fixture_codes.setdefault(id(fixturedef), set()).update(inner)
@@ -192,6 +165,7 @@ class Recorder:
         test starts."""
         self._pause()
         if report.when == "teardown":
+            self._collect()
             self.active = False
             setattr(report, DEPS_ATTR, self._deps(report.nodeid))
         try:
@@ -231,6 +205,12 @@ class Recorder:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._items = {item.nodeid: item for item in session.items}
+        # What collection ran counts for every test. Resolved now, a fork server's template
+        # hands its workers this work done: the code noted and the project's files parsed.
+        self._collect()
+        self.import_codes |= self.codes
+        self.codes = set()
+        self._blocks(set())
 
     # ---- turning what was seen into fingerprints ------------------------------------------
 
@@ -249,9 +229,10 @@ class Recorder:
                 spots.add((rel, 0 if code.co_name == "<module>" else code.co_firstlineno))
         return spots
 
-    def _shared_spots(self) -> set[tuple[str, int]]:
-        """Code that ran at import, and the top level of every project module loaded in this
-        process: every test may depend on them. Recomputed only when either has changed."""
+    def _shared_blocks(self) -> dict[str, str]:
+        """The blocks of code that ran at import, and the top level of every project module
+        loaded in this process: every test may depend on them. Resolved again only when
+        either has grown."""
         modules = list(sys.modules.values())
         if len(self.import_codes) != self._shared_of[0] or modules != self._shared_of[1]:
             spots = self._spots(self.import_codes)
@@ -263,23 +244,28 @@ class Recorder:
                 if rel is not None and rel.endswith(".py"):
                     spots.add((rel, 0))
             self._shared_of = (len(self.import_codes), modules)
-            self._shared = spots
+            self._shared = self._resolve(spots)
         return self._shared
 
     def _blocks(self, codes: set[CodeType]) -> dict[str, str]:
+        return {**self._shared_blocks(), **self._resolve(self._spots(codes))}
+
+    def _resolve(self, spots: Iterable[tuple[str, int]]) -> dict[str, str]:
+        """Block key → hash of each spot. A file is read once per process: its blocks are
+        those of the source this process imported, even if the file changes later."""
         found: dict[str, str] = {}
-        modules: dict[str, ModuleBlocks | None] = {}  # one stat of each file per test
-        for rel, line in self._spots(codes) | self._shared_spots():
-            if rel not in modules:
-                modules[rel] = self.blocks.blocks(rel)
-            module = modules[rel]
-            if module is None:
-                continue
-            cached = self._block_keys.get((rel, line))
-            if cached is None or cached[0] is not module:  # the file was parsed again
+        for spot in spots:
+            block = self._block_of.get(spot)
+            if block is None:
+                rel, line = spot
+                if rel not in self._modules:
+                    self._modules[rel] = self.blocks.blocks(rel)
+                module = self._modules[rel]
+                if module is None:
+                    continue
                 key = module.key(TOP) if line == 0 else module.block_at(line)
-                cached = self._block_keys[(rel, line)] = (module, key)
-            found[cached[1]] = module.hashes[cached[1]]
+                block = self._block_of[spot] = (key, module.hashes[key])
+            found[block[0]] = block[1]
         return found
 
     def _files(self, globs: list[str], own: list[str]) -> dict[str, str | None]:
@@ -298,10 +284,11 @@ class Recorder:
 
         A Ray worker with shipped code has its rootdir elsewhere: the controller resolves a
         relative path against its own rootdir (baseline.Builder)."""
-        found: dict[str, tuple[int, int] | None] = {}
-        for path in sorted(mapped_libraries()):
-            found[self._relpath(path) or path] = library_stamp(path)
-        return found
+        stamps = self.libraries.stamps()
+        if stamps is not self._libraries_of:  # the linker loaded or unloaded something
+            self._libraries_of = stamps
+            self._libraries_named = {self._relpath(p) or p: s for p, s in stamps.items()}
+        return self._libraries_named
 
     def _hash(self, path: str) -> str | None:
         stamp = library_stamp(path)
