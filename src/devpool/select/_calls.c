@@ -1,14 +1,19 @@
-/* Which code objects ran: a C profile hook for Python < 3.12 (select/watch.py, NativeHook).
+/* Which code objects ran: a frame-evaluation hook (PEP 523) for Python 3.11, used by
+ * select/watch.py (NativeHook). 3.12 has sys.monitoring instead.
  *
- * cProfile answers the same question but times every call and keeps a tree of callers,
- * which doubles the cost of a call-heavy test on 3.11. This hook only puts the code object
- * in a pointer set, and in a second set while a module's top-level code is running (an
- * import: what it runs counts for every later test). The sets hold strong references,
- * so a pointer is never reused while it is in a set. Every function runs with the GIL. */
+ * A profile hook (cProfile's, or any other) makes 3.11 trace every instruction, which
+ * turns off its specialised instructions: a call-heavy test then costs about twice as much.
+ * A frame-evaluation hook is called once as each frame starts or resumes, in every
+ * thread, and the interpreter runs the frame as usual. The hook puts the code object in
+ * a pointer set, and in a second set while a module's top-level code runs (an import:
+ * what it runs counts for every later test). The sets hold strong references, so a
+ * pointer is never reused while it is in a set. Everything here runs with the GIL. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <frameobject.h>
+#define Py_BUILD_CORE_MODULE
+#include "internal/pycore_frame.h" /* _PyInterpreterFrame.f_code */
+#undef Py_BUILD_CORE_MODULE
 
 typedef struct {
     PyObject **slots; /* NULL or a code object with a reference held */
@@ -17,9 +22,8 @@ typedef struct {
 } CodeSet;
 
 static CodeSet seen, imported;
-static long importing;   /* module bodies running, in every thread together */
+static long importing;    /* module bodies running, in every thread together */
 static int out_of_memory; /* a code object could not be noted since the last take */
-static PyObject *hook;   /* what sys.getprofile() returns while this hook is set */
 
 static Py_ssize_t
 slot_of(PyObject **slots, Py_ssize_t size, PyObject *code)
@@ -92,41 +96,46 @@ is_module(PyCodeObject *code)
     return PyUnicode_GET_LENGTH(name) == 8 && PyUnicode_CompareWithASCIIString(name, "<module>") == 0;
 }
 
-static int
-on_event(PyObject *self, PyFrameObject *frame, int what, PyObject *arg)
+static PyObject *
+evaluate(PyThreadState *thread, _PyInterpreterFrame *frame, int throwing)
 {
-    if (what != PyTrace_CALL && !(what == PyTrace_RETURN && importing)) {
-        return 0;
-    }
-    PyCodeObject *code = PyFrame_GetCode(frame);
-    if (what == PyTrace_CALL) {
-        if (is_module(code)) {
-            importing++;
-        }
-        note(&seen, (PyObject *)code);
+    PyObject *code = (PyObject *)frame->f_code;
+    if (!is_module(frame->f_code)) {
+        note(&seen, code);
         if (importing) {
-            note(&imported, (PyObject *)code);
+            note(&imported, code);
         }
+        return _PyEval_EvalFrameDefault(thread, frame, throwing);
     }
-    else if (is_module(code)) { /* a return, also when the import raised */
-        importing--;
-    }
-    Py_DECREF(code);
-    return 0;
+    importing++;
+    note(&seen, code);
+    note(&imported, code);
+    PyObject *result = _PyEval_EvalFrameDefault(thread, frame, throwing);
+    importing--;
+    return result;
 }
 
 static PyObject *
 enable(PyObject *module, PyObject *unused)
 {
-    PyEval_SetProfile(on_event, hook);
-    Py_RETURN_NONE;
+    PyInterpreterState *interpreter = PyInterpreterState_Get();
+    _PyFrameEvalFunction current = _PyInterpreterState_GetEvalFrameFunc(interpreter);
+    if (current != _PyEval_EvalFrameDefault && current != evaluate) {
+        Py_RETURN_FALSE; /* a debugger's or a JIT's: it stays */
+    }
+    _PyInterpreterState_SetEvalFrameFunc(interpreter, evaluate);
+    Py_RETURN_TRUE;
 }
 
 static PyObject *
 disable(PyObject *module, PyObject *unused)
 {
-    PyEval_SetProfile(NULL, NULL);
-    Py_RETURN_NONE;
+    PyInterpreterState *interpreter = PyInterpreterState_Get();
+    if (_PyInterpreterState_GetEvalFrameFunc(interpreter) != evaluate) {
+        Py_RETURN_FALSE; /* something replaced it (torch.compile does, and puts back none) */
+    }
+    _PyInterpreterState_SetEvalFrameFunc(interpreter, _PyEval_EvalFrameDefault);
+    Py_RETURN_TRUE;
 }
 
 static PyObject *
@@ -148,8 +157,8 @@ take(PyObject *module, PyObject *unused)
 }
 
 static PyMethodDef methods[] = {
-    {"enable", enable, METH_NOARGS, "Set the hook as this thread's profile function."},
-    {"disable", disable, METH_NOARGS, "Clear this thread's profile function."},
+    {"enable", enable, METH_NOARGS, "Set the hook; False when another one is set."},
+    {"disable", disable, METH_NOARGS, "Clear the hook; False when it was not set."},
     {"take", take, METH_NOARGS,
      "The code objects run since the last take, and those run by an import; empties both."},
     {NULL, NULL, 0, NULL},
@@ -162,14 +171,5 @@ static struct PyModuleDef calls_module = {
 PyMODINIT_FUNC
 PyInit__calls(void)
 {
-    PyObject *module = PyModule_Create(&calls_module);
-    if (module == NULL) {
-        return NULL;
-    }
-    hook = PyUnicode_FromString("devpool.select._calls");
-    if (hook == NULL || PyModule_AddObjectRef(module, "HOOK", hook) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return PyModule_Create(&calls_module);
 }

@@ -7,9 +7,12 @@ work may shape every later test, so the recorder counts it for all of them).
 - `Monitor` (Python ≥ 3.12): `sys.monitoring` PY_START and PY_RESUME events, each code
   location disabled after its first event until the next `take`. A function called a
   million times costs one Python call per test. About 1.1 × a plain run.
-- `Profiler` (Python 3.11): cProfile's C profile hook. No Python runs per call, but any
-  profile hook turns off 3.11's specialised instructions: about 1.6 × in the tests' own
-  code. Threads started later get a Python profile function.
+- `NativeHook` (Python 3.11): devpool's own frame-evaluation hook (PEP 523, _calls.c),
+  called as each frame starts or resumes. About 1.1 × in the tests' own code.
+- `Profiler` (Python 3.10, or 3.11 built without a compiler): cProfile's C profile hook.
+  No Python runs per call, but any profile hook makes 3.11 trace each instruction, which
+  turns off its specialised instructions: about 2 × in call-heavy code. Threads started
+  later get a Python profile function.
 - `Tracer`: a Python trace function, where the profile hook is taken (a profiler of the
   project's) and no monitoring exists. About 3 × in call-heavy code.
 
@@ -33,7 +36,7 @@ _MONITOR_NAME = "devpool-select"
 # sys.monitoring exists from 3.12 on; typed Any, since the type checker targets 3.10.
 monitoring: Any = getattr(sys, "monitoring", None)
 _calls: ModuleType | None
-try:  # built on Python < 3.12 unless the build had no compiler (setup.py)
+try:  # built on Python 3.11 unless the build had no compiler (setup.py)
     from devpool.select import _calls
 except ImportError:
     _calls = None
@@ -58,8 +61,10 @@ def watch_for_this_interpreter() -> Watch | None:
         for tool in _MONITOR_IDS:
             if monitoring.get_tool(tool) is None:
                 return Monitor(tool)
+    elif _calls is not None:
+        return NativeHook()
     elif sys.getprofile() is None:
-        return NativeHook() if _calls is not None else Profiler()
+        return Profiler()
     if sys.gettrace() is None:
         return Tracer()
     return None
@@ -158,39 +163,28 @@ class Monitor:
 
 
 class NativeHook:
-    """devpool's own C profile hook (_calls.c): a pointer set per call, nothing timed."""
+    """devpool's frame-evaluation hook (_calls.c): a pointer set per frame, nothing timed,
+    every thread, and the interpreter's specialised instructions left on."""
 
-    how = "profiler"
+    how = "frame-evaluation hook"
 
     def __init__(self) -> None:
         assert _calls is not None
         self.calls = _calls
-        self.thread_codes: set[CodeType] = set()
-        self.on = False
-        threading.setprofile(self._thread)
-
-    def _thread(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call" and self.on:
-            self.thread_codes.add(frame.f_code)
 
     def start(self) -> str:
-        why = "" if sys.getprofile() is None else "something set a profile function"
-        self.calls.enable()
-        self.on = True
-        return why
+        if self.calls.enable():
+            return ""
+        return "a debugger or a JIT set its own frame-evaluation hook"
 
     def stop(self) -> str:
-        hook: object = sys.getprofile()
-        why = "" if hook is self.calls.HOOK else "something replaced devpool's profiler"
-        self.calls.disable()
-        self.on = False
-        return why
+        if self.calls.disable():
+            return ""
+        return "something replaced devpool's frame-evaluation hook (torch.compile does)"
 
     def take(self) -> tuple[set[CodeType], set[CodeType]]:
         codes, imported = self.calls.take()
-        found = set(codes) | self.thread_codes
-        self.thread_codes = set()
-        return found, set(imported)
+        return set(codes), set(imported)
 
 
 class Profiler:
