@@ -34,7 +34,7 @@ from devpool.select.fingerprints import (
 )
 from devpool.select.options import mode_of, select_options
 from devpool.select.policy import auto_mode
-from devpool.select.watch import Watch, watch_for_this_interpreter
+from devpool.select.watch import Codes, Watch, watch_for_this_interpreter
 
 DEPS_ATTR = "devpool_deps"
 _READ_FLAGS = (os.O_RDONLY, os.O_RDWR)
@@ -51,12 +51,12 @@ class Recorder:
         self._libraries_of: dict[str, tuple[int, int] | None] = {}
         self._libraries_named: dict[str, tuple[int, int] | None] = {}
         self.watch = watch
-        self.codes: set[CodeType] = set()  # where the running code is noted: test or fixture
-        self.outer: list[set[CodeType]] = []  # the sets around a fixture being set up
-        self.fixture_codes: dict[int, set[CodeType]] = {}  # id(FixtureDef) → its setup's code
+        self.codes: Codes = {}  # where the running code is noted: test or fixture
+        self.outer: list[Codes] = []  # the sets around a fixture being set up
+        self.fixture_codes: dict[int, Codes] = {}  # id(FixtureDef) → its setup's code
         # Code that ran before the first test (collection: imports, conftest hooks) or while
         # a module was imported during a test: every later test may use what it built.
-        self.import_codes: set[CodeType] = set()
+        self.import_codes: Codes = {}
         self.tested = False  # a test has started: what ran before it was collection
         self.reads: set[str] = set()
         self.active = False
@@ -94,8 +94,13 @@ class Recorder:
         """Watch from now on with the cheapest free hook (watch.py). With every hook taken
         nothing is recorded, and every test always runs."""
         if self.watch is None:
-            self.watch = watch_for_this_interpreter()
+            self.watch = watch_for_this_interpreter(self._watched)
         self._resume()
+
+    def _watched(self, filename: str) -> bool:
+        """Whether code of this file becomes blocks: the project's Python files."""
+        rel = self._relpath(filename)
+        return rel is not None and rel.endswith(".py")
 
     def _collect(self) -> None:
         """Move what the watch saw into the running set (test or fixture)."""
@@ -130,7 +135,7 @@ class Recorder:
         if not self.tested:
             self.import_codes |= self.codes
             self.tested = True
-        self.codes, self.outer, self.reads = set(), [], set()
+        self.codes, self.outer, self.reads = {}, [], set()
         self.lost = ""
         self._resume()
         self.active = True
@@ -149,14 +154,14 @@ class Recorder:
             return (yield)
         self._collect()
         self.outer.append(self.codes)
-        self.codes = set()
+        self.codes = {}
         try:
             return (yield)
         finally:
             self._collect()
             inner, self.codes = self.codes, self.outer.pop()
             self.codes |= inner
-            self.fixture_codes.setdefault(id(fixturedef), set()).update(inner)
+            self.fixture_codes.setdefault(id(fixturedef), {}).update(inner)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None, Any, Any]:
@@ -186,14 +191,14 @@ class Recorder:
 
     def _attach(self, deps: dict[str, Any], item: pytest.Item | None) -> None:
         """Add the fingerprints of what the test ran and read to its deps."""
-        codes = set(self.codes)  # import_codes: _blocks keeps their blocks between tests
+        codes = dict(self.codes)  # import_codes: _blocks keeps their blocks between tests
         markers = item.iter_markers("depends_on") if item is not None else ()
         globs = [str(g) for marker in markers for g in marker.args]
         if item is not None:  # fixtures it uses that an earlier test set up
             info = getattr(item, "_fixtureinfo", None)
             for fixturedefs in getattr(info, "name2fixturedefs", {}).values():
                 for fixturedef in fixturedefs:
-                    codes |= self.fixture_codes.get(id(fixturedef), set())
+                    codes |= self.fixture_codes.get(id(fixturedef), {})
         own = [str(item.path)] if item is not None and item.path.suffix != ".py" else []
         deps.update(
             blocks=self._blocks(codes),
@@ -209,8 +214,8 @@ class Recorder:
         # hands its workers this work done: the code noted and the project's files parsed.
         self._collect()
         self.import_codes |= self.codes
-        self.codes = set()
-        self._blocks(set())
+        self.codes = {}
+        self._blocks({})
 
     # ---- turning what was seen into fingerprints ------------------------------------------
 
@@ -235,7 +240,7 @@ class Recorder:
         either has grown."""
         modules = list(sys.modules.values())
         if len(self.import_codes) != self._shared_of[0] or modules != self._shared_of[1]:
-            spots = self._spots(self.import_codes)
+            spots = self._spots(self.import_codes.values())
             # Module top levels run at import, before any test: every project module loaded
             # may have shaped this test (constants, decorators, signatures).
             for module_object in modules:
@@ -247,8 +252,8 @@ class Recorder:
             self._shared = self._resolve(spots)
         return self._shared
 
-    def _blocks(self, codes: set[CodeType]) -> dict[str, str]:
-        return {**self._shared_blocks(), **self._resolve(self._spots(codes))}
+    def _blocks(self, codes: Codes) -> dict[str, str]:
+        return {**self._shared_blocks(), **self._resolve(self._spots(codes.values()))}
 
     def _resolve(self, spots: Iterable[tuple[str, int]]) -> dict[str, str]:
         """Block key → hash of each spot. A file is read once per process: its blocks are

@@ -4,9 +4,9 @@ Every watch answers the same two questions for the stretch since it was last ask
 code objects ran, and which of them ran while a module was being imported (an import's
 work may shape every later test, so the recorder counts it for all of them).
 
-- `Monitor` (Python ≥ 3.12): `sys.monitoring` PY_START and PY_RESUME events, each code
-  location disabled after its first event until the next `take`. A function called a
-  million times costs one Python call per test. About 1.1 × a plain run.
+- `Monitor` (Python ≥ 3.12): `sys.monitoring` events on the project's own code objects,
+  each disarmed after its first event until the next `take`. A function called a million
+  times costs one Python call per test; code outside the project costs nothing.
 - `NativeHook` (Python 3.11): devpool's own frame-evaluation hook (PEP 523, _calls.c),
   called as each frame starts or resumes. About 1.1 × in the tests' own code.
 - `Profiler` (Python 3.10, or 3.11 built without a compiler): cProfile's C profile hook.
@@ -22,16 +22,27 @@ so it and a watch run side by side.
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import sys
 import threading
+from collections.abc import Callable, Iterable
 from types import CodeType, FrameType, ModuleType
 from typing import Any, Protocol
 
 MODULE = "<module>"
+# Code objects by identity: code compares equal by its bytecode, names and lines, not by
+# its file, so two files' identical functions are one in a set; each is a block of its own.
+Codes = dict[int, CodeType]
+
+
+def codes_of(codes: Iterable[CodeType]) -> Codes:
+    return {id(code): code for code in codes}
+
+
 # Debugger, coverage, profiler and optimizer own ids 0, 1, 2 and 5; a test that runs
-# cProfile on 3.12 needs 2 free.
-_MONITOR_IDS = (3, 4)
+# cProfile on 3.12 needs 2 free, and hypothesis takes 3 when it is free.
+_MONITOR_IDS = (4, 3)
 _MONITOR_NAME = "devpool-select"
 # sys.monitoring exists from 3.12 on; typed Any, since the type checker targets 3.10.
 monitoring: Any = getattr(sys, "monitoring", None)
@@ -51,16 +62,17 @@ class Watch(Protocol):
     def stop(self) -> str:
         """Stop watching; a reason when something took the hook while watching."""
 
-    def take(self) -> tuple[set[CodeType], set[CodeType]]:
+    def take(self) -> tuple[Codes, Codes]:
         """The code that ran since the last take, and the part of it an import ran."""
 
 
-def watch_for_this_interpreter() -> Watch | None:
-    """The cheapest watch whose hook is free, or None when every hook is taken."""
+def watch_for_this_interpreter(wanted: Callable[[str], bool]) -> Watch | None:
+    """The cheapest watch whose hook is free, or None when every hook is taken. wanted: a
+    file name → whether its code matters (the project's); only Monitor makes use of it."""
     if monitoring is not None:
         for tool in _MONITOR_IDS:
             if monitoring.get_tool(tool) is None:
-                return Monitor(tool)
+                return Monitor(tool, wanted)
     elif _calls is not None:
         return NativeHook()
     elif sys.getprofile() is None:
@@ -71,20 +83,33 @@ def watch_for_this_interpreter() -> Watch | None:
 
 
 class Monitor:
-    """sys.monitoring (PEP 669): one event per code location per stretch."""
+    """sys.monitoring (PEP 669), with local events on the project's code objects only.
+
+    Each project code object has PY_START and PY_RESUME armed until its first event in a
+    stretch, then none: a function called a million times costs one callback per test,
+    and code outside the project (pytest's, the standard library's) costs nothing. A
+    module's code objects are armed as the module is executed (the audit event "exec"),
+    and those already loaded when the watch starts, from their functions and classes."""
 
     how = "monitoring"
 
-    def __init__(self, tool: int) -> None:
+    def __init__(self, tool: int, wanted: Callable[[str], bool]) -> None:
         events = monitoring.events
         self.tool = tool
+        self.wanted = wanted  # a file name → whether its code is watched (the project's)
         self.events = events.PY_START | events.PY_RESUME
-        self.unwind = events.PY_UNWIND
-        self.codes: set[CodeType] = set()
-        self.imported: set[CodeType] = set()
-        self.importing = 0
+        self.codes: Codes = {}
+        self.imported: Codes = {}
+        self.armed: Codes = {}
+        self.importing: list[CodeType] = []  # the module bodies running, innermost last
         self.on = False
+        self._files: dict[str, bool] = {}
         self._claim()
+        sys.addaudithook(self._audit)
+        for module in list(sys.modules.values()):
+            filename = getattr(module, "__file__", None)
+            if isinstance(filename, str) and self._wanted(filename):
+                self._arm_reachable(vars(module).values(), set())
 
     def _claim(self) -> bool:
         """Hold the tool id with devpool's callbacks; False when another tool holds it."""
@@ -99,66 +124,119 @@ class Monitor:
         monitoring.register_callback(self.tool, events.PY_RESUME, self._start)
         monitoring.register_callback(self.tool, events.PY_RETURN, self._return)
         monitoring.register_callback(self.tool, events.PY_UNWIND, self._unwind)
+        for code in self.armed.values():  # freeing the id may have cleared them
+            self._set(code, self.events)
         return True
 
-    def _start(self, code: CodeType, offset: int) -> Any:
-        self.codes.add(code)
-        if self.importing:
-            self.imported.add(code)
+    def _set(self, code: CodeType, events: int) -> None:
+        with contextlib.suppress(ValueError):  # the id was freed: start() says so, claims it
+            monitoring.set_local_events(self.tool, code, events)
+
+    def _set_events(self, events: int) -> None:
+        with contextlib.suppress(ValueError):
+            monitoring.set_events(self.tool, events)
+
+    def _wanted(self, filename: str) -> bool:
+        if filename not in self._files:
+            self._files[filename] = self.wanted(filename)
+        return self._files[filename]
+
+    def _arm(self, code: CodeType) -> None:
+        """Arm a code object and every one nested in it (functions, classes, lambdas)."""
+        stack = [code]
+        while stack:
+            code = stack.pop()
+            if id(code) not in self.armed:
+                self.armed[id(code)] = code
+                self._set(code, self.events)
+                stack.extend(c for c in code.co_consts if isinstance(c, CodeType))
+
+    def _arm_reachable(self, values: Iterable[object], seen: set[int]) -> None:
+        """Arm the code of the functions and classes among values (a loaded module's)."""
+        for value in values:
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            value = getattr(value, "__func__", value)  # classmethod, staticmethod, method
+            code = getattr(value, "__code__", None)
+            if isinstance(code, CodeType):
+                if self._wanted(code.co_filename):
+                    self._arm(code)
+            elif isinstance(value, type):
+                self._arm_reachable(vars(value).values(), seen)
+            elif isinstance(value, property):
+                self._arm_reachable([value.fget, value.fset, value.fdel], seen)
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        """A module body is about to run (an import, runpy, an exec of source)."""
+        if event != "exec" or not args or not isinstance(args[0], CodeType):
+            return
+        code = args[0]
         if code.co_name != MODULE:
-            return monitoring.DISABLE
-        # An import begins: what it runs counts for every later test, including code that
-        # already ran in this stretch and is disabled now, so every location fires again.
-        self.importing += 1
-        self.imported.add(code)
-        monitoring.set_local_events(self.tool, code, monitoring.events.PY_RETURN)
-        monitoring.set_events(self.tool, self.events | self.unwind)
-        monitoring.restart_events()
+            return
+        if self._wanted(code.co_filename):
+            self._arm(code)
+        if not self.on:
+            return
+        # What the import runs counts for every later test, code that already ran in this
+        # stretch too: it is armed again, and the import's end is watched (its return, or
+        # the unwind of an exception).
+        self.importing.append(code)
+        self._rearm()
+        events = monitoring.events
+        local = self.events if id(code) in self.armed else 0
+        self._set(code, local | events.PY_RETURN)
+        self._set_events(events.PY_UNWIND)
+
+    def _start(self, code: CodeType, offset: int) -> Any:
+        if not self.on:
+            return None  # reports and the time between tests: nobody's; stays armed
+        self.codes[id(code)] = code
+        if self.importing:
+            self.imported[id(code)] = code
+        if code.co_name != MODULE:  # a module body keeps its return event
+            self._set(code, 0)
         return None
 
     def _return(self, code: CodeType, offset: int, value: object) -> Any:
-        if code.co_name == MODULE:
-            self._imported(code)
+        self._ended(code)
         return None
 
     def _unwind(self, code: CodeType, offset: int, error: BaseException) -> Any:
-        if code.co_name == MODULE:  # the import raised
-            self._imported(code)
+        self._ended(code)  # every frame that an exception leaves while a module imports
         return None
 
-    def _imported(self, code: CodeType) -> None:
-        monitoring.set_local_events(self.tool, code, 0)
-        self.importing = max(0, self.importing - 1)
-        if not self.importing and self.on:
-            monitoring.set_events(self.tool, self.events)
+    def _ended(self, code: CodeType) -> None:
+        if not self.importing or self.importing[-1] is not code:
+            return
+        self.importing.pop()
+        self._set(code, 0)
+        if not self.importing:
+            self._set_events(0)
 
-    def _taken(self) -> str:
+    def _rearm(self) -> None:
         if monitoring.get_tool(self.tool) != _MONITOR_NAME:
-            return "something freed devpool's sys.monitoring tool id"
-        wanted = self.events | (self.unwind if self.importing else 0) if self.on else 0
-        if monitoring.get_events(self.tool) != wanted:
-            return "something changed the events devpool monitors"
-        return ""
+            return  # freed: _claim arms every code again
+        for key, code in self.codes.items():
+            if key in self.armed and code.co_name != MODULE:
+                self._set(code, self.events)
 
     def start(self) -> str:
-        why = self._taken()
         self.on = True
-        if not self._claim():
-            return "another tool took devpool's sys.monitoring tool id"
-        monitoring.set_events(self.tool, self.events | (self.unwind if self.importing else 0))
-        return why
+        if self._claim():  # claimed again if something freed it since (stop() said so)
+            return ""
+        return "another tool took devpool's sys.monitoring tool id"
 
     def stop(self) -> str:
-        why = self._taken()
         self.on = False
         if monitoring.get_tool(self.tool) == _MONITOR_NAME:
-            monitoring.set_events(self.tool, 0)
-        return why
+            return ""
+        return "something freed devpool's sys.monitoring tool id"
 
-    def take(self) -> tuple[set[CodeType], set[CodeType]]:
+    def take(self) -> tuple[Codes, Codes]:
+        self._rearm()  # the next stretch sees each again
         taken = (self.codes, self.imported)
-        self.codes, self.imported = set(), set()
-        monitoring.restart_events()  # the next stretch sees each location again
+        self.codes, self.imported = {}, {}
         return taken
 
 
@@ -182,9 +260,9 @@ class NativeHook:
             return ""
         return "something replaced devpool's frame-evaluation hook (torch.compile does)"
 
-    def take(self) -> tuple[set[CodeType], set[CodeType]]:
+    def take(self) -> tuple[Codes, Codes]:
         codes, imported = self.calls.take()
-        return set(codes), set(imported)
+        return codes_of(codes), codes_of(imported)
 
 
 class Profiler:
@@ -194,13 +272,13 @@ class Profiler:
 
     def __init__(self) -> None:
         self.profiler = cProfile.Profile(builtins=False)
-        self.thread_codes: set[CodeType] = set()
+        self.thread_codes: Codes = {}
         self.on = False
         threading.setprofile(self._thread)
 
     def _thread(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call" and self.on:
-            self.thread_codes.add(frame.f_code)
+            self.thread_codes[id(frame.f_code)] = frame.f_code
 
     def _taken(self) -> str:
         hook: object = sys.getprofile()  # the Profile object itself, while it is enabled
@@ -218,38 +296,35 @@ class Profiler:
         self.on = False
         return why
 
-    def take(self) -> tuple[set[CodeType], set[CodeType]]:
+    def take(self) -> tuple[Codes, Codes]:
         if self.on:
             self.profiler.disable()  # ends the open calls, so each has its callees
         stats = self.profiler.getstats()
         self.profiler.clear()
         if self.on:
             self.profiler.enable()
-        codes = {entry.code for entry in stats if isinstance(entry.code, CodeType)}
-        roots = [code for code in codes if code.co_name == MODULE]
-        imported: set[CodeType] = set()
+        entries = [entry for entry in stats if isinstance(entry.code, CodeType)]
+        codes = codes_of(entry.code for entry in entries if isinstance(entry.code, CodeType))
+        roots = [code for code in codes.values() if code.co_name == MODULE]
+        imported: Codes = {}
         if roots:  # an import ran: follow its calls (built only then, they cost)
-            calls = {
-                entry.code: [sub.code for sub in entry.calls or ()]
-                for entry in stats
-                if isinstance(entry.code, CodeType)
-            }
+            calls = {id(entry.code): [sub.code for sub in entry.calls or ()] for entry in entries}
             imported = _reached(calls, roots)
-        codes |= self.thread_codes
-        self.thread_codes = set()
+        codes.update(self.thread_codes)
+        self.thread_codes = {}
         return codes, imported
 
 
-def _reached(calls: dict[CodeType, list[CodeType | str]], roots: list[CodeType]) -> set[CodeType]:
+def _reached(calls: dict[int, list[CodeType | str]], roots: list[CodeType]) -> Codes:
     """Everything the roots called, directly or not (a callee also called from elsewhere
     counts too: more is selected, never less)."""
-    seen: set[CodeType] = set()
+    seen: Codes = {}
     stack = list(roots)
     while stack:
         code = stack.pop()
-        if code not in seen:
-            seen.add(code)
-            stack.extend(sub for sub in calls.get(code, ()) if isinstance(sub, CodeType))
+        if id(code) not in seen:
+            seen[id(code)] = code
+            stack.extend(sub for sub in calls.get(id(code), ()) if isinstance(sub, CodeType))
     return seen
 
 
@@ -259,8 +334,8 @@ class Tracer:
     how = "trace function"
 
     def __init__(self) -> None:
-        self.codes: set[CodeType] = set()
-        self.imported: set[CodeType] = set()
+        self.codes: Codes = {}
+        self.imported: Codes = {}
         self.importing = 0
         self.on = False
         threading.settrace(self._trace)
@@ -269,12 +344,12 @@ class Tracer:
         if not self.on:
             return None
         code = frame.f_code
-        self.codes.add(code)
+        self.codes[id(code)] = code
         if self.importing:
-            self.imported.add(code)
+            self.imported[id(code)] = code
         if code.co_name == MODULE:
             self.importing += 1
-            self.imported.add(code)
+            self.imported[id(code)] = code
             frame.f_trace_lines = False
             return self._module_end
         return None
@@ -296,7 +371,7 @@ class Tracer:
         self.on = False
         return why
 
-    def take(self) -> tuple[set[CodeType], set[CodeType]]:
+    def take(self) -> tuple[Codes, Codes]:
         taken = (self.codes, self.imported)
-        self.codes, self.imported = set(), set()
+        self.codes, self.imported = {}, {}
         return taken
