@@ -54,8 +54,6 @@ except ImportError:
 
 
 class Watch(Protocol):
-    how: str  # in messages: "monitoring", "profiler", "trace function"
-
     def start(self) -> str:
         """Watch from now on; a reason when something took the hook while paused."""
 
@@ -90,8 +88,6 @@ class Monitor:
     and code outside the project (pytest's, the standard library's) costs nothing. A
     module's code objects are armed as the module is executed (the audit event "exec"),
     and those already loaded when the watch starts, from their functions and classes."""
-
-    how = "monitoring"
 
     def __init__(self, tool: int, wanted: Callable[[str], bool]) -> None:
         events = monitoring.events
@@ -244,8 +240,6 @@ class NativeHook:
     """devpool's frame-evaluation hook (_calls.c): a pointer set per frame, nothing timed,
     every thread, and the interpreter's specialised instructions left on."""
 
-    how = "frame-evaluation hook"
-
     def __init__(self) -> None:
         assert _calls is not None
         self.calls = _calls
@@ -267,8 +261,6 @@ class NativeHook:
 
 class Profiler:
     """cProfile's C hook in the thread that installs it; a Python hook in later threads."""
-
-    how = "profiler"
 
     def __init__(self) -> None:
         self.profiler = cProfile.Profile(builtins=False)
@@ -330,8 +322,6 @@ def _reached(calls: dict[int, list[CodeType | str]], roots: list[CodeType]) -> C
 
 class Tracer:
     """A Python trace function on 'call' events (no line events but in module code)."""
-
-    how = "trace function"
 
     def __init__(self) -> None:
         self.codes: Codes = {}
