@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from devpool.select import watch
+from devpool.select.tables import expand
 
 PLUGIN = """
     import json, os
@@ -112,7 +113,8 @@ def attempts(pytester: pytest.Pytester, *args: str) -> list[dict[str, Any]]:
         patch.setenv("DEPS_OUT", str(out))
         result = pytester.runpytest_subprocess("-p", "recording_plugin", "-p", "no:devpool", *args)
     assert out.exists(), result.stdout.str() + result.stderr.str()
-    return [json.loads(line) for line in out.read_text().splitlines()]
+    # In order: a worker's shared tables travel with the first report that names them.
+    return [expand(json.loads(line)) for line in out.read_text().splitlines()]
 
 
 def functions(deps: dict[str, Any], file: str = "lib.py") -> set[str]:

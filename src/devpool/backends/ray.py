@@ -39,6 +39,7 @@ from devpool.markers import Request
 from devpool.report.terminal import read_log
 from devpool.select.baseline import union_deps
 from devpool.select.record import DEPS_ATTR
+from devpool.select.tables import expand
 from devpool.worker import stacks_file
 
 EVENTS_WAIT = 0.5  # seconds an actor holds an events() call open waiting for output
@@ -465,7 +466,10 @@ def merge_phase(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, A
 
 def _union_of_ranks(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, Any] | None:
     """--devpool-select record: a test depends on what any of its ranks ran or read."""
-    seen = [data.get(DEPS_ATTR) for _, data in reports]
+    seen = [
+        expand(deps) if isinstance(deps, Mapping) else deps
+        for deps in (data.get(DEPS_ATTR) for _, data in reports)
+    ]
     if not any(isinstance(deps, Mapping) for deps in seen):
         return None
     nodeid = reports[0][1].get("nodeid")

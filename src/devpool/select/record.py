@@ -34,6 +34,7 @@ from devpool.select.fingerprints import (
 )
 from devpool.select.options import mode_of, select_options
 from devpool.select.policy import auto_mode
+from devpool.select.tables import SentTables
 from devpool.select.watch import Codes, Watch, watch_for_this_interpreter
 
 DEPS_ATTR = "devpool_deps"
@@ -48,6 +49,7 @@ class Recorder:
         self.root = root
         self.blocks = BlockCache(root)
         self.libraries = LoadedLibraries()
+        self.tables = SentTables()
         self._libraries_of: dict[str, tuple[int, int] | None] = {}
         self._libraries_named: dict[str, tuple[int, int] | None] = {}
         self.watch = watch
@@ -65,7 +67,7 @@ class Recorder:
         self._rel: dict[str, str | None] = {}
         self._hashes: dict[tuple[str, int, int], str | None] = {}
         self._items: dict[str, pytest.Item] = {}
-        # What _blocks keeps between tests: the shared blocks, with the count of import
+        # What is kept between tests: the shared blocks, with the count of import
         # codes and the modules they were resolved from; each file's blocks; each spot's.
         self._shared_of: tuple[int, list[ModuleType]] = (-1, [])
         self._shared: dict[str, str] = {}
@@ -191,7 +193,7 @@ class Recorder:
 
     def _attach(self, deps: dict[str, Any], item: pytest.Item | None) -> None:
         """Add the fingerprints of what the test ran and read to its deps."""
-        codes = dict(self.codes)  # import_codes: _blocks keeps their blocks between tests
+        codes = dict(self.codes)  # import_codes: their blocks are the shared ones
         markers = item.iter_markers("depends_on") if item is not None else ()
         globs = [str(g) for marker in markers for g in marker.args]
         if item is not None:  # fixtures it uses that an earlier test set up
@@ -200,12 +202,16 @@ class Recorder:
                 for fixturedef in fixturedefs:
                     codes |= self.fixture_codes.get(id(fixturedef), {})
         own = [str(item.path)] if item is not None and item.path.suffix != ".py" else []
+        shared = self._shared_blocks()
+        blocks = self._resolve(self._spots(codes.values()))
         deps.update(
-            blocks=self._blocks(codes),
+            blocks={key: value for key, value in blocks.items() if key not in shared},
             # A test collected from a non-Python file (YAML, .txt) depends on that file.
             files=self._files(globs, own),
-            libs=self._libraries(),
             globs=globs,
+            # The same for most tests of this worker: sent once (tables.py).
+            **self.tables.refer("shared_blocks", shared),
+            **self.tables.refer("libs", self._libraries()),
         )
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -215,7 +221,7 @@ class Recorder:
         self._collect()
         self.import_codes |= self.codes
         self.codes = {}
-        self._blocks({})
+        self._shared_blocks()
 
     # ---- turning what was seen into fingerprints ------------------------------------------
 
@@ -251,9 +257,6 @@ class Recorder:
             self._shared_of = (len(self.import_codes), modules)
             self._shared = self._resolve(spots)
         return self._shared
-
-    def _blocks(self, codes: Codes) -> dict[str, str]:
-        return {**self._shared_blocks(), **self._resolve(self._spots(codes.values()))}
 
     def _resolve(self, spots: Iterable[tuple[str, int]]) -> dict[str, str]:
         """Block key → hash of each spot. A file is read once per process: its blocks are

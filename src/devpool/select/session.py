@@ -33,6 +33,7 @@ from devpool.select.diff import Current, Selection, select
 from devpool.select.options import SelectOptions
 from devpool.select.policy import auto_mode
 from devpool.select.record import DEPS_ATTR
+from devpool.select.tables import expand
 
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 
@@ -153,6 +154,7 @@ class SelectSession:
         outcome = self.outcomes.pop(report.nodeid, "passed")
         deps = getattr(report, DEPS_ATTR, None)
         if self.mode == "record" and isinstance(deps, dict):
+            deps = expand(deps)
             request = self.controller.requests.get(deps.get("nodeid"))
             self.builder.add(deps, outcome, request.device_count if request else 0)
 
