@@ -178,7 +178,7 @@ class Monitor:
         # stretch too: it is armed again, and the import's end is watched (its return, or
         # the unwind of an exception).
         self.importing.append(code)
-        self._rearm()
+        monitoring.restart_events()
         events = monitoring.events
         local = self.events if id(code) in self.armed else 0
         self._set(code, local | events.PY_RETURN)
@@ -191,7 +191,7 @@ class Monitor:
         if self.importing:
             self.imported[id(code)] = code
         if code.co_name != MODULE:  # a module body keeps its return event
-            self._set(code, 0)
+            return monitoring.DISABLE  # this location, until restart_events()
         return None
 
     def _return(self, code: CodeType, offset: int, value: object) -> Any:
@@ -210,13 +210,6 @@ class Monitor:
         if not self.importing:
             self._set_events(0)
 
-    def _rearm(self) -> None:
-        if monitoring.get_tool(self.tool) != _MONITOR_NAME:
-            return  # freed: _claim arms every code again
-        for key, code in self.codes.items():
-            if key in self.armed and code.co_name != MODULE:
-                self._set(code, self.events)
-
     def start(self) -> str:
         self.on = True
         if self._claim():  # claimed again if something freed it since (stop() said so)
@@ -230,7 +223,9 @@ class Monitor:
         return "something freed devpool's sys.monitoring tool id"
 
     def take(self) -> tuple[Codes, Codes]:
-        self._rearm()  # the next stretch sees each again
+        # The next stretch sees each location again. Only the project's code has events,
+        # so code elsewhere passes the interpreter's version check without work.
+        monitoring.restart_events()
         taken = (self.codes, self.imported)
         self.codes, self.imported = {}, {}
         return taken
