@@ -70,7 +70,7 @@ def blocks_of_source(rel: str, source: str) -> ModuleBlocks:
     seen: dict[str, int] = {}
 
     def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
+        for child in _statements(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 name = prefix + child.name
                 seen[name] = seen.get(name, 0) + 1
@@ -92,6 +92,22 @@ def blocks_of_source(rel: str, source: str) -> ModuleBlocks:
     visit(tree, "")
     hashes[f"{rel}::{TOP}"] = text_hash(ast.dump(tree))
     return ModuleBlocks(rel, hashes, tuple(spans))
+
+
+# Where a def can stand: the statement lists of a statement (if, for, while, with, try,
+# match and its cases, except handlers). Expressions hold no def (a lambda is no block).
+_BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def _statements(node: ast.AST) -> list[ast.AST]:
+    found: list[ast.AST] = []
+    for field in _BODIES:
+        value = getattr(node, field, None)
+        if isinstance(value, list):
+            for child in value:
+                if isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                    found.append(child)
+    return found
 
 
 class BlockCache:
