@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from devpool.select import watch
+from devpool.select.baseline import Builder
 from devpool.select.tables import expand
 
 PLUGIN = """
@@ -113,8 +114,10 @@ def attempts(pytester: pytest.Pytester, *args: str) -> list[dict[str, Any]]:
         patch.setenv("DEPS_OUT", str(out))
         result = pytester.runpytest_subprocess("-p", "recording_plugin", "-p", "no:devpool", *args)
     assert out.exists(), result.stdout.str() + result.stderr.str()
-    # In order: a worker's shared tables travel with the first report that names them.
-    return [expand(json.loads(line)) for line in out.read_text().splitlines()]
+    # In order: a worker's shared tables travel with the first report that names them;
+    # the controller's Builder turns spots into blocks.
+    builder = Builder(pytester.path)
+    return [builder._blocks(expand(json.loads(line))) for line in out.read_text().splitlines()]
 
 
 def functions(deps: dict[str, Any], file: str = "lib.py") -> set[str]:

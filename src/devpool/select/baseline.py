@@ -25,7 +25,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from devpool.select.fingerprints import file_hash, library_stamp, project_rel
+from devpool.select.fingerprints import (
+    TOP,
+    BlockCache,
+    ModuleBlocks,
+    file_hash,
+    library_stamp,
+    project_rel,
+)
 from devpool.select.options import SelectOptions
 
 SCHEMA = 1
@@ -191,6 +198,9 @@ def union_deps(many: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not deps.get("recorded") or not merged.get("recorded"):
             merged["recorded"], merged["why"] = False, merged.get("why") or deps.get("why")
             continue
+        if "spots" in deps or "spots" in merged:  # ranks not yet resolved into blocks
+            both = {tuple(spot) for spot in [*merged.get("spots", []), *deps.get("spots", [])]}
+            merged["spots"] = sorted(both)
         for kind in ("blocks", "files"):
             for key, value in deps.get(kind, {}).items():
                 if merged[kind].setdefault(key, value) != value:
@@ -207,10 +217,15 @@ class Builder:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.tests: dict[str, dict[str, Any]] = {}
+        self.code = BlockCache(root)
+        # A file is parsed once per run: its blocks are those of the source as the run
+        # began, as the workers imported it, even if the file changes later.
+        self._modules: dict[str, ModuleBlocks | None] = {}
+        self._block_of: dict[tuple[str, int], tuple[str, str] | None] = {}
 
     def add(self, deps: Mapping[str, Any], outcome: str, devices: int) -> None:
         """One attempt's dependencies (a worker's devpool_deps) and its outcome."""
-        deps = self._here(deps)
+        deps = self._blocks(self._here(deps))
         nodeid = str(deps["nodeid"])
         test = self.tests.get(nodeid)
         if test is None:
@@ -219,6 +234,27 @@ class Builder:
         if _RANK.get(outcome, 2) > _RANK.get(test["outcome"], 2):
             test["outcome"] = outcome
         test.update(union_deps([test, deps]))
+
+    def _blocks(self, deps: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The blocks where the worker's spots (file, first line; 0: the module's top) lie."""
+        if "spots" not in deps:
+            return deps
+        blocks = dict(deps.get("blocks", {}))
+        for rel, line in deps["spots"]:
+            spot = (str(rel), int(line))
+            if spot not in self._block_of:
+                if spot[0] not in self._modules:
+                    self._modules[spot[0]] = self.code.blocks(spot[0])
+                module = self._modules[spot[0]]
+                if module is None:  # gone, or not text
+                    self._block_of[spot] = None
+                else:
+                    key = module.key(TOP) if not spot[1] else module.block_at(spot[1])
+                    self._block_of[spot] = (key, module.hashes[key])
+            block = self._block_of[spot]
+            if block is not None:
+                blocks[block[0]] = block[1]
+        return {key: value for key, value in deps.items() if key != "spots"} | {"blocks": blocks}
 
     def _here(self, deps: Mapping[str, Any]) -> Mapping[str, Any]:
         """A library the worker named relative to its rootdir (one inside the project) is

@@ -1,12 +1,13 @@
 """In the worker: what each test depended on, sent with its teardown report.
 
-While a test runs (setup, call, teardown) a trace function notes every code object
-entered; at teardown those become the blocks (fingerprints.py) of the project's own
-files. Added to them: the top-level block of every project module loaded in this
-process, the shared libraries mapped (/proc/self/maps), the files inside the rootdir
-opened for reading (an audit hook on "open") and the files named by depends_on globs.
-The report carries them as `devpool_deps`; pytest's serialization keeps such extra
-attributes, so the controller reads them from the replayed report. Workers write nothing.
+While a test runs (setup, call, teardown) a watch (watch.py) notes every code object
+entered; at teardown those become spots, where code of the project's own files starts,
+which the controller turns into blocks (fingerprints.py, baseline.Builder), off the
+workers' path. Added to them: the top of every project module loaded in this process, the
+shared libraries mapped (/proc/self/maps), the files inside the rootdir opened for reading
+(an audit hook on "open") and the files named by depends_on globs. The report carries them
+as `devpool_deps`; pytest's serialization keeps such extra attributes, so the controller
+reads them from the replayed report. Workers write nothing.
 """
 
 from __future__ import annotations
@@ -23,15 +24,7 @@ import pytest
 from devpool.config import read_table
 from devpool.errors import DevpoolError
 from devpool.project import option_value
-from devpool.select.fingerprints import (
-    TOP,
-    BlockCache,
-    LoadedLibraries,
-    ModuleBlocks,
-    file_hash,
-    library_stamp,
-    project_rel,
-)
+from devpool.select.fingerprints import LoadedLibraries, file_hash, library_stamp, project_rel
 from devpool.select.options import mode_of, select_options
 from devpool.select.policy import auto_mode
 from devpool.select.tables import SentTables
@@ -47,7 +40,6 @@ class Recorder:
 
     def __init__(self, root: Path, watch: Watch | None = None) -> None:
         self.root = root
-        self.blocks = BlockCache(root)
         self.libraries = LoadedLibraries()
         self.tables = SentTables()
         self._libraries_of: dict[str, tuple[int, int] | None] = {}
@@ -67,12 +59,11 @@ class Recorder:
         self._rel: dict[str, str | None] = {}
         self._hashes: dict[tuple[str, int, int], str | None] = {}
         self._items: dict[str, pytest.Item] = {}
-        # What is kept between tests: the shared blocks, with the count of import
-        # codes and the modules they were resolved from; each file's blocks; each spot's.
+        # What is kept between tests: the shared spots, with the count of import codes and
+        # the modules they were found from.
         self._shared_of: tuple[int, list[ModuleType]] = (-1, [])
-        self._shared: dict[str, str] = {}
-        self._modules: dict[str, ModuleBlocks | None] = {}
-        self._block_of: dict[tuple[str, int], tuple[str, str]] = {}
+        self._shared: list[tuple[str, int]] = []
+        self._shared_set: set[tuple[str, int]] = set()
         sys.addaudithook(self._audit)
 
     # ---- what the watch saw, and the files ------------------------------------------------
@@ -202,26 +193,26 @@ class Recorder:
                 for fixturedef in fixturedefs:
                     codes |= self.fixture_codes.get(id(fixturedef), {})
         own = [str(item.path)] if item is not None and item.path.suffix != ".py" else []
-        shared = self._shared_blocks()
-        blocks = self._resolve(self._spots(codes.values()))
+        shared = self._shared_spots()
         deps.update(
-            blocks={key: value for key, value in blocks.items() if key not in shared},
+            # Where the code that ran starts; the controller turns spots into blocks.
+            spots=sorted(self._spots(codes.values()) - self._shared_set),
             # A test collected from a non-Python file (YAML, .txt) depends on that file.
             files=self._files(globs, own),
             globs=globs,
             # The same for most tests of this worker: sent once (tables.py).
-            **self.tables.refer("shared_blocks", shared),
+            **self.tables.refer("shared_spots", shared),
             **self.tables.refer("libs", self._libraries()),
         )
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._items = {item.nodeid: item for item in session.items}
-        # What collection ran counts for every test. Resolved now, a fork server's template
-        # hands its workers this work done: the code noted and the project's files parsed.
+        # What collection ran counts for every test. Taken now, a fork server's template
+        # hands this work done to its workers.
         self._collect()
         self.import_codes |= self.codes
         self.codes = {}
-        self._shared_blocks()
+        self._shared_spots()
 
     # ---- turning what was seen into fingerprints ------------------------------------------
 
@@ -240,10 +231,10 @@ class Recorder:
                 spots.add((rel, 0 if code.co_name == "<module>" else code.co_firstlineno))
         return spots
 
-    def _shared_blocks(self) -> dict[str, str]:
-        """The blocks of code that ran at import, and the top level of every project module
-        loaded in this process: every test may depend on them. Resolved again only when
-        either has grown."""
+    def _shared_spots(self) -> list[tuple[str, int]]:
+        """The spots of code that ran at import, and the top level of every project module
+        loaded in this process: every test may depend on them. Found again only when either
+        has grown."""
         modules = list(sys.modules.values())
         if len(self.import_codes) != self._shared_of[0] or modules != self._shared_of[1]:
             spots = self._spots(self.import_codes.values())
@@ -255,26 +246,9 @@ class Recorder:
                 if rel is not None and rel.endswith(".py"):
                     spots.add((rel, 0))
             self._shared_of = (len(self.import_codes), modules)
-            self._shared = self._resolve(spots)
+            if spots != self._shared_set:  # a new list: tables.py names it anew
+                self._shared, self._shared_set = sorted(spots), spots
         return self._shared
-
-    def _resolve(self, spots: Iterable[tuple[str, int]]) -> dict[str, str]:
-        """Block key → hash of each spot. A file is read once per process: its blocks are
-        those of the source this process imported, even if the file changes later."""
-        found: dict[str, str] = {}
-        for spot in spots:
-            block = self._block_of.get(spot)
-            if block is None:
-                rel, line = spot
-                if rel not in self._modules:
-                    self._modules[rel] = self.blocks.blocks(rel)
-                module = self._modules[rel]
-                if module is None:
-                    continue
-                key = module.key(TOP) if line == 0 else module.block_at(line)
-                block = self._block_of[spot] = (key, module.hashes[key])
-            found[block[0]] = block[1]
-        return found
 
     def _files(self, globs: list[str], own: list[str]) -> dict[str, str | None]:
         paths = {p for p in [*self.reads, *own] if os.path.isfile(p)}

@@ -1,7 +1,7 @@
 """The parts of a test's dependencies that its worker shares with its other tests, sent once.
 
 Every test of a worker depends on the same shared libraries and, mostly, the same shared
-blocks (the top level of each project module loaded, code run at import). Sent with every
+spots (the top level of each project module loaded, code run at import). Sent with every
 teardown report they were most of its bytes. A worker names each such table by a digest of
 its content and sends the content with the first report that names it; the controller keeps
 tables by digest, for the whole run, and puts them back into each test's dependencies
@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 # deps key of the table → where its content goes back in the deps
-KINDS = {"shared_blocks": "blocks", "libs": "libs"}
-_TABLES: dict[str, dict[str, Any]] = {}  # the controller's: digest → content
+KINDS = {"shared_spots": "spots", "libs": "libs"}
+_TABLES: dict[str, Any] = {}  # the controller's: digest → content
 
 
 class SentTables:
@@ -29,7 +29,7 @@ class SentTables:
         self._digests: dict[str, tuple[object, str]] = {}  # kind → (table, its digest)
         self._sent: set[str] = set()
 
-    def refer(self, kind: str, table: Mapping[str, Any]) -> dict[str, Any]:
+    def refer(self, kind: str, table: Mapping[str, Any] | list[Any]) -> dict[str, Any]:
         """The deps fields for one table: its digest, and its content the first time."""
         known = self._digests.get(kind)
         if known is None or known[0] is not table:  # tables are replaced, never changed
@@ -52,11 +52,11 @@ def expand(deps: Mapping[str, Any]) -> dict[str, Any]:
             continue
         table = full.pop(kind, None)
         if table is not None:
-            _TABLES[digest] = dict(table)
+            _TABLES[digest] = table
         table = _TABLES.get(digest)
         if table is None:
             full["recorded"] = False
             full["why"] = full.get("why") or f"its worker's {kind} table never arrived"
             continue
-        full[into] = {**table, **full.get(into, {})} if into == "blocks" else dict(table)
+        full[into] = [*table, *full.get(into, [])] if into == "spots" else dict(table)
     return full
