@@ -17,6 +17,7 @@ import platform as host_platform
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -222,6 +223,20 @@ class Builder:
         # began, as the workers imported it, even if the file changes later.
         self._modules: dict[str, ModuleBlocks | None] = {}
         self._block_of: dict[tuple[str, int], tuple[str, str] | None] = {}
+        self._parsing = threading.Lock()  # warm() in a thread, _blocks() in the loop
+
+    def warm(self, filenames: Iterable[str]) -> None:
+        """Parse the project's Python files among these ahead of the reports that need them."""
+        for filename in filenames:
+            rel = project_rel(self.root, filename)
+            if rel is not None and rel.endswith(".py"):
+                self._module(rel)
+
+    def _module(self, rel: str) -> ModuleBlocks | None:
+        with self._parsing:
+            if rel not in self._modules:
+                self._modules[rel] = self.code.blocks(rel)
+            return self._modules[rel]
 
     def add(self, deps: Mapping[str, Any], outcome: str, devices: int) -> None:
         """One attempt's dependencies (a worker's devpool_deps) and its outcome."""
@@ -243,9 +258,7 @@ class Builder:
         for rel, line in deps["spots"]:
             spot = (str(rel), int(line))
             if spot not in self._block_of:
-                if spot[0] not in self._modules:
-                    self._modules[spot[0]] = self.code.blocks(spot[0])
-                module = self._modules[spot[0]]
+                module = self._module(spot[0])
                 if module is None:  # gone, or not text
                     self._block_of[spot] = None
                 else:

@@ -9,6 +9,8 @@ run, and the failures selection would have missed are listed.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,7 @@ class SelectSession:
         self.store = store_for(self.root)
         self.selection: Selection | None = None
         self.builder = Builder(self.root)
+        self.warming: threading.Thread | None = None
         self.outcomes: dict[str, str] = {}  # display id → worst phase outcome so far
         self.misses: list[str] = []
         self.written: str | None = None
@@ -123,6 +126,19 @@ class SelectSession:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """A recording run: parse the project's files the tests imported while the workers
+        start and run, so that no report waits on it (baseline.Builder.warm)."""
+        if self.mode == "record":
+            files = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
+            self.warming = threading.Thread(
+                target=self.builder.warm,
+                args=([f for f in files if isinstance(f, str)],),
+                name="devpool-select-warm",
+                daemon=True,
+            )
+            self.warming.start()
+
     def event(self, event_type: str, fields: Any) -> None:
         """The run record's select line, right after its session_start line."""
         if event_type != "session_start":
@@ -175,6 +191,8 @@ class SelectSession:
             session.exitstatus = pytest.ExitCode.OK
         if self.mode == "shadow" and self.controller.record is not None:
             self.controller.emit("select_misses", misses=list(self.misses))
+        if self.warming is not None:
+            self.warming.join()
         if self.mode != "record" or not self.builder.tests:
             return
         try:
