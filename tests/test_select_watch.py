@@ -74,7 +74,9 @@ def names(codes: watch.Codes, path: Path) -> set[str]:
 
 def make(which: str) -> watch.Watch:
     if which == "monitoring":
-        return watch.Monitor(4, lambda filename: "watched_" in filename)
+        monitor = watch.Monitor(4, lambda filename: "watched_" in filename)
+        sys.addaudithook(monitor.audit)  # a Recorder passes it the events of its own hook
+        return monitor
     return {"native": watch.NativeHook, "profiler": watch.Profiler, "trace": watch.Tracer}[which]()
 
 

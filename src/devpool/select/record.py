@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any
@@ -59,6 +59,7 @@ class Recorder:
         self._rel: dict[str, str | None] = {}
         self._hashes: dict[tuple[str, int, int], str | None] = {}
         self._items: dict[str, pytest.Item] = {}
+        self._on_exec: Callable[[str, tuple[Any, ...]], None] | None = None
         # What is kept between tests: the shared spots, with the count of import codes and
         # the modules they were found from.
         self._shared_of: tuple[int, list[ModuleType]] = (-1, [])
@@ -69,6 +70,10 @@ class Recorder:
     # ---- what the watch saw, and the files ------------------------------------------------
 
     def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if event == "exec":
+            if self._on_exec is not None:
+                self._on_exec(event, args)
+            return
         if event != "open" or not self.active:
             return
         path, mode, flags = args
@@ -88,6 +93,7 @@ class Recorder:
         nothing is recorded, and every test always runs."""
         if self.watch is None:
             self.watch = watch_for_this_interpreter(self._watched)
+        self._on_exec = getattr(self.watch, "audit", None)  # one audit hook: this one
         self._resume()
 
     def _watched(self, filename: str) -> bool:

@@ -31,13 +31,19 @@ from types import CodeType, FrameType, ModuleType
 from typing import Any, Protocol
 
 MODULE = "<module>"
-# Code objects by identity: code compares equal by its bytecode, names and lines, not by
-# its file, so two files' identical functions are one in a set; each is a block of its own.
-Codes = dict[int, CodeType]
+# Code objects by where they are: code compares equal by its bytecode, names and lines, not
+# by its file, so two files' identical functions would be one in a set, and each is a block
+# of its own. Not by id(): under audit hooks (devpool's own) every id() call is an event.
+Where = tuple[str, int, str]
+Codes = dict[Where, CodeType]
+
+
+def where(code: CodeType) -> Where:
+    return (code.co_filename, code.co_firstlineno, code.co_name)
 
 
 def codes_of(codes: Iterable[CodeType]) -> Codes:
-    return {id(code): code for code in codes}
+    return {where(code): code for code in codes}
 
 
 # Debugger, coverage, profiler and optimizer own ids 0, 1, 2 and 5; a test that runs
@@ -86,8 +92,9 @@ class Monitor:
     Each project code object has PY_START and PY_RESUME armed until its first event in a
     stretch, then none: a function called a million times costs one callback per test,
     and code outside the project (pytest's, the standard library's) costs nothing. A
-    module's code objects are armed as the module is executed (the audit event "exec"),
-    and those already loaded when the watch starts, from their functions and classes."""
+    module's code objects are armed as the module is executed (the audit event "exec",
+    passed to `audit`), and those already loaded when the watch starts, from their
+    functions and classes."""
 
     def __init__(self, tool: int, wanted: Callable[[str], bool]) -> None:
         events = monitoring.events
@@ -96,12 +103,11 @@ class Monitor:
         self.events = events.PY_START | events.PY_RESUME
         self.codes: Codes = {}
         self.imported: Codes = {}
-        self.armed: Codes = {}
+        self.armed: dict[int, CodeType] = {}  # by identity: a reloaded module's code too
         self.importing: list[CodeType] = []  # the module bodies running, innermost last
         self.on = False
         self._files: dict[str, bool] = {}
         self._claim()
-        sys.addaudithook(self._audit)
         for module in list(sys.modules.values()):
             filename = getattr(module, "__file__", None)
             if isinstance(filename, str) and self._wanted(filename):
@@ -163,8 +169,10 @@ class Monitor:
             elif isinstance(value, property):
                 self._arm_reachable([value.fget, value.fset, value.fdel], seen)
 
-    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
-        """A module body is about to run (an import, runpy, an exec of source)."""
+    def audit(self, event: str, args: tuple[Any, ...]) -> None:
+        """The audit event "exec": a module body is about to run (an import, runpy, an exec
+        of source). The owner adds it to its own audit hook: each hook costs on every event,
+        and there are many (every id() call is one)."""
         if event != "exec" or not args or not isinstance(args[0], CodeType):
             return
         code = args[0]
@@ -187,9 +195,9 @@ class Monitor:
     def _start(self, code: CodeType, offset: int) -> Any:
         if not self.on:
             return None  # reports and the time between tests: nobody's; stays armed
-        self.codes[id(code)] = code
+        self.codes[where(code)] = code
         if self.importing:
-            self.imported[id(code)] = code
+            self.imported[where(code)] = code
         if code.co_name != MODULE:  # a module body keeps its return event
             return monitoring.DISABLE  # this location, until restart_events()
         return None
@@ -265,7 +273,7 @@ class Profiler:
 
     def _thread(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "call" and self.on:
-            self.thread_codes[id(frame.f_code)] = frame.f_code
+            self.thread_codes[where(frame.f_code)] = frame.f_code
 
     def _taken(self) -> str:
         hook: object = sys.getprofile()  # the Profile object itself, while it is enabled
@@ -295,23 +303,27 @@ class Profiler:
         roots = [code for code in codes.values() if code.co_name == MODULE]
         imported: Codes = {}
         if roots:  # an import ran: follow its calls (built only then, they cost)
-            calls = {id(entry.code): [sub.code for sub in entry.calls or ()] for entry in entries}
+            calls = {
+                where(entry.code): [sub.code for sub in entry.calls or ()]
+                for entry in entries
+                if isinstance(entry.code, CodeType)
+            }
             imported = _reached(calls, roots)
         codes.update(self.thread_codes)
         self.thread_codes = {}
         return codes, imported
 
 
-def _reached(calls: dict[int, list[CodeType | str]], roots: list[CodeType]) -> Codes:
+def _reached(calls: dict[Where, list[CodeType | str]], roots: list[CodeType]) -> Codes:
     """Everything the roots called, directly or not (a callee also called from elsewhere
     counts too: more is selected, never less)."""
     seen: Codes = {}
     stack = list(roots)
     while stack:
         code = stack.pop()
-        if id(code) not in seen:
-            seen[id(code)] = code
-            stack.extend(sub for sub in calls.get(id(code), ()) if isinstance(sub, CodeType))
+        if where(code) not in seen:
+            seen[where(code)] = code
+            stack.extend(sub for sub in calls.get(where(code), ()) if isinstance(sub, CodeType))
     return seen
 
 
@@ -329,12 +341,12 @@ class Tracer:
         if not self.on:
             return None
         code = frame.f_code
-        self.codes[id(code)] = code
+        self.codes[where(code)] = code
         if self.importing:
-            self.imported[id(code)] = code
+            self.imported[where(code)] = code
         if code.co_name == MODULE:
             self.importing += 1
-            self.imported[id(code)] = code
+            self.imported[where(code)] = code
             frame.f_trace_lines = False
             return self._module_end
         return None
