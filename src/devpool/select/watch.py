@@ -5,10 +5,10 @@ code objects ran, and which of them ran while a module was being imported (an im
 work may shape every later test, so the recorder counts it for all of them).
 
 - `Monitor` (Python ≥ 3.12): `sys.monitoring` events on the project's own code objects,
-  each disarmed after its first event until the next `take`. A function called a million
-  times costs one Python call per test; code outside the project costs nothing.
+  each location disabled after its first event until the next `take`. A function called
+  a million times costs one Python call per test; code outside the project has no events.
 - `NativeHook` (Python 3.11): devpool's own frame-evaluation hook (PEP 523, _calls.c),
-  called as each frame starts or resumes. About 1.1 × in the tests' own code.
+  called as each frame starts or resumes, in C.
 - `Profiler` (Python 3.10, or 3.11 built without a compiler): cProfile's C profile hook.
   No Python runs per call, but any profile hook makes 3.11 trace each instruction, which
   turns off its specialised instructions: about 2 × in call-heavy code. Threads started
@@ -89,10 +89,11 @@ def watch_for_this_interpreter(wanted: Callable[[str], bool]) -> Watch | None:
 class Monitor:
     """sys.monitoring (PEP 669), with local events on the project's code objects only.
 
-    Each project code object has PY_START and PY_RESUME armed until its first event in a
-    stretch, then none: a function called a million times costs one callback per test,
-    and code outside the project (pytest's, the standard library's) costs nothing. A
-    module's code objects are armed as the module is executed (the audit event "exec",
+    Each project code object has PY_START and PY_RESUME events; the first one in a stretch
+    disables its location until `take` restarts them all: a function called a million
+    times costs one callback per test. Code outside the project (pytest's, the standard
+    library's) has no events, so a restart costs it only the interpreter's version check.
+    A module's code objects are armed as the module is executed (the audit event "exec",
     passed to `audit`), and those already loaded when the watch starts, from their
     functions and classes."""
 
