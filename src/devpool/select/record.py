@@ -114,7 +114,7 @@ class Recorder:
         if self.paused:
             return
         if self.watch is None:
-            self.lost = self.lost or "another tracer and profiler were both installed"
+            self.lost = self.lost or "every hook that could watch the code was taken"
         else:
             self.lost = self.lost or self.watch.stop()
         self.paused = True
