@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,8 @@ def test_this_interpreter_gets_its_cheapest_watch() -> None:
         assert type(chosen) is watch.NativeHook
     if isinstance(chosen, watch.Monitor):
         sys.monitoring.free_tool_id(chosen.tool)
+    elif isinstance(chosen, watch.Profiler):  # it set a profile function for new threads
+        threading.setprofile(None)  # type: ignore[arg-type]
 
 
 def recorded(pytester: pytest.Pytester, *args: str) -> dict[str, dict[str, Any]]:
