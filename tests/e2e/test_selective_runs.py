@@ -8,6 +8,7 @@ the reason when the baseline cannot be trusted.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,27 @@ def test_an_edit_inside_one_function_selects_only_the_tests_that_ran_it(
     ).stdout
     assert "selected    tests/test_math.py::test_mul: code block lib.py::mul changed" in explain
     assert "deselected  tests/test_math.py::test_add: its" in explain
+
+
+def test_recording_under_pytest_cov_measures_coverage_and_selects_as_without_it(
+    pytester: pytest.Pytester, project: Path, tmp_path: Path
+) -> None:
+    # coverage.py holds the trace hook (3.11) or a sys.monitoring id of its own (3.12+);
+    # devpool's watch uses another hook, so both see every test.
+    pytest.importorskip("pytest_cov")
+    ignore = project / ".gitignore"
+    ignore.write_text(ignore.read_text() + ".coverage*\n")
+    git(project, "commit", "-qam", "coverage data is not source")
+    cov = ("-p", "pytest_cov", "--cov=lib", "--cov-report=term-missing")
+    recorded = record(pytester, tmp_path, more=cov)
+    assert recorded.ran == MATH | DATA
+    assert re.search(r"^lib\.py\s+4\s+0\s+100%", recorded.output(), re.MULTILINE), recorded.output()
+    lib = project / "lib.py"
+    lib.write_text(lib.read_text().replace("return a * b", "return b * a"))
+    run = Run(pytester, tmp_path, "on", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.result.ret == 0, run.output()
+    expected = {"tests/test_math.py::test_mul", "tests/test_math.py::test_both"}
+    assert run.ran == expected | {"tests/test_data.py::test_eight"}
 
 
 def test_a_data_file_or_a_declared_input_selects_its_readers(
