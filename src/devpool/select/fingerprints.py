@@ -189,9 +189,11 @@ _LINKER_CALLBACK = ctypes.CFUNCTYPE(
 class LoadedLibraries:
     """The shared libraries this process has mapped, with their stamps. /proc/self/maps is
     read again only when the dynamic linker's load or unload counter has moved (asked of
-    dl_iterate_phdr, which stops at its first object); without those counters, every time."""
+    dl_iterate_phdr, which stops at its first object); without those counters, every time.
+    name: what a library's path is called in the result."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: Callable[[str], str] = str) -> None:
+        self._name = name
         self._counts: tuple[int, int] | None = None
         self._stamps: dict[str, tuple[int, int] | None] = {}
         self._seen: tuple[int, int] | None = None
@@ -220,10 +222,13 @@ class LoadedLibraries:
         return ask
 
     def stamps(self) -> dict[str, tuple[int, int] | None]:
-        """Each mapped library's (size, mtime in ns), or None when its file is gone."""
+        """Each mapped library's (size, mtime in ns), or None when its file is gone. The same
+        dict object until the libraries change."""
         counts = self._ask()
         if counts is None or counts != self._counts:
-            self._stamps = {path: library_stamp(path) for path in sorted(mapped_libraries())}
+            self._stamps = {
+                self._name(path): library_stamp(path) for path in sorted(mapped_libraries())
+            }
             self._counts = counts
         return self._stamps
 

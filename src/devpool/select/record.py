@@ -40,10 +40,9 @@ class Recorder:
 
     def __init__(self, root: Path, watch: Watch | None = None) -> None:
         self.root = root
-        self.libraries = LoadedLibraries()
+        # A library inside the rootdir is named relative to it (see _libraries).
+        self.libraries = LoadedLibraries(lambda path: self._relpath(path) or path)
         self.tables = SentTables()
-        self._libraries_of: dict[str, tuple[int, int] | None] = {}
-        self._libraries_named: dict[str, tuple[int, int] | None] = {}
         self.watch = watch
         self.codes: Codes = {}  # where the running code is noted: test or fixture
         self.outer: list[Codes] = []  # the sets around a fixture being set up
@@ -272,11 +271,7 @@ class Recorder:
 
         A Ray worker with shipped code has its rootdir elsewhere: the controller resolves a
         relative path against its own rootdir (baseline.Builder)."""
-        stamps = self.libraries.stamps()
-        if stamps is not self._libraries_of:  # the linker loaded or unloaded something
-            self._libraries_of = stamps
-            self._libraries_named = {self._relpath(p) or p: s for p, s in stamps.items()}
-        return self._libraries_named
+        return self.libraries.stamps()
 
     def _hash(self, path: str) -> str | None:
         stamp = library_stamp(path)
