@@ -97,8 +97,7 @@ class Recorder:
 
     def _watched(self, filename: str) -> bool:
         """Whether code of this file becomes blocks: the project's Python files."""
-        rel = self._relpath(filename)
-        return rel is not None and rel.endswith(".py")
+        return self._source(filename) is not None
 
     def _collect(self) -> None:
         """Move what the watch saw into the running set (test or fixture)."""
@@ -226,13 +225,18 @@ class Recorder:
             self._rel[filename] = project_rel(self.root, filename)
         return self._rel[filename]
 
+    def _source(self, filename: str) -> str | None:
+        """The path relative to the rootdir of one of the project's Python files, else None."""
+        rel = self._relpath(filename)
+        return rel if rel is not None and rel.endswith(".py") else None
+
     def _spots(self, codes: Iterable[CodeType]) -> set[tuple[str, int]]:
         """Where code objects of the project's Python files start: (file, first line), with
         line 0 for a module's own code (it starts at line 1, maybe inside a function)."""
         spots = set()
         for code in codes:
-            rel = self._relpath(code.co_filename)
-            if rel is not None and rel.endswith(".py"):
+            rel = self._source(code.co_filename)
+            if rel is not None:
                 spots.add((rel, 0 if code.co_name == "<module>" else code.co_firstlineno))
         return spots
 
@@ -247,8 +251,8 @@ class Recorder:
             # may have shaped this test (constants, decorators, signatures).
             for module_object in modules:
                 filename = getattr(module_object, "__file__", None)
-                rel = self._relpath(filename) if isinstance(filename, str) else None
-                if rel is not None and rel.endswith(".py"):
+                rel = self._source(filename) if isinstance(filename, str) else None
+                if rel is not None:
                     spots.add((rel, 0))
             self._shared_of = (len(self.import_codes), modules)
             if spots != self._shared_set:  # a new list: tables.py names it anew

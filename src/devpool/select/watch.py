@@ -100,18 +100,19 @@ class Monitor:
     def __init__(self, tool: int, wanted: Callable[[str], bool]) -> None:
         events = monitoring.events
         self.tool = tool
-        self.wanted = wanted  # a file name → whether its code is watched (the project's)
+        # A file name → whether its code is watched (the project's); called per module and
+        # function armed, so a caller with many files passes a cached one (the recorder's).
+        self.wanted = wanted
         self.events = events.PY_START | events.PY_RESUME
         self.codes: Codes = {}
         self.imported: Codes = {}
         self.armed: dict[int, CodeType] = {}  # by identity: a reloaded module's code too
         self.importing: list[CodeType] = []  # the module bodies running, innermost last
         self.on = False
-        self._files: dict[str, bool] = {}
         self._claim()
         for module in list(sys.modules.values()):
             filename = getattr(module, "__file__", None)
-            if isinstance(filename, str) and self._wanted(filename):
+            if isinstance(filename, str) and self.wanted(filename):
                 self._arm_reachable(vars(module).values(), set())
 
     def _claim(self) -> bool:
@@ -139,11 +140,6 @@ class Monitor:
         with contextlib.suppress(ValueError):
             monitoring.set_events(self.tool, events)
 
-    def _wanted(self, filename: str) -> bool:
-        if filename not in self._files:
-            self._files[filename] = self.wanted(filename)
-        return self._files[filename]
-
     def _arm(self, code: CodeType) -> None:
         """Arm a code object and every one nested in it (functions, classes, lambdas)."""
         stack = [code]
@@ -163,7 +159,7 @@ class Monitor:
             value = getattr(value, "__func__", value)  # classmethod, staticmethod, method
             code = getattr(value, "__code__", None)
             if isinstance(code, CodeType):
-                if self._wanted(code.co_filename):
+                if self.wanted(code.co_filename):
                     self._arm(code)
             elif isinstance(value, type):
                 self._arm_reachable(vars(value).values(), seen)
@@ -179,7 +175,7 @@ class Monitor:
         code = args[0]
         if code.co_name != MODULE:
             return
-        if self._wanted(code.co_filename):
+        if self.wanted(code.co_filename):
             self._arm(code)
         if not self.on:
             return
