@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import pytest
 
 from devpool.worklist import glue_option_values, read_selection, write_selection
 
@@ -44,10 +44,31 @@ def test_nothing_after_a_double_dash_is_touched() -> None:
     ]
 
 
-def test_the_selection_round_trips_through_its_file(tmp_path: Path) -> None:
-    ids = ["test_a.py::test_x", "test_a.py::test_y[1-2]", "sub/test_b.py::TestC::test_z"]
+def test_the_selection_round_trips_through_its_file(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_a="""
+        import pytest
 
-    path = write_selection(ids, tmp_path / "collect")
+        def test_x():
+            pass
 
-    assert path.parent == tmp_path / "collect"
-    assert read_selection(path) == set(ids)
+        @pytest.mark.parametrize("a, b", [(1, 2), (3, 4)])
+        def test_y(a, b):
+            pass
+
+        class TestC:
+            @pytest.mark.parametrize("c", ["\\t"])
+            def test_z(self, c):
+                pass
+        """
+    )
+    items, _ = pytester.inline_genitems()
+
+    path = write_selection(items, pytester.path / "collect")
+    selection = read_selection(path)
+
+    assert path.parent == pytester.path / "collect"
+    assert selection.nodeids == {item.nodeid for item in items}
+    assert selection.place_of("test_a.py::test_y[3-4]") == "test_a.py::test_y[a=1,b=1]"
+    assert selection.place_of("test_a.py::TestC::test_z[\\t]") == "test_a.py::TestC::test_z[c=0]"
+    assert selection.place_of("test_a.py::test_x") is None

@@ -154,6 +154,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("memory-reserve", _fraction, "share of each device's memory never handed out (5%)"),
     Option("reruns", _count, "retry a failed/error/timeout test this many times, fresh worker"),
     Option("reruns-delay", _delay, "seconds to wait before each rerun of a failed test (0)"),
+    Option(
+        "fresh-after-failure",
+        _flag,
+        "a worker ends after any failed test; the rest of its batch runs elsewhere",
+        flag=True,
+    ),
     Option("reruns-infra", _count, "retry a crashed/infra test this many times (default 1)"),
     Option("flaky-result", _flaky_result, "'pass' or 'fail': does a flaky test gate the run"),
     Option("repeat", _positive_int, "run each selected test this many times, across devices"),
@@ -258,6 +264,7 @@ class Settings:
     reruns: int = 0
     reruns_delay: float = 0.0
     reruns_infra: int = 1
+    fresh_after_failure: bool = False
     flaky_result: str = "pass"
     repeat: int = 1
     run_record: Path | None = None

@@ -125,7 +125,7 @@ class Controller:
         cwd = config.invocation_params.dir
         args, env = self._worker_setup(config)
         if not self.settings.plan:  # --devpool-plan starts no worker and leaves no folder
-            selected = worklist.write_selection(self.items, self.run_dir / "collect")
+            selected = worklist.write_selection(self.items.values(), self.run_dir / "collect")
             env[worklist.NODEIDS_ENV] = str(selected)
         if self.settings.backend == "ray":
             from devpool.backends.ray import RayBackend

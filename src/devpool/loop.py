@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from devpool import protocol
 from devpool.attempts import Attempt, State
 from devpool.backends import Backend
 from devpool.capture import crash_output
@@ -36,7 +37,7 @@ from devpool.scheduler import Scheduler
 
 TICK = 1.0  # longest sleep of the event loop when nothing is due
 CHECK_POLL = 0.2  # seconds between looks at running device health checks
-MAX_REQUEUES = 3  # an attempt sent back untouched this often ends infra instead
+ALONE_AFTER = 3  # an attempt sent back untouched this often runs next in a worker of its own
 
 
 class Loop(Placing, MemoryGuard):
@@ -76,6 +77,7 @@ class Loop(Placing, MemoryGuard):
         self.delayed: list[tuple[float, Job]] = []  # reruns waiting out their delay
         self.watches: dict[int, MemoryWatch] = {}  # worker key → its running test's watch
         self.alone: set[int] = set()  # jobs run again alone after running out of memory
+        self.renamed: set[str] = set()  # tests a worker collected under another parametrize id
 
     @property
     def ended(self) -> dict[str, int]:
@@ -197,6 +199,10 @@ class Loop(Placing, MemoryGuard):
                 self._finished(slot, attempt)
                 location = tuple(message["location"])
                 self.hook.pytest_runtest_logfinish(nodeid=attempt.display, location=location)
+        elif event == "warning":
+            self._warning(slot, message)
+        elif event == "renamed":
+            self._renamed(message)
         elif event == "missing":
             attempt = self._sent(slot, message["nodeid"])
             if attempt is not None:
@@ -211,6 +217,32 @@ class Loop(Placing, MemoryGuard):
             slot.sent = []
             self._job_done(slot)
 
+    def _warning(self, slot: Slot, message: dict[str, Any]) -> None:
+        """A warning a test raised in its worker: for pytest's warnings summary and count."""
+        nodeid = str(message.get("nodeid", ""))
+        attempt = slot.current
+        if attempt is not None and attempt.nodeid == nodeid:
+            nodeid = attempt.display
+        location = message.get("location")
+        self.hook.pytest_warning_recorded.call_historic(
+            kwargs={
+                "warning_message": protocol.warning_from(message),
+                "when": "runtest",
+                "nodeid": nodeid,
+                "location": tuple(location) if location else None,
+            }
+        )
+
+    def _renamed(self, message: dict[str, Any]) -> None:
+        """Said once per test: a worker's parametrize id differed, matched by place."""
+        nodeid = str(message["nodeid"])
+        if nodeid not in self.renamed:
+            self.renamed.add(nodeid)
+            self.say(
+                f"{nodeid} was collected as {message['as']} in a worker (a parametrize id "
+                "built at collection differs); run by its position"
+            )
+
     def _sent(self, slot: Slot, nodeid: str) -> Attempt | None:
         for attempt in slot.sent:
             if attempt.state is State.SENT and attempt.nodeid == nodeid:
@@ -222,7 +254,11 @@ class Loop(Placing, MemoryGuard):
         attempt.move(State.REPORTED, self.ctx.emit)
         outcome = self.replay.finished(attempt, slot.worker)
         if outcome.gates or attempt.retry:
-            slot.dirty = True
+            # An ordinary failure costs only its own outcome: the worker goes on with its
+            # batch unless the project asked for a fresh process after every failure, or the
+            # failure's output matches a fatal pattern (_check_fatal retires it).
+            if self.ctx.settings.fresh_after_failure:
+                slot.dirty = True
             self._check_fatal(attempt, slot)
         if attempt.retry:
             self._again(slot, attempt, outcome)
@@ -359,6 +395,8 @@ class Loop(Placing, MemoryGuard):
             job.retries_infra += 1
         else:
             job.retries_failed += 1
+        if attempt.started_wall > 0 and outcome is not Outcome.INFRA and not attempt.alone_next:
+            job.own_failures += 1  # the test's own ending: a later pass is flaky
         job.attempt += 1
         job.queued_at = time.monotonic()
         self.attempts[job.id] = Attempt(job, job.attempt, alone=attempt.alone_next)
@@ -371,12 +409,18 @@ class Loop(Placing, MemoryGuard):
         self._queue_later(slot, job)
 
     def _requeue(self, slot: Slot, attempt: Attempt, why: str) -> None:
-        """Back to the queue untouched: it was batched behind an ending that was not its own."""
-        if attempt.requeues >= MAX_REQUEUES:
-            detail = f"sent back {attempt.requeues} times without running; last: {why}"
-            self._end(attempt, Outcome.INFRA, detail, None)
+        """Back to the queue untouched: it was batched behind an ending that was not its own.
+
+        Being sent back is no outcome: after ALONE_AFTER times the test runs next in a
+        worker of its own, and its own ending decides. Sent back from there (the worker
+        ended with this test next and nothing else sent), the ending was its own."""
+        if attempt.job.runs_alone and attempt.requeues >= ALONE_AFTER:
+            detail = f"it was next, alone in its worker, and {why}; see {slot.worker.log}"
+            self._end(attempt, Outcome.INFRA, detail, slot, 0.0, _worker_log_tail(slot))
             return
         attempt.requeue(self.ctx.emit, why)
+        if attempt.requeues >= ALONE_AFTER:
+            attempt.job.runs_alone = True
         attempt.job.queued_at = time.monotonic()
         self._queue_later(slot, attempt.job)
 

@@ -35,6 +35,10 @@ class Job:
     failed_before: bool = False  # failed last run and --ff / --lf: starts before the rest
     retries_failed: int = 0  # reruns spent on failed/error/timeout attempts
     retries_infra: int = 0  # reruns spent on crashed/infra attempts
+    # Attempts that started and then failed, errored, timed out or crashed: only those make
+    # a later pass flaky (not a worker that died before the test, nor the memory retry).
+    own_failures: int = 0
+    runs_alone: bool = False  # sent back untouched too often: next time in a worker of its own
     # How often this test (all its repeats) has run on each device: reruns and repeats
     # prefer the devices it has used least, to tell a bad device from a bad test.
     device_uses: dict[int, int] = field(default_factory=dict)
@@ -47,7 +51,7 @@ class Job:
     def fresh(self) -> bool:
         """It runs in a process of its own: the isolate marker, or a retry (a failure may
         have come from the state an earlier test left in a shared process)."""
-        return self.request.isolate or self.attempt > 1
+        return self.request.isolate or self.attempt > 1 or self.runs_alone
 
     @property
     def devices_needed(self) -> int:

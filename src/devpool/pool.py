@@ -132,6 +132,7 @@ class WorkerPool:
         message = {
             "op": "run",
             "job": head.id,
+            "fresh_after_failure": self.ctx.settings.fresh_after_failure,
             "tests": [
                 {"nodeid": a.nodeid, "display": a.display, "attempt": a.number} for a in attempts
             ],

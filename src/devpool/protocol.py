@@ -10,6 +10,11 @@ worker → controller:  {"ev": "ready", "pid": 123, "collected": 40}
                       {"ev": "report", "data": <pytest_report_to_serializable>}
                       {"ev": "finish", "nodeid": ..., "location": [...]}
                       {"ev": "missing", "nodeid": ...}       (the worker did not collect it)
+                      {"ev": "renamed", "nodeid": ..., "as": ...}  (collected at the same
+                          place under another parametrize id; its events use the
+                          controller's id)
+                      {"ev": "warning", "nodeid", "location", "message", "category",
+                       "filename", "lineno", "line"}  (a warning a test raised)
                       {"ev": "done", "job": 7, "skipped": [node ids not run],
                        "through": 2}  (the last "more" it had; a done with a lower
                           "through" than the controller sent is not the end: the
@@ -18,11 +23,15 @@ worker → controller:  {"ev": "ready", "pid": 123, "collected": 40}
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
+import warnings
 from collections import deque
 from typing import Any
+
+from _pytest._io.saferepr import saferepr
 
 Message = dict[str, Any]
 
@@ -93,3 +102,73 @@ class Commands:
         if taken:
             self._queue = deque(m for m in self._queue if m["op"] != op)
         return taken
+
+
+# ---- what pytest's own serialization leaves out ------------------------------------------
+
+SUBTEST_CONTEXT = "_subtest.context"  # pytest's key for a subtest report's msg and kwargs
+
+
+def shown_subtest_values(data: Message) -> None:
+    """A subtest's parameters as pytest shows them (their repr), since JSON keeps only some
+    types: the controller would show `n='-1'` for a value that was not a string."""
+    context = data.get(SUBTEST_CONTEXT)
+    if isinstance(context, dict) and isinstance(context.get("kwargs"), dict):
+        context["kwargs"] = {key: saferepr(value) for key, value in context["kwargs"].items()}
+        context["devpool_shown"] = True
+
+
+class Shown:
+    """A value known only by its repr (a subtest parameter from a worker)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def restore_subtest_values(data: Message) -> None:
+    """The controller's side of shown_subtest_values, before pytest rebuilds the report."""
+    context = data.get(SUBTEST_CONTEXT)
+    if isinstance(context, dict) and context.pop("devpool_shown", False):
+        context["kwargs"] = {key: Shown(str(text)) for key, text in context["kwargs"].items()}
+
+
+def warning_message(message: warnings.WarningMessage) -> Message:
+    """A warning a test raised, for the controller's warnings summary."""
+    category = message.category
+    return {
+        "message": str(message.message),
+        "category": f"{category.__module__}:{category.__qualname__}",
+        "filename": message.filename,
+        "lineno": message.lineno,
+        "line": message.line,
+    }
+
+
+def warning_from(data: Message) -> warnings.WarningMessage:
+    """The controller's copy of a worker's warning: its category where it can be imported
+    (as the summary prints it), its text as the worker formatted it."""
+    module, _, name = str(data.get("category", "")).partition(":")
+    category: type[Warning] = UserWarning
+    try:
+        found: Any = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part)
+        if isinstance(found, type) and issubclass(found, Warning):
+            category = found
+    except (ImportError, AttributeError, ValueError):
+        pass
+    text = str(data.get("message", ""))
+    try:
+        instance: Warning = category(text)
+    except Exception:  # noqa: BLE001 - a category whose constructor wants other arguments
+        instance = UserWarning(text)
+    return warnings.WarningMessage(
+        instance,
+        category,
+        str(data.get("filename", "")),
+        int(data.get("lineno") or 0),
+        line=data.get("line"),
+    )

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import pytest
 
+from devpool import protocol
 from devpool.attempts import Attempt, State
 from devpool.backends import WorkerHandle
 from devpool.context import RunContext
@@ -70,6 +71,7 @@ class Replay:
 
     def replay(self, attempt: Attempt, data: dict[str, Any], worker: WorkerHandle) -> None:
         """One phase report from the worker, judged and handed to pytest."""
+        protocol.restore_subtest_values(data)
         report = self.hook.pytest_report_from_serializable(config=self.session.config, data=data)
         if isinstance(report.longrepr, list):
             # A skip's (path, line, reason) tuple comes back from JSON as a list.
@@ -82,7 +84,8 @@ class Replay:
             outcome = outcome_of([*attempt.phases, report])
             self._properties(report, attempt, outcome)
         attempt.phases.append(report)
-        self.hook.pytest_runtest_logreport(report=report)
+        if not attempt.alone_next:  # the memory retry is not an attempt of the test
+            self.hook.pytest_runtest_logreport(report=report)
         self.ctx.emit(
             "report",
             nodeid=report.nodeid,
@@ -102,13 +105,13 @@ class Replay:
                 report.devpool_outcome = RERUN  # type: ignore[attr-defined]
             elif job.nodeid in self.ctx.quarantined:
                 self._excuse(report, job)
-        elif report.when == "call" and report.passed and attempt.number > 1 and not attempt.alone:
+        elif report.when == "call" and report.passed and job.own_failures:
             report.devpool_outcome = Outcome.FLAKY.value  # type: ignore[attr-defined]
             if self.ctx.settings.flaky_result == "fail":
                 report.outcome = "failed"
                 report.longrepr = (
                     f"[devpool] FLAKY: passed on attempt {attempt.number} after "
-                    f"{attempt.number - 1} failed attempt(s); --devpool-flaky-result fail gates it"
+                    f"{job.own_failures} failed attempt(s); --devpool-flaky-result fail gates it"
                 )
 
     def _excuse(self, report: pytest.TestReport, job: Job) -> None:
@@ -146,7 +149,11 @@ class Replay:
         keywords = {name: 1 for name in item.keywords} if item is not None else {}
         seen = {r.when: r for r in attempt.phases}
         started = attempt.started_wall > 0
-        if not started:
+        # An ending before the test started that will run again is no attempt of the test:
+        # pytest hears nothing of it (no rerun in the closing line); the run record and
+        # JUnit's properties keep it.
+        silent = attempt.retry and not started
+        if not started and not silent:
             self.logstart(job.display, job.location)
         phases: list[tuple[Phase, Status, Any]]
         when: Phase
@@ -186,7 +193,8 @@ class Replay:
             if when == "teardown":
                 self._properties(report, attempt, outcome)
             reports.append(report)
-            self.hook.pytest_runtest_logreport(report=report)
+            if not silent:
+                self.hook.pytest_runtest_logreport(report=report)
         attempt.phases = reports
         log = None
         if outcome.gates:
@@ -194,7 +202,8 @@ class Replay:
             self.ctx.log_dir.mkdir(parents=True, exist_ok=True)
             write_test_log(log, self.log_header(attempt, worker, outcome), reports)
         self.conclude(attempt, outcome, worker, detail, log)
-        self.hook.pytest_runtest_logfinish(nodeid=job.display, location=job.location)
+        if not silent:
+            self.hook.pytest_runtest_logfinish(nodeid=job.display, location=job.location)
 
     # ---- the one conclusion of an attempt -----------------------------------------------
 

@@ -57,6 +57,10 @@ class WorkerSession:
             fd_in, fd_out, parent = (int(part) for part in spec.split(","))
             self.fd_in, self.fd_out = fd_in, fd_out
         self.failed = False  # a test of the current batch failed
+        # Set by the controller for projects that want a fresh process after any failure
+        # (fresh-after-failure): the rest of such a batch goes back untouched.
+        self.halt_on_failure = False
+        self.renamed: dict[str, str] = {}  # this process's node id → the controller's
         self._teardown: protocol.Message | None = None  # sent with the next finish
         _die_with_parent()
         if os.getppid() != parent:  # the controller died before prctl took effect
@@ -80,10 +84,15 @@ class WorkerSession:
     def _open_stacks(self) -> None:
         """faulthandler writes every thread's stack to this file when the controller asks."""
         stacks = os.environ.get("DEVPOOL_STACKS_FILE")
+        inherited = self._stacks  # a forked child's copy of its template's file
         if stacks:
             self._log = Path(stacks).with_suffix(".log")
             self._stacks = open(stacks, "w")  # noqa: SIM115 - lives as long as the process
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+        if inherited is not None and inherited is not self._stacks:
+            # Closed here, never left to the collector: its ResourceWarning would reach the
+            # first test, an error under filterwarnings = error.
+            inherited.close()
 
     def pytest_ignore_collect(self, collection_path: Path) -> bool | None:
         """Skip test modules that hold none of this worker's jobs: no import, no collection."""
@@ -171,6 +180,7 @@ class WorkerSession:
             if message["op"] == "run":
                 job, through, halted = message["job"], 0, False
                 self.failed = False
+                self.halt_on_failure = bool(message.get("fresh_after_failure"))
             elif message["op"] != "more" or message["job"] != job:
                 continue  # a cancel that came after its batch had ended
             else:  # the rest of a batch that had ended here before it came
@@ -178,21 +188,20 @@ class WorkerSession:
             tests = list(message["tests"])
             while tests:
                 stopping = any(m["op"] in ("cancel", "stop") for m in commands.pending())
-                if self.failed or halted or stopping:
-                    # After a failure nothing more runs in this process: the failure may
-                    # have poisoned it (a device context, a module's state); the rest of
-                    # the batch goes back to the controller untouched.
+                if (self.failed and self.halt_on_failure) or halted or stopping:
+                    # A cancel, a stop, or a failure in a project that wants a fresh process
+                    # after one: the rest of the batch goes back to the controller untouched.
                     halted = True
                     break
                 test = tests.pop(0)
                 # Which test and attempt this is, for the devpool_artifacts fixture.
                 os.environ["DEVPOOL_TEST_ID"] = str(test["display"])
                 os.environ["DEVPOOL_ATTEMPT"] = str(test["attempt"])
-                item = items.get(test["nodeid"])
+                item = items.get(test["nodeid"]) or self._by_place(items, test["nodeid"])
                 if item is None:
                     self.send({"ev": "missing", "nodeid": test["nodeid"]})
                 else:
-                    self._run(session, setup_state, item, order[test["nodeid"]])
+                    self._run(session, setup_state, item, order[item.nodeid])
                 if not tests:  # the batch goes on if its next part came meanwhile
                     for more in commands.take("more"):
                         if more["job"] == job:
@@ -230,13 +239,45 @@ class WorkerSession:
         sys.stdout.flush()
         sys.stderr.flush()
 
+    def _by_place(self, items: dict[str, pytest.Item], nodeid: str) -> pytest.Item | None:
+        """The item at the controller's item's place, when their parametrize ids differ (ids
+        built from the clock, a seed or a temporary path at collection)."""
+        if self.selected is None:
+            return None
+        place = self.selected.place_of(nodeid)
+        if place is None:
+            return None
+        for item in items.values():
+            if item.nodeid not in self.selected and worklist.place(item) == place:
+                self.renamed[item.nodeid] = nodeid
+                self.send({"ev": "renamed", "nodeid": nodeid, "as": item.nodeid})
+                return item
+        return None
+
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        nodeid = self.renamed.get(nodeid, nodeid)
         self.send({"ev": "start", "nodeid": nodeid, "location": location})
+
+    def pytest_warning_recorded(
+        self,
+        warning_message: Any,
+        when: str,
+        nodeid: str,
+        location: tuple[str, int, str] | None,
+    ) -> None:
+        """Warnings of the tests go to the controller's summary; those of collection and
+        configuration it saw itself."""
+        if when != "runtest":
+            return
+        message = protocol.warning_message(warning_message)
+        nodeid = self.renamed.get(nodeid, nodeid)
+        self.send({"ev": "warning", "nodeid": nodeid, "location": location, **message})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed:
             self.failed = True
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        protocol.shown_subtest_values(data)
         message = {"ev": "report", "data": data}
         if report.when == "teardown":
             # pytest calls logfinish right after the teardown report, with no test code
@@ -251,7 +292,7 @@ class WorkerSession:
         self.send({"ev": "finish", "nodeid": nodeid, "location": location})
 
 
-def _selection() -> set[str] | None:
+def _selection() -> worklist.Selection | None:
     """The controller's selected node ids (DEVPOOL_NODEIDS), None when not given."""
     path = os.environ.get(worklist.NODEIDS_ENV)
     if not path:

@@ -87,30 +87,83 @@ def glue_option_values(args: Sequence[str], value_options: Iterable[str]) -> lis
     return out
 
 
-def write_selection(nodeids: Iterable[str], folder: Path) -> Path:
-    """Write the controller's final selection for the workers; returns the file."""
+def place(item: pytest.Item) -> str | None:
+    """Where a parametrized item stands (module, class, function, parameter indices), which
+    holds when its ids do not: ids built at collection from the clock, a seed or a temporary
+    path differ between two collections. None for an item that is not parametrized."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    name = getattr(item, "originalname", item.name)
+    parent = item.nodeid[: len(item.nodeid) - len(item.name)]
+    indices = ",".join(f"{arg}={index}" for arg, index in sorted(callspec.indices.items()))
+    return f"{parent}{name}[{indices}]"
+
+
+class Selection:
+    """The controller's selected node ids, and the place of each parametrized one."""
+
+    def __init__(self, nodeids: Iterable[str], places: Mapping[str, str] | None = None) -> None:
+        self.nodeids = set(nodeids)
+        self.places = dict(places or {})  # node id → place
+        self.at = {where: nodeid for nodeid, where in self.places.items()}  # place → node id
+
+    def __contains__(self, nodeid: object) -> bool:
+        return nodeid in self.nodeids
+
+    def place_of(self, nodeid: str) -> str | None:
+        return self.places.get(nodeid)
+
+
+def write_selection(items: Iterable[pytest.Item], folder: Path) -> Path:
+    """Write the controller's final selection for the workers; returns the file.
+
+    One line per item: its node id, and for a parametrized item a tab and its place (node
+    ids escape control characters, so a tab never appears in one)."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / "selected.txt"
-    target.write_text("".join(f"{nodeid}\n" for nodeid in nodeids), encoding="utf-8")
+    lines = []
+    for item in items:
+        where = place(item)
+        lines.append(f"{item.nodeid}\t{where}\n" if where else f"{item.nodeid}\n")
+    target.write_text("".join(lines), encoding="utf-8")
     return target
 
 
-def read_selection(path: Path) -> set[str]:
+def read_selection(path: Path) -> Selection:
     """The node ids a worker may run (the file write_selection wrote)."""
-    return set(path.read_text(encoding="utf-8").split("\n")) - {""}
+    nodeids: list[str] = []
+    places: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").split("\n"):
+        if not line:
+            continue
+        nodeid, _, where = line.partition("\t")
+        nodeids.append(nodeid)
+        if where:
+            places[nodeid] = where
+    return Selection(nodeids, places)
 
 
 def restrict(
-    collected: Sequence[pytest.Item], items: Sequence[pytest.Item], selected: set[str]
+    collected: Sequence[pytest.Item], items: Sequence[pytest.Item], selected: Selection
 ) -> list[pytest.Item]:
     """The selected items in collection order, whatever other hooks kept of them.
 
     collected is every item before collection hooks ran; items what they left (a hook
-    may also add items, which count when selected)."""
+    may also add items, which count when selected). An item whose id differs from the
+    controller's is kept when it stands at a selected item's place that no item here has."""
     seen: set[str] = set()
     kept: list[pytest.Item] = []
-    for item in [*collected, *items]:
-        if item.nodeid in selected and item.nodeid not in seen:
-            seen.add(item.nodeid)
-            kept.append(item)
+    everything = [*collected, *items]
+    present = {item.nodeid for item in everything}
+    for item in everything:
+        if item.nodeid in seen:
+            continue
+        if item.nodeid not in selected:
+            where = place(item) if selected.at else None
+            owner = selected.at.get(where) if where is not None else None
+            if owner is None or owner in present:
+                continue
+        seen.add(item.nodeid)
+        kept.append(item)
     return kept
