@@ -419,6 +419,7 @@ class Loop(Placing, MemoryGuard):
             self._end(attempt, Outcome.INFRA, detail, slot, 0.0, _worker_log_tail(slot))
             return
         attempt.requeue(self.ctx.emit, why)
+        attempt.job.setbacks.append(f"sent back: {why}")
         if attempt.requeues >= ALONE_AFTER:
             attempt.job.runs_alone = True
         attempt.job.queued_at = time.monotonic()

@@ -39,6 +39,7 @@ class Job:
     # a later pass flaky (not a worker that died before the test, nor the memory retry).
     own_failures: int = 0
     runs_alone: bool = False  # sent back untouched too often: next time in a worker of its own
+    setbacks: list[str] = field(default_factory=list)  # why it went back without running
     # How often this test (all its repeats) has run on each device: reruns and repeats
     # prefer the devices it has used least, to tell a bad device from a bad test.
     device_uses: dict[int, int] = field(default_factory=dict)

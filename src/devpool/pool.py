@@ -133,6 +133,9 @@ class WorkerPool:
             "op": "run",
             "job": head.id,
             "fresh_after_failure": self.ctx.settings.fresh_after_failure,
+            # A failure whose text matches one of these may have poisoned the process (a
+            # device context): the worker stops there and its batch goes back untouched.
+            "fatal": self.ctx.fatal.sources() if slot.worker.devices else [],
             "tests": [
                 {"nodeid": a.nodeid, "display": a.display, "attempt": a.number} for a in attempts
             ],

@@ -267,6 +267,10 @@ class FatalPatterns:
                 device, context = chosen, ()
         return cls(_compile(name, device), _compile(name, context))
 
+    def sources(self) -> list[str]:
+        """Every pattern's source, for a worker to check its own failures against."""
+        return [pattern.pattern for pattern in (*self.device, *self.context)]
+
     def find(self, text: str) -> str | None:
         """The first fatal error of either kind in text, as matched, or None."""
         found = self.classify(text)

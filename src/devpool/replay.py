@@ -105,7 +105,7 @@ class Replay:
                 report.devpool_outcome = RERUN  # type: ignore[attr-defined]
             elif job.nodeid in self.ctx.quarantined:
                 self._excuse(report, job)
-        elif report.when == "call" and report.passed and job.own_failures:
+        elif report.when == "call" and report.passed and job.own_failures and not _subtest(report):
             report.devpool_outcome = Outcome.FLAKY.value  # type: ignore[attr-defined]
             if self.ctx.settings.flaky_result == "fail":
                 report.outcome = "failed"
@@ -153,6 +153,8 @@ class Replay:
         # pytest hears nothing of it (no rerun in the closing line); the run record and
         # JUnit's properties keep it.
         silent = attempt.retry and not started
+        if silent:
+            job.setbacks.append(f"{outcome.value} before it started: {detail}")
         if not started and not silent:
             self.logstart(job.display, job.location)
         phases: list[tuple[Phase, Status, Any]]
@@ -268,7 +270,7 @@ class Replay:
                         max(attempt.peak_memory.values(), default=None),
                     )
                 )
-        else:
+        elif attempt.started_wall > 0:  # an ending before the start is no attempt (setbacks)
             text = "\n".join(lines)
             message = f"attempt {attempt.number} on {where}: {detail or outcome.value}"
             ctx.retried.setdefault(job.display, []).append(
@@ -313,6 +315,8 @@ class Replay:
             ("devpool.queue_wait", f"{job.waited:.3f}"),
             ("devpool.attempt", str(job.attempt)),
         ]
+        if job.setbacks:  # not attempts of the test, but the record of the run says them
+            report.user_properties.append(("devpool.setbacks", " | ".join(job.setbacks)))
         if attempt.peak_memory:  # bytes at the peak on each device, as the watch saw them
             peaks = ",".join(f"{d}:{b}" for d, b in sorted(attempt.peak_memory.items()))
             report.user_properties.append(("devpool.memory_peak", peaks))
@@ -390,6 +394,11 @@ class Ending:
 
     def __str__(self) -> str:
         return self.text
+
+
+def _subtest(report: pytest.TestReport) -> bool:
+    """A subtest's report (pytest's subtests): its pass says nothing of the test's."""
+    return getattr(report, "context", None) is not None and hasattr(report, "head_line")
 
 
 def _cause(reports: list[pytest.TestReport]) -> str:

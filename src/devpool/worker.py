@@ -6,6 +6,7 @@ import ctypes
 import faulthandler
 import gc
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -60,6 +61,8 @@ class WorkerSession:
         # Set by the controller for projects that want a fresh process after any failure
         # (fresh-after-failure): the rest of such a batch goes back untouched.
         self.halt_on_failure = False
+        self.fatal: list[re.Pattern[str]] = []  # a failure matching one may have poisoned us
+        self.poisoned = False
         self.renamed: dict[str, str] = {}  # this process's node id → the controller's
         self._teardown: protocol.Message | None = None  # sent with the next finish
         _die_with_parent()
@@ -181,6 +184,7 @@ class WorkerSession:
                 job, through, halted = message["job"], 0, False
                 self.failed = False
                 self.halt_on_failure = bool(message.get("fresh_after_failure"))
+                self.fatal = [re.compile(source) for source in message.get("fatal", ())]
             elif message["op"] != "more" or message["job"] != job:
                 continue  # a cancel that came after its batch had ended
             else:  # the rest of a batch that had ended here before it came
@@ -188,9 +192,10 @@ class WorkerSession:
             tests = list(message["tests"])
             while tests:
                 stopping = any(m["op"] in ("cancel", "stop") for m in commands.pending())
-                if (self.failed and self.halt_on_failure) or halted or stopping:
-                    # A cancel, a stop, or a failure in a project that wants a fresh process
-                    # after one: the rest of the batch goes back to the controller untouched.
+                if (self.failed and self.halt_on_failure) or self.poisoned or halted or stopping:
+                    # A cancel, a stop, a failure naming a fatal error, or any failure in a
+                    # project that wants a fresh process after one: the rest of the batch
+                    # goes back to the controller untouched.
                     halted = True
                     break
                 test = tests.pop(0)
@@ -276,6 +281,11 @@ class WorkerSession:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed:
             self.failed = True
+            if self.fatal and not self.poisoned:
+                text = "\n".join(
+                    [str(report.longrepr or ""), *(content for _, content in report.sections)]
+                )
+                self.poisoned = any(pattern.search(text) for pattern in self.fatal)
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         protocol.shown_subtest_values(data)
         message = {"ev": "report", "data": data}
