@@ -29,6 +29,14 @@ def test_trivial(i):
     assert i >= 0
 """
 
+FAILING_MODULE_OF_100 = """
+import pytest
+
+@pytest.mark.parametrize("i", range(100))
+def test_trivial(i):
+    assert i % 10 >= 3
+"""
+
 # suite → (title, {file name: text}); each suite lives in its own folder
 SUITES: dict[str, tuple[str, dict[str, str]]] = {
     "trivial": (
@@ -60,6 +68,11 @@ def test_sleeps(i):
     "modules20": (
         "(c) 2,000 trivial CPU-only tests in 20 modules of 100",
         {f"test_m{m:02d}.py": MODULE_OF_100 for m in range(1, 21)},
+    ),
+    # A PR that breaks things (issue 19): every failure used to cost a fresh worker.
+    "failing30": (
+        "(d) 2,000 trivial CPU-only tests in 20 modules of 100, 30% of them failing",
+        {f"test_f{m:02d}.py": FAILING_MODULE_OF_100 for m in range(1, 21)},
     ),
 }
 

@@ -34,6 +34,7 @@ from common import PYTEST, devpool_options, suite_root, timed
 from cpu_suites import SUITES
 
 TARGET = 0.9  # issue 12: devpool at most 0.9x pytest-xdist -n 2
+TARGETS = {"failing30": 1.0}  # issue 19: a suite with 30% failing at most 1.0x
 
 # "1376 passed, 8 skipped, 1 deselected, 1 xfailed in 11.95s" (pytest -q's last line)
 _COUNT = re.compile(r"(\d+) (passed|failed|skipped|xfailed|xpassed|errors?)\b")
@@ -225,10 +226,16 @@ def main() -> None:
             root = suite_root(Path(tmp), files)
             print(f"{title}, {history} history, {args.pairs} pairs")
             result = run_pairs(
-                root, args.pairs, args.cold, extra=args.pytest_arg, devpool_extra=args.devpool_arg
+                root,
+                args.pairs,
+                args.cold,
+                extra=args.pytest_arg,
+                outcomes=True,
+                devpool_extra=args.devpool_arg,
             )
-    verdict = "met" if result.ratio <= TARGET else "MISSED"
-    print(f"  {result.describe()}  target ≤ {TARGET}x: {verdict}")
+    target = TARGET if args.folder is not None else TARGETS.get(args.suite, TARGET)
+    verdict = "met" if result.ratio <= target else "MISSED"
+    print(f"  {result.describe()}  target ≤ {target}x: {verdict}")
 
 
 if __name__ == "__main__":

@@ -133,6 +133,10 @@ class Loop(Placing, MemoryGuard):
             self.room.wait(None)
             self.health.close()
             self.pool.shutdown()
+            # Back in the collector's sight before plugins' summaries run: frozen objects
+            # are no referrers to gc.get_referrers, and e.g. hypothesis's register_random
+            # (trio's, at hypothesis's import in its terminal summary) would then warn.
+            gc.unfreeze()
         self._account()
 
     def _busy(self) -> bool:

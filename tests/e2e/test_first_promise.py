@@ -214,7 +214,7 @@ def test_failed_subtests_fail_their_test_in_every_report(
 
 
 def test_devpool_leaves_nothing_a_test_can_see_under_warnings_as_errors(
-    pytester: pytest.Pytester, lock: Path
+    pytester: pytest.Pytester, lock: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makeini(
         """
@@ -261,3 +261,9 @@ def test_devpool_leaves_nothing_a_test_can_see_under_warnings_as_errors(
                     timeout=120,
                 )
                 assert counts(result) == "7 passed", (flags, mode, fork, text(result))
+    for name, value in (("PYTHONDEVMODE", "1"), ("PYTHONWARNINGS", "error")):  # -X dev, -W
+        with monkeypatch.context() as env:
+            env.setenv(name, value)
+            for fork in ("--devpool-fork-server", "--devpool-no-fork-server"):
+                result = run(pytester, lock, "--devices=sim:0-1", fork)
+                assert counts(result) == "7 passed", (name, fork, text(result))
