@@ -25,7 +25,9 @@ def _only_devpool(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # no other plugin interferes
 
 
-def _run(pytester: pytest.Pytester, n: int, fail: int) -> tuple[pytest.RunResult, list[Any]]:
+def _run(
+    pytester: pytest.Pytester, n: int, fail: int, *args: str
+) -> tuple[pytest.RunResult, list[Any]]:
     pytester.makepyfile(test_many=SUITE.format(n=n, fail=fail))
     record = pytester.path / "record.jsonl"
     result = pytester.runpytest_subprocess(
@@ -40,6 +42,7 @@ def _run(pytester: pytest.Pytester, n: int, fail: int) -> tuple[pytest.RunResult
         "sim:0",
         "--devpool-cpu-slots",
         "1",
+        *args,
         timeout=120,
     )
     events = [json.loads(line) for line in record.read_text().splitlines()]
@@ -83,8 +86,12 @@ def test_a_worker_gets_the_next_part_before_it_runs_dry(pytester: pytest.Pyteste
     assert len(ends) == 120 and len({e["job"] for e in ends}) == 120
 
 
-def test_a_failure_in_a_streamed_batch_ends_every_test_once(pytester: pytest.Pytester) -> None:
-    result, events = _run(pytester, n=120, fail=37)
+@pytest.mark.parametrize("fresh", [False, True], ids=["warm", "fresh-after-failure"])
+def test_a_failure_in_a_streamed_batch_ends_every_test_once(
+    pytester: pytest.Pytester, fresh: bool
+) -> None:
+    args = ("--devpool-fresh-after-failure",) if fresh else ()
+    result, events = _run(pytester, 120, 37, *args)
     assert result.ret == 1, result.stdout.str()
     result.assert_outcomes(passed=119, failed=1)
     ends = [e for e in events if e["type"] == "job_end"]
@@ -92,7 +99,9 @@ def test_a_failure_in_a_streamed_batch_ends_every_test_once(pytester: pytest.Pyt
     assert len(ends) == 120
     failed = [e for e in ends if e["outcome"] == "failed"]
     assert [e["nodeid"] for e in failed] == ["test_many.py::test_many[37]"]
-    # Nothing more ran in the failed test's worker: the tests after it ran in another.
     pids = {e["job"]: e["worker_pid"] for e in ends}
     after = {pids[e["job"]] for e in ends if e["job"] > failed[0]["job"]}
-    assert failed[0]["worker_pid"] not in after, (failed[0], after)
+    if fresh:  # nothing more ran in the failed test's worker: the rest ran in another
+        assert failed[0]["worker_pid"] not in after, (failed[0], after)
+    else:  # an ordinary failure costs only its own outcome: the worker went on
+        assert failed[0]["worker_pid"] in after, (failed[0], after)
