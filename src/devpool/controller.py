@@ -23,7 +23,7 @@ import pytest
 from devpool import compat, memory, probes, shards, worklist
 from devpool.backends import Backend
 from devpool.backends.local import LocalBackend
-from devpool.compat import coverage
+from devpool.compat import chains, coverage
 from devpool.config import Settings
 from devpool.errors import DevpoolError
 from devpool.history import (
@@ -416,6 +416,8 @@ class Controller:
             self.listeners.append(self.github)
         default = self.settings.default_estimate
         jobs = self._jobs(session.items)
+        if self.settings.repeat == 1:
+            chains.tie(jobs, self.items)
         if self.settings.backend == "local" and any(j.request.device_memory for j in jobs):
             self.memory = memory.capacity_of(self.inventory, self.settings.memory_reserve)
         plan = build_plan(

@@ -93,7 +93,8 @@ class Loop(Placing, MemoryGuard):
         for job in self.plan.jobs:
             job.queued_at = now
             self.attempts[job.id] = Attempt(job, job.attempt)
-            self.scheduler.add(job)
+            if job.chain is None or job.chain[0] is job:  # the rest go with their chain
+                self.scheduler.add(job)
         for job, reason in self.plan.unsatisfiable:
             attempt = self.attempts[job.id] = Attempt(job, job.attempt)
             outcome = Outcome.SKIPPED if self.ctx.settings.skip_unsatisfiable else Outcome.INFRA
@@ -392,6 +393,7 @@ class Loop(Placing, MemoryGuard):
     def _again(self, slot: Slot | None, attempt: Attempt, outcome: Outcome) -> None:
         """A failed attempt runs again as a new attempt (a fresh worker, other devices first)."""
         job = attempt.job
+        job.chain = None  # a rerun runs alone, as any rerun
         if attempt.alone_next:  # not its doing: once more, alone on a whole device
             job.request = replace(job.request, device_memory=None, device_exclusive=True)
             self.alone.add(job.id)
@@ -424,6 +426,7 @@ class Loop(Placing, MemoryGuard):
             return
         attempt.requeue(self.ctx.emit, why)
         attempt.job.setbacks.append(f"sent back: {why}")
+        attempt.job.chain = None  # its chain was broken off: it runs as any test now
         if attempt.requeues >= ALONE_AFTER:
             attempt.job.runs_alone = True
         attempt.job.queued_at = time.monotonic()
@@ -472,6 +475,7 @@ class Loop(Placing, MemoryGuard):
             job = self.scheduler.queue.heads()[0]
             self.scheduler.queue.pop(job.devices_needed)
             self.dropped.add(job.id)
+            self.dropped.update(member.id for member in job.chain or ())
         self.dropped.update(job.id for _, job in self.delayed)
         self.delayed = []
         for job_id, (placement, _) in list(self.pool.starting.items()):

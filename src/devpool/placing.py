@@ -225,6 +225,9 @@ class Placing:
         # --devpool-isolation module: a process runs the tests of one module and no other;
         # they go to it together (streamed in parts), whatever their size or duration.
         module = settings.isolation == "module"
+        if head.chain is not None and head.chain[0] is head and not self.stopped:
+            # pytest-order / -dependency: the rest of the chain, in order, in this worker.
+            return [job for job in head.chain[1:] if self.attempts[job.id].state is State.QUEUED]
         if head.fresh or settings.isolation == "job" or self.stopped:
             return []
         if k > 1 and not module:
@@ -238,7 +241,7 @@ class Placing:
         batch: list[Job] = []
         while len(batch) < cap and queue.of_size_count(k):
             following = queue.peek(k)
-            if following.fresh or _small(following) > budget:
+            if following.fresh or following.chain is not None or _small(following) > budget:
                 break
             if module and following.location[0] != head.location[0]:
                 break

@@ -40,6 +40,9 @@ class Job:
     own_failures: int = 0
     runs_alone: bool = False  # sent back untouched too often: next time in a worker of its own
     setbacks: list[str] = field(default_factory=list)  # why it went back without running
+    # Tests tied by pytest-order / pytest-dependency markers (compat/chains.py), in order:
+    # the first is queued, the rest run after it in its worker.
+    chain: tuple[Job, ...] | None = None
     # How often this test (all its repeats) has run on each device: reruns and repeats
     # prefer the devices it has used least, to tell a bad device from a bad test.
     device_uses: dict[int, int] = field(default_factory=dict)

@@ -479,3 +479,91 @@ def test_pytest_asyncio_tests_and_fixtures_run_in_workers(
     no_plugin_crash(result)
     assert result.ret == plain.ret == 1, text(result)
     assert outcomes(result) == outcomes(plain) == {"passed": 2, "failed": 1}
+
+
+# ---- pytest-order and pytest-dependency ---------------------------------------------------
+
+ORDERED = """
+import pytest
+
+STATE = []
+
+
+@pytest.mark.order(3)
+def test_third():
+    assert STATE == ["first", "second"]
+
+
+@pytest.mark.order(1)
+@pytest.mark.device_count(1)
+def test_first():
+    STATE.append("first")
+
+
+@pytest.mark.order(2)
+def test_second():
+    assert STATE == ["first"]
+    STATE.append("second")
+
+
+@pytest.mark.parametrize("i", range(12))
+def test_free(i):
+    pass
+"""
+
+DEPENDENT = """
+import pytest
+
+
+@pytest.mark.dependency()
+def test_base_fails():
+    assert False
+
+
+@pytest.mark.dependency()
+def test_base_passes():
+    pass
+
+
+@pytest.mark.dependency(depends=["test_base_fails"])
+def test_needs_the_failure():
+    pass
+
+
+@pytest.mark.dependency(depends=["test_base_passes"])
+def test_needs_the_pass():
+    pass
+
+
+@pytest.mark.dependency(depends=["test_needs_the_pass"])
+def test_needs_a_dependent():
+    pass
+
+
+@pytest.mark.parametrize("i", range(12))
+def test_free(i):
+    pass
+"""
+
+
+@pytest.mark.parametrize("isolation", ["worker", "module", "job"])
+def test_order_and_dependency_chains_run_as_in_plain_pytest(
+    pytester: pytest.Pytester, tmp_path: Path, isolation: str
+) -> None:
+    pytester.makepyfile(test_ordered=ORDERED, test_dependent=DEPENDENT)
+    plain = pytest_run(pytester, tmp_path, "-p", "no:randomly", "-rA")
+    assert outcomes(plain) == {"failed": 1, "passed": 30, "skipped": 1}, text(plain)
+
+    result = pytest_run(
+        pytester, tmp_path, "-p", "no:randomly", "-rA", *DEVPOOL, f"--devpool-isolation={isolation}"
+    )
+
+    assert outcomes(result) == outcomes(plain), text(result)
+    no_plugin_crash(result)
+
+    def summary(run: pytest.RunResult) -> set[str]:
+        # pytest's short summary (-rA), not devpool's own "FAILED   id  [cpu]" lines
+        return {line for line in run.outlines if re.match(r"(PASSED|FAILED|SKIPPED) \S", line)}
+
+    assert summary(result) == summary(plain)
+    assert "SKIPPED" in text(result) and "test_needs_the_failure" in text(result)
