@@ -7,6 +7,7 @@ terminal, --junitxml, -x, --lf and other plugins see one ordinary entry per test
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import os
 import re
 import shutil
@@ -109,6 +110,7 @@ class Controller:
         self.shard = shards.parse_shard(settings.shard) if settings.shard else None
         self.releasable: list[str] = []
         self.items: dict[str, pytest.Item] = {}
+        self.loop_ran = False  # the loop froze, then unfroze, the collector's objects
         devices = len(inventory.devices)
         self.max_parallel = settings.max_parallel or max(devices, settings.cpu_slots)
         self.host = host_name()
@@ -269,6 +271,15 @@ class Controller:
             github.write_step_summary(read_record(self.record_path))
 
     # ---- pytest hooks -------------------------------------------------------------------
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """Every plugin has seen the whole heap (the loop unfroze it); pytest's last five
+        collections at exit, for unraisable exceptions, need not walk the collection's
+        objects again: one collection now, then they are frozen for the rest."""
+        if self.loop_ran:
+            gc.collect()
+            gc.freeze()
 
     def pytest_report_header(self) -> list[str]:
         lines = [
@@ -462,6 +473,7 @@ class Controller:
             live = progress.LiveProgress(terminal._tw)
         with _sigterm_as_interrupt(), live or nullcontext():
             loop.live = live
+            self.loop_ran = True
             loop.run()
         if session.shouldfail:
             raise session.Failed(session.shouldfail)
