@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from devpool.attempts import ALLOWED, Attempt, State, TransitionError
+from devpool.devices.probes import CONTEXT, DEVICE, FatalPatterns
 from devpool.errors import DevpoolError
-from devpool.markers import Request
-from devpool.plan import Job
-from devpool.probes import CONTEXT, DEVICE, FatalPatterns
+from devpool.plan.jobs import Job
+from devpool.plan.markers import Request
+from devpool.run.attempts import ALLOWED, Attempt, State, TransitionError
 
 
 def _job(timeout: float | None = None) -> Job:
@@ -109,7 +109,7 @@ def test_a_fatal_patterns_table_names_both_kinds_and_a_list_means_device() -> No
 
 def _check(kind: str, device: int, env: dict[str, str]) -> tuple[int, str]:
     done = subprocess.run(
-        [sys.executable, "-m", "devpool.devcheck", kind, str(device)],
+        [sys.executable, "-m", "devpool.devices.devcheck", kind, str(device)],
         capture_output=True,
         text=True,
         env=env,

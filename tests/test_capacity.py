@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from devpool.capacity import (
+from devpool.capacity.report import (
     CAPACITY_SCHEMA,
     CollectedTest,
     apply_quarantine,
@@ -26,7 +26,7 @@ from devpool.capacity import (
     to_json,
 )
 from devpool.errors import DevpoolError
-from devpool.quarantine import Entry
+from devpool.history.quarantine import Entry
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -1,10 +1,10 @@
-"""Unit tests for devpool.capture: where a worker's captured output lives, and reading it back."""
+"""Unit tests for devpool.worker.capture: where a worker's captured output lives, read back."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from devpool.capture import crash_output, output_file, remove_empty, worker_base
+from devpool.worker.capture import crash_output, output_file, remove_empty, worker_base
 
 
 def test_only_a_worker_with_a_stacks_file_names_its_capture_files(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from devpool.compat import settings_fallback
 from devpool.config import settings_from
 from devpool.errors import DevpoolError
-from devpool.markers import request_for
+from devpool.plan.markers import request_for
 
 KNOWN = ("sim",)
 

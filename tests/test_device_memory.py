@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 from devpool.config import settings_from
-from devpool.errors import DevpoolError
-from devpool.inventory import Inventory, Platform, device_memory, load_platforms
-from devpool.markers import Request, request_for
-from devpool.memory import (
+from devpool.devices.inventory import Inventory, Platform, device_memory, load_platforms
+from devpool.devices.memory import (
     Overrun,
     capacity_of,
     check_overrun,
@@ -20,8 +18,10 @@ from devpool.memory import (
     usable_memory,
     worker_env,
 )
-from devpool.plan import Job, build_plan, unsatisfiable_reason
-from devpool.sizes import format_size, parse_size
+from devpool.devices.sizes import format_size, parse_size
+from devpool.errors import DevpoolError
+from devpool.plan.jobs import Job, build_plan, unsatisfiable_reason
+from devpool.plan.markers import Request, request_for
 
 GiB = 2**30
 NODEID = "tests/test_x.py::test_small"
@@ -158,7 +158,7 @@ def test_a_bad_platform_memory_is_one_sentence() -> None:
 
 
 def test_cuda_capacity_from_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
-    from devpool import inventory
+    from devpool.devices import inventory
 
     monkeypatch.setattr(inventory.importlib, "import_module", _no_module)
     monkeypatch.setattr(inventory, "_run_tool", lambda argv, timeout: "0, 81559\n1, 81559\n")
@@ -167,7 +167,7 @@ def test_cuda_capacity_from_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_ascend_capacity_from_npu_smi(monkeypatch: pytest.MonkeyPatch) -> None:
-    from devpool import inventory
+    from devpool.devices import inventory
 
     answers = {
         "0": "NPU ID : 0\n DDR Capacity(MB) : 15171\n HBM Capacity(MB) : 65536\n",
@@ -232,7 +232,7 @@ def test_worker_env_carries_the_declaration() -> None:
 
 
 def test_capacity_reports_device_memory_seconds(pytester: pytest.Pytester) -> None:
-    from devpool.capacity import collect_suite, render_text, report, to_json
+    from devpool.capacity.report import collect_suite, render_text, report, to_json
 
     pytester.makepyprojecttoml('[tool.devpool]\ndevice-memory = "2GiB"\n')
     pytester.makepyfile(
@@ -270,7 +270,7 @@ def test_capacity_reports_device_memory_seconds(pytester: pytest.Pytester) -> No
 
 
 def test_the_watch_names_a_sim_overrun_and_keeps_the_peak(tmp_path: Path) -> None:
-    from devpool.memory import MemoryWatch
+    from devpool.devices.memory import MemoryWatch
 
     use = tmp_path / "use.json"
     watch = MemoryWatch("sim", "sim", (0, 1), 8 * GiB, sim_file=use)
@@ -285,7 +285,7 @@ def test_the_watch_names_a_sim_overrun_and_keeps_the_peak(tmp_path: Path) -> Non
 
 
 def test_torch_limit_is_skipped_without_a_declaration_or_torch() -> None:
-    from devpool.memory import apply_torch_limit
+    from devpool.devices.memory import apply_torch_limit
 
     assert apply_torch_limit({}) is None
     env = {"DEVPOOL_DEVICE_MEMORY": str(GiB), "DEVPOOL_DEVICE_TOTAL": str(4 * GiB)}

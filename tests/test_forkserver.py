@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from devpool import forkserver
 from devpool.backends.templates import ForkRequest, Template
+from devpool.worker import template as forkserver
 
 
 class _Config:
@@ -30,7 +30,7 @@ class _Config:
 CHECK = """
 import threading, time
 from types import SimpleNamespace
-from devpool import forkserver
+from devpool.worker import template as forkserver
 
 hook = SimpleNamespace(pytest_devpool_device_initialised=lambda config: None)
 config = SimpleNamespace(hook=hook)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from devpool.errors import DevpoolError
-from devpool.history import (
+from devpool.history.durations import (
     HISTORY_SCHEMA,
     History,
     TestResult,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from devpool.errors import DevpoolError
-from devpool.history import HISTORY_SCHEMA, History, TestResult
+from devpool.history.durations import HISTORY_SCHEMA, History, TestResult
 
 T0 = 1_700_000_000.0
 GiB = 2**30

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from devpool.record import read_record
 from devpool.report.html import render_html
 from devpool.report.memory_lane import LANE_HEIGHT
+from devpool.report.record import read_record
 
 T0 = 1_700_000_000.0
 GiB = 2**30

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from devpool.record import read_record
 from devpool.report.html import OUTCOME_COLORS, render_html
+from devpool.report.record import read_record
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CHROMIUM = Path("/usr/bin/chromium")

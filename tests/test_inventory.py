@@ -1,4 +1,4 @@
-"""Unit tests for devpool.inventory: specs, platforms config, narrowing and detection."""
+"""Unit tests for devpool.devices.inventory: specs, platforms config, narrowing and detection."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from devpool import inventory
-from devpool.errors import DevpoolError
-from devpool.inventory import (
+from devpool.devices import inventory
+from devpool.devices.inventory import (
     BUILTIN_PLATFORMS,
     KINDS,
     Inventory,
@@ -25,6 +24,7 @@ from devpool.inventory import (
     parse_ids,
     resolve_inventory,
 )
+from devpool.errors import DevpoolError
 
 CUDA = BUILTIN_PLATFORMS["cuda"]
 # Found before tests narrow PATH to a folder of fake tools.

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from child_processes import read_line, spawn
-from devpool.errors import DevpoolError
-from devpool.leases import (
+from devpool.devices.leases import (
     Blocked,
     Holder,
     Lease,
@@ -24,11 +23,12 @@ from devpool.leases import (
     default_lock_dir,
     describe_blockers,
 )
+from devpool.errors import DevpoolError
 
 CHILD_ACQUIRES = """
 import sys, time
 from pathlib import Path
-from devpool.leases import Holder, LockDir
+from devpool.devices.leases import Holder, LockDir
 lease = LockDir(Path(sys.argv[1])).try_acquire(
     "sim", [int(d) for d in sys.argv[2].split(",")], Holder.for_this_process("child", "t::c")
 )

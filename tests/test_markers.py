@@ -1,4 +1,4 @@
-"""Unit tests for devpool.markers: each marker into a Request, and each bad form's error."""
+"""Unit tests for devpool.plan.markers: each marker into a Request, and each bad form's error."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from devpool.errors import DevpoolError
-from devpool.markers import Request, request_for
+from devpool.plan.markers import Request, request_for
 
 KNOWN = ("cuda", "sim", "a2a3")
 NODEID = "tests/test_x.py::TestY::test_z[2]"

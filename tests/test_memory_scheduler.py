@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devpool.markers import Request
-from devpool.plan import Job
-from devpool.policies import Backfill, Fifo
-from devpool.scheduler import IdleWorker, Pool, Scheduler, simulate
+from devpool.plan.jobs import Job
+from devpool.plan.markers import Request
+from devpool.plan.policies import Backfill, Fifo
+from devpool.plan.scheduler import IdleWorker, Pool, Scheduler, simulate
 
 CAP = {0: 100, 1: 100}
 

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from devpool.capacity import CollectedTest
-from devpool.memory_suggest import (
+from devpool.capacity.memory_suggest import (
     GiB,
     MiB,
     render_json,
@@ -17,7 +16,8 @@ from devpool.memory_suggest import (
     suggest,
     suggested_size,
 )
-from devpool.sizes import parse_size
+from devpool.capacity.report import CollectedTest
+from devpool.devices.sizes import parse_size
 
 
 def collected(

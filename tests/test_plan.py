@@ -1,10 +1,10 @@
-"""Unit tests for devpool.plan: what cannot run here and why, and the order of the rest."""
+"""Unit tests for devpool.plan.jobs: what cannot run here and why, and the order of the rest."""
 
 from __future__ import annotations
 
-from devpool.inventory import BUILTIN_PLATFORMS, NO_ACCELERATOR, NO_DEVICES, Inventory
-from devpool.markers import Request
-from devpool.plan import DEFAULT_ESTIMATE, Job, build_plan, unsatisfiable_reason
+from devpool.devices.inventory import BUILTIN_PLATFORMS, NO_ACCELERATOR, NO_DEVICES, Inventory
+from devpool.plan.jobs import DEFAULT_ESTIMATE, Job, build_plan, unsatisfiable_reason
+from devpool.plan.markers import Request
 
 SIM4 = Inventory(BUILTIN_PLATFORMS["sim"], (0, 1, 2, 3), "--devices sim:0-3")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from devpool import probes
+from devpool.devices import probes
+from devpool.devices.probes import FatalPatterns, ForeignProcess
 from devpool.errors import DevpoolError
-from devpool.probes import FatalPatterns, ForeignProcess
 
 VENDOR_PROBES = [
     pytest.param(probes.nvidia_probe, "nvidia-smi", id="nvidia"),

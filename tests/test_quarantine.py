@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from devpool.errors import DevpoolError
-from devpool.quarantine import Entry, Quarantine, entries_from_file, entries_from_table, expired
+from devpool.history.quarantine import (
+    Entry,
+    Quarantine,
+    entries_from_file,
+    entries_from_table,
+    expired,
+)
 
 TODAY = dt.date(2026, 6, 15)
 

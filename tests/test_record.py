@@ -11,11 +11,11 @@ import pytest
 
 from devpool import cli
 from devpool.errors import DevpoolError
-from devpool.record import SCHEMA_VERSION, RecordWriter, read_record
 from devpool.report import github
 from devpool.report.github import GitHubLog, annotation, escape_data, escape_property
 from devpool.report.jsonout import render_json
 from devpool.report.markdown import render_markdown
+from devpool.report.record import SCHEMA_VERSION, RecordWriter, read_record
 from devpool.report.summary import totals, troubles
 from devpool.report.text import render_text
 
@@ -537,7 +537,7 @@ def test_write_step_summary_appends_markdown(tmp_path: Path) -> None:
 def test_buffered_lines_reach_the_disk_once_they_have_waited(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import devpool.record as record_module
+    import devpool.report.record as record_module
 
     clock = [100.0]
     monkeypatch.setattr(record_module.time, "monotonic", lambda: clock[0])

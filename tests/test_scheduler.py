@@ -1,4 +1,4 @@
-"""Unit tests for devpool.scheduler and the policies: queue order, device choice, backfill."""
+"""Unit tests for devpool.plan.scheduler and the policies: queue order, device choice, backfill."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
-from devpool import plan
-from devpool.markers import Request
-from devpool.plan import Job
-from devpool.policies import Backfill, Fifo
-from devpool.scheduler import IdleWorker, Placement, Pool, Queue, Running, Scheduler
+from devpool.plan import jobs as plan
+from devpool.plan.jobs import Job
+from devpool.plan.markers import Request
+from devpool.plan.policies import Backfill, Fifo
+from devpool.plan.scheduler import IdleWorker, Placement, Pool, Queue, Running, Scheduler
 
 EIGHT = tuple(range(8))
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from devpool.capacity.shardcheck import read_shard_runs, verify
+from devpool.capacity.shards import Split, shard_item, split_suite
 from devpool.errors import DevpoolError
-from devpool.markers import Request
-from devpool.record import RecordWriter
-from devpool.shardcheck import read_shard_runs, verify
-from devpool.shards import Split, shard_item, split_suite
+from devpool.plan.markers import Request
+from devpool.report.record import RecordWriter
 
 TESTS = [f"t.py::test_{i}" for i in range(9)]
 

@@ -6,9 +6,7 @@ import random
 
 import pytest
 
-from devpool.errors import DevpoolError
-from devpool.markers import Request
-from devpool.shards import (
+from devpool.capacity.shards import (
     ShardItem,
     assign,
     parse_budget,
@@ -19,6 +17,8 @@ from devpool.shards import (
     split_suite,
     wall_estimate,
 )
+from devpool.errors import DevpoolError
+from devpool.plan.markers import Request
 
 
 def suite(seed: int = 7, count: int = 120) -> list[ShardItem]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from devpool.inventory import Platform
-from devpool.markers import Request
-from devpool.shards import ShardItem, assign, shard_capacity, shard_item, split_suite
+from devpool.capacity.shards import ShardItem, assign, shard_capacity, shard_item, split_suite
+from devpool.devices.inventory import Platform
+from devpool.plan.markers import Request
 
 GiB = 2**30
 SIM = Platform("sim", "sim", "", "sim", memory=80 * GiB)

@@ -1,4 +1,4 @@
-"""devpool.stacks: faulthandler dumps folded to the frames a person needs."""
+"""devpool.worker.stacks: faulthandler dumps folded to the frames a person needs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pluggy
 import pytest
 
 import devpool
-from devpool.stacks import readable_stacks
+from devpool.worker.stacks import readable_stacks
 
 SITE = str(Path(pytest.__file__).parent.parent)
 PLUGGY = str(Path(pluggy.__file__).parent)
@@ -26,7 +26,7 @@ def dump(test_file: Path) -> str:
             f'  File "{test_file}", line 6 in test_hang',
             f'  File "{SITE}/_pytest/python.py", line 166 in pytest_pyfunc_call',
             f'  File "{PLUGGY}/_callers.py", line 121 in _multicall',
-            f'  File "{DEVPOOL}/worker.py", line 147 in _run',
+            f'  File "{DEVPOOL}/worker/session.py", line 147 in _run',
             f'  File "{SITE}/pytest/__main__.py", line 9 in <module>',
             '  File "<frozen runpy>", line 88 in _run_code',
             "",

@@ -1,10 +1,10 @@
-"""Unit tests for devpool.worklist: a worker's arguments and the controller's selection."""
+"""Unit tests for devpool.worker.worklist: a worker's arguments and the controller's selection."""
 
 from __future__ import annotations
 
 import pytest
 
-from devpool.worklist import glue_option_values, read_selection, write_selection
+from devpool.worker.worklist import glue_option_values, read_selection, write_selection
 
 VALUE_OPTIONS = {"--devpool-lock-dir", "--devices", "--cov"}
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from devpool.devices.inventory import Platform, load_platforms
+from devpool.devices.leases import default_lock_dir
+from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError
-from devpool.inventory import Platform, load_platforms
-from devpool.leases import default_lock_dir
 from devpool.select.options import select_mode
-from devpool.sizes import parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib

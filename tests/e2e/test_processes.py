@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from devpool.leases import Holder, Lease, LockDir
+from devpool.devices.leases import Holder, Lease, LockDir
 
 T = TypeVar("T")
 PLUGIN_ARGS = ("-p", "devpool.plugin")

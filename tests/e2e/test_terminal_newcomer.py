@@ -19,7 +19,7 @@ import pytest
 import sessions
 from sessions import closing_line, suite, text
 
-from devpool.leases import Holder, Lease, LockDir
+from devpool.devices.leases import Holder, Lease, LockDir
 
 
 def run(pytester: pytest.Pytester, lock: Path, *args: str) -> pytest.RunResult:

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from devpool.outcomes import Outcome
-from devpool.record import JobRun, RunRecord
 from devpool.report.memory_lane import CSS as MEMORY_CSS
 from devpool.report.memory_lane import capacities, memory_section, read_holds
+from devpool.report.record import JobRun, RunRecord
 from devpool.report.terminal import strip_ansi
 
 # Bar colors by outcome; "running" is a job the record never saw end (a cut run).

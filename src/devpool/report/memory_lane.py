@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devpool.sizes import format_size
+from devpool.devices.sizes import format_size
 
 LANE_HEIGHT = 44
 LANE_GAP = 6

@@ -1,0 +1,1 @@
+"""Devices: inventory and detection, leases, shares, memory, probes, fair share."""
