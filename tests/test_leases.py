@@ -14,21 +14,15 @@ from pathlib import Path
 import pytest
 
 from child_processes import read_line, spawn
-from devpool.devices.leases import (
-    Blocked,
-    Holder,
-    Lease,
-    LockDir,
-    LockState,
-    default_lock_dir,
-    describe_blockers,
-)
+from devpool.devices.leases import Blocked, Holder, Lease, describe_blockers
+from devpool.devices.lockdir import LockDir, LockState, default_lock_dir
 from devpool.errors import DevpoolError
 
 CHILD_ACQUIRES = """
 import sys, time
 from pathlib import Path
-from devpool.devices.leases import Holder, LockDir
+from devpool.devices.leases import Holder
+from devpool.devices.lockdir import LockDir
 lease = LockDir(Path(sys.argv[1])).try_acquire(
     "sim", [int(d) for d in sys.argv[2].split(",")], Holder.for_this_process("child", "t::c")
 )

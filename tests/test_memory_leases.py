@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from child_processes import SRC, read_line, spawn
-from devpool.devices.leases import Blocked, Holder, Lease, LockDir, describe_blockers
+from devpool.devices.leases import Blocked, Holder, Lease, describe_blockers
+from devpool.devices.lockdir import LockDir
 
 CAP = {0: 100, 1: 100}
 
@@ -20,7 +21,8 @@ CAP = {0: 100, 1: 100}
 CHILD_HOLDS = """
 import sys
 from pathlib import Path
-from devpool.devices.leases import Holder, LockDir
+from devpool.devices.leases import Holder
+from devpool.devices.lockdir import LockDir
 folder, amount = Path(sys.argv[1]), int(sys.argv[3])
 devices = [int(d) for d in sys.argv[2].split(",")]
 locks, holder = LockDir(folder), Holder.for_this_process("child", "t::child")
@@ -39,7 +41,8 @@ sys.stdin.read()
 CHILD_STRESS = """
 import json, os, random, signal, sys, time
 from pathlib import Path
-from devpool.devices.leases import Holder, LockDir
+from devpool.devices.leases import Holder
+from devpool.devices.lockdir import LockDir
 folder, guards = Path(sys.argv[1]), Path(sys.argv[2])
 rounds, seed = int(sys.argv[3]), int(sys.argv[4])
 rng = random.Random(seed)

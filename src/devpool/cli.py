@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from devpool import __version__
 from devpool.capacity.cli import add_capacity_commands, shard_verify
-from devpool.devices.leases import LockDir
+from devpool.devices.lockdir import LockDir
 from devpool.errors import DevpoolError
 from devpool.report.github import write_step_summary
 from devpool.report.jsonout import render_json

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from devpool.devices.inventory import Platform, load_platforms
-from devpool.devices.leases import default_lock_dir
+from devpool.devices.lockdir import default_lock_dir
 from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError
 from devpool.select.options import select_mode

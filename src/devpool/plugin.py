@@ -12,7 +12,7 @@ import pytest
 from devpool import compat
 from devpool.config import add_options, read_table, settings_from
 from devpool.devices.inventory import resolve_inventory
-from devpool.devices.leases import LockDir
+from devpool.devices.lockdir import LockDir
 from devpool.errors import DevpoolError
 from devpool.plan.markers import MARKERS
 from devpool.report.terminal import file_name

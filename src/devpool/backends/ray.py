@@ -32,7 +32,8 @@ from devpool.backends import WorkerHandle
 from devpool.backends.pipes import EventPipes
 from devpool.config import Settings
 from devpool.devices.inventory import Inventory, Platform
-from devpool.devices.leases import Holder, Lease, LockDir
+from devpool.devices.leases import Holder, Lease
+from devpool.devices.lockdir import LockDir
 from devpool.errors import DevpoolError
 from devpool.plan.markers import Request
 from devpool.report.terminal import read_log

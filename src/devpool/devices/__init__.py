@@ -1,1 +1,1 @@
-"""Devices: inventory and detection, leases, shares, memory, probes, fair share."""
+"""Devices: inventory and detection, the lock folder, leases, shares, memory, probes, fair share."""

@@ -1,15 +1,17 @@
-"""Cross-process device leases on one host: one ``flock`` per device file in a lock folder.
+"""A lease on devices of one host, whole or by memory: what both kinds hold, and their files.
 
-The kernel drops an ``flock`` when the last descriptor of its open file description is
-closed, so a lease ends even when every process holding it is SIGKILLed. Each lock file
-also carries a JSON record of its last holder, for error messages and ``devpool locks``.
-Lock files are never deleted: unlinking a file that another process is about to lock
-would let two processes lock two different files of the same name.
+One ``flock`` per device file in a lock folder (lockdir.py takes them). The kernel drops an
+``flock`` when the last descriptor of its open file description is closed, so a lease ends
+even when every process holding it is SIGKILLed. Each lock file also carries a JSON record
+of its last holder, for error messages and ``devpool locks``. Lock files are never deleted:
+unlinking a file that another process is about to lock would let two processes lock two
+different files of the same name.
 
-A device can also be held in part, by memory (``try_acquire_memory``; the mechanics are in
-shares.py): partial holders hold a shared flock on the device file, so they and an
-exclusive holder exclude each other, and each keeps one share record file, locked for as
-long as it holds, that says how much it holds.
+A device can also be held in part, by memory (the mechanics are in shares.py): partial
+holders hold a shared flock on the device file, so they and an exclusive holder exclude
+each other, and each keeps one share record file, locked for as long as it holds, that
+says how much it holds. Either way the holder gets a ``Lease``, or the ``Blocked`` devices
+in the way; whole-device locking (lockdir.py) and shares both build on this module alone.
 """
 
 from __future__ import annotations
@@ -23,26 +25,19 @@ import os
 import re
 import socket
 import stat
-import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from devpool.errors import DevpoolError
 
-_LOCK_NAME = re.compile(r"^(?P<platform>.+)-(?P<device>0|[1-9][0-9]*)\.lock$")
-_FOLDER_MODE = 0o1777
+LOCK_NAME = re.compile(r"^(?P<platform>.+)-(?P<device>0|[1-9][0-9]*)\.lock$")
 _FILE_MODE = 0o666
 _RECORD_LIMIT = 64 * 1024
 # O_NONBLOCK keeps open() from hanging if someone planted a FIFO at a lock path.
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-
-
-def default_lock_dir() -> Path:
-    """The lock folder shared by every devpool run on this host."""
-    return Path(tempfile.gettempdir()) / "devpool-locks"
 
 
 def _login_name() -> str:
@@ -159,17 +154,6 @@ class Blocked:
     free: int | None = None
 
 
-@dataclass(frozen=True)
-class LockState:
-    """One lock file as ``LockDir.status`` sees it; ``held`` means held whole."""
-
-    platform: str
-    device: int
-    held: bool
-    holder: Holder | None
-    shares: tuple[Share, ...] = ()  # partial holders, with their amounts
-
-
 def describe_blockers(platform: str, blocked: Sequence[Blocked]) -> str:
     """One line naming every busy device and who holds it."""
     from devpool.devices.sizes import format_size
@@ -270,146 +254,13 @@ class Lease:
         return f"Lease({self.platform}:{list(self.devices)}, {state}, {self.holder.describe()})"
 
 
-class LockDir:
-    """The lock folder: one lock file per (platform, device)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        _prepare_folder(self.path)
-
-    def lock_path(self, platform: str, device: int) -> Path:
-        """The lock file of one device: ``<dir>/<platform>-<device>.lock``."""
-        if not platform or "/" in platform or platform in (".", "..") or "\0" in platform:
-            raise DevpoolError(f"platform name {platform!r} cannot be used in a lock file name")
-        if device < 0:
-            raise ValueError(f"device id must be >= 0, got {device}")
-        return self.path / f"{platform}-{device}.lock"
-
-    def try_acquire(
-        self, platform: str, devices: Sequence[int], holder: Holder
-    ) -> Lease | list[Blocked]:
-        """All-or-nothing, non-blocking: a Lease on every device, or the devices held elsewhere."""
-        if len(set(devices)) != len(devices):
-            raise ValueError(f"duplicate device ids in {list(devices)}")
-        paths = {device: self.lock_path(platform, device) for device in devices}
-        taken: dict[int, _Handle] = {}
-        blocked: list[Blocked] = []
-        try:
-            # A fixed order makes two runs that want overlapping sets collide on the same
-            # first device instead of each taking half and both giving up.
-            for device in sorted(devices):
-                handle = _open_lock_file(device, paths[device])
-                try:
-                    fcntl.flock(handle.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    blocked.append(_blocked_whole(self.path, platform, handle))
-                    os.close(handle.fd)
-                    continue
-                except BaseException:
-                    os.close(handle.fd)
-                    raise
-                # Write the record at once: a reader must never find a held, empty file.
-                _write_record(handle, holder)
-                taken[device] = handle
-        except BaseException:
-            _close_all(taken.values())
-            raise
-        if blocked:
-            _close_all(taken.values())
-            return blocked
-        return Lease(platform, holder, [taken[device] for device in devices])
-
-    def try_acquire_memory(
-        self,
-        platform: str,
-        devices: Sequence[int],
-        amount: int,
-        capacity: Mapping[int, int],
-        holder: Holder,
-    ) -> Lease | list[Blocked]:
-        """All-or-nothing, non-blocking: ``amount`` bytes on each device, shared with other
-        partial holders while the sum stays within ``capacity[device]``; or what is in the way.
-        """
-        from devpool.devices.shares import acquire_shares
-
-        return acquire_shares(self, platform, devices, amount, capacity, holder)
-
-    def status(self) -> list[LockState]:
-        """Every lock file in the folder: platform, device, held or free, and its last holder."""
-        states = []
-        with os.scandir(self.path) as entries:
-            for entry in entries:
-                match = _LOCK_NAME.match(entry.name)
-                if match is None or not entry.is_file(follow_symlinks=False):
-                    continue
-                try:
-                    fd = os.open(entry.path, os.O_RDONLY | _OPEN_FLAGS)
-                except OSError:
-                    continue
-                try:
-                    held = not _try_shared_lock(fd)
-                    holder = _read_record(fd)
-                finally:
-                    os.close(fd)  # also drops the shared lock, if we got it
-                platform, device = match["platform"], int(match["device"])
-                shares = () if held else tuple(held_shares(self.path, platform, device))
-                states.append(LockState(platform, device, held, holder, shares))
-        return sorted(states, key=lambda state: (state.platform, state.device))
-
-    def __repr__(self) -> str:
-        return f"LockDir({str(self.path)!r})"
-
-
-def held_shares(folder: Path, platform: str, device: int) -> list[Share]:
-    """The partial holders of one device now (records whose lock is held), oldest first."""
-    from devpool.devices.shares import read_shares
-
-    return [share for share, _ in read_shares(folder, platform, device, clean=False)]
-
-
-def _blocked_whole(folder: Path, platform: str, handle: _Handle) -> Blocked:
-    """Why an exclusive lock failed: a whole holder, or partial holders (a shared lock works)."""
-    if _try_shared_lock(handle.fd):
-        shares = tuple(held_shares(folder, platform, handle.device))
-        with contextlib.suppress(OSError):
-            fcntl.flock(handle.fd, fcntl.LOCK_UN)
-        if shares:
-            return Blocked(handle.device, shares[0].holder, shares)
-    return Blocked(handle.device, _read_record(handle.fd))
-
-
-def _try_shared_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
-def _prepare_folder(path: Path) -> None:
-    if path.is_symlink():
-        raise DevpoolError(f"lock folder {path} is a symlink; refusing to use it")
-    if not path.exists():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.mkdir(path, _FOLDER_MODE)
-            # mkdir's mode is filtered by the umask; other users' runs must be able to
-            # create lock files here, and the sticky bit keeps them from deleting ours.
-            os.chmod(path, _FOLDER_MODE, follow_symlinks=False)
-        except FileExistsError:
-            pass  # another run created it first
-        except OSError as exc:
-            raise DevpoolError(f"lock folder {path} is not writable: {exc.strerror}") from None
-    try:
-        info = os.lstat(path)
-    except OSError as exc:
-        raise DevpoolError(f"lock folder {path} is not writable: {exc.strerror}") from None
-    if stat.S_ISLNK(info.st_mode):
-        raise DevpoolError(f"lock folder {path} is a symlink; refusing to use it")
-    if not stat.S_ISDIR(info.st_mode):
-        raise DevpoolError(f"lock folder {path} is not writable: it is not a directory")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise DevpoolError(f"lock folder {path} is not writable: permission denied")
+def lock_path(folder: Path, platform: str, device: int) -> Path:
+    """The lock file of one device: ``<folder>/<platform>-<device>.lock``."""
+    if not platform or "/" in platform or platform in (".", "..") or "\0" in platform:
+        raise DevpoolError(f"platform name {platform!r} cannot be used in a lock file name")
+    if device < 0:
+        raise ValueError(f"device id must be >= 0, got {device}")
+    return folder / f"{platform}-{device}.lock"
 
 
 def _open_lock_file(device: int, path: Path) -> _Handle:

@@ -28,7 +28,6 @@ from devpool.devices.leases import (
     Blocked,
     Holder,
     Lease,
-    LockDir,
     Share,
     _close,
     _close_all,
@@ -36,6 +35,7 @@ from devpool.devices.leases import (
     _open_lock_file,
     _read_record,
     _write_record,
+    lock_path,
 )
 
 MUTEX_WAIT = 5.0  # seconds: the mutex is held for a directory scan, never longer
@@ -99,6 +99,11 @@ def read_shares(
         yield share, path
 
 
+def held_shares(folder: Path, platform: str, device: int) -> list[Share]:
+    """The partial holders of one device now (records whose lock is held), oldest first."""
+    return [share for share, _ in read_shares(folder, platform, device, clean=False)]
+
+
 @contextlib.contextmanager
 def _mutex(folder: Path, platform: str, device: int) -> Iterator[bool]:
     """The device's mutex, held for the block; yields False if it could not be had in time."""
@@ -143,7 +148,7 @@ def _drop_record(handle: _Handle) -> None:
 
 
 def _take_one(
-    lock_dir: LockDir,
+    folder: Path,
     platform: str,
     device: int,
     amount: int,
@@ -151,8 +156,7 @@ def _take_one(
     holder: Holder,
 ) -> tuple[_Handle, _Handle] | Blocked:
     """A shared lock on the device file and a share record, or what is in the way."""
-    folder = lock_dir.path
-    handle = _open_lock_file(device, lock_dir.lock_path(platform, device))
+    handle = _open_lock_file(device, lock_path(folder, platform, device))
     try:
         try:
             fcntl.flock(handle.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -187,14 +191,15 @@ def _take_one(
 
 
 def acquire_shares(
-    lock_dir: LockDir,
+    folder: Path,
     platform: str,
     devices: Sequence[int],
     amount: int,
     capacity: Mapping[int, int],
     holder: Holder,
 ) -> Lease | list[Blocked]:
-    """LockDir.try_acquire_memory: amount bytes on every device, or what is in the way."""
+    """LockDir.try_acquire_memory in the lock folder ``folder``: amount bytes on every device,
+    or what is in the way."""
     if len(set(devices)) != len(devices):
         raise ValueError(f"duplicate device ids in {list(devices)}")
     if amount <= 0:
@@ -207,7 +212,7 @@ def acquire_shares(
     try:
         # One device at a time, in a fixed order, each under its own mutex: no deadlock.
         for device in sorted(devices):
-            got = _take_one(lock_dir, platform, device, amount, capacity[device], holder)
+            got = _take_one(folder, platform, device, amount, capacity[device], holder)
             if isinstance(got, Blocked):
                 blocked.append(got)
             else:

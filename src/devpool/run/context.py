@@ -13,7 +13,7 @@ import pytest
 
 from devpool.config import Settings
 from devpool.devices.inventory import Inventory
-from devpool.devices.leases import LockDir
+from devpool.devices.lockdir import LockDir
 from devpool.devices.probes import FatalPatterns, Probe
 from devpool.history.durations import TestResult
 from devpool.history.quarantine import Entry

@@ -28,7 +28,7 @@ from devpool.compat import coverage
 from devpool.config import Settings
 from devpool.devices import memory, probes
 from devpool.devices.inventory import Inventory
-from devpool.devices.leases import LockDir
+from devpool.devices.lockdir import LockDir
 from devpool.devices.probes import FatalPatterns
 from devpool.errors import DevpoolError
 from devpool.history.durations import (
