@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from devpool import __version__
+from devpool.config import select_mode
 from devpool.errors import DevpoolError
 from devpool.select.baseline import (
     SCHEMA,
@@ -28,7 +29,7 @@ from devpool.select.baseline import (
 )
 from devpool.select.diff import Current, select
 from devpool.select.fingerprints import blocks_of_source
-from devpool.select.options import SelectOptions, matches, select_mode, select_options
+from devpool.select.options import SelectOptions, matches, select_options
 from devpool.select.policy import auto_mode
 
 SOURCE = textwrap.dedent(
