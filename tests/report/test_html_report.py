@@ -18,7 +18,7 @@ import pytest
 from devpool.report.html import OUTCOME_COLORS, render_html
 from devpool.report.record import read_record
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CHROMIUM = Path("/usr/bin/chromium")
 T0 = 1_700_000_000.0
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SUITES = [
-    "tests/test_select_watch.py",
-    "tests/test_select_record.py",
+    "tests/select/test_select_watch.py",
+    "tests/select/test_select_record.py",
     "tests/e2e/test_selective_runs.py",
 ]
 

@@ -28,7 +28,7 @@ from devpool.capacity.report import (
 from devpool.errors import DevpoolError
 from devpool.history.quarantine import Entry
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # Hand count of the markers in examples/ (read from the files, not from devpool):
 #   test_cpu_utils.py    test_shape_math × 8 + test_cpu_tests_see_no_device    9 CPU-only
