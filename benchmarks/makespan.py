@@ -3,7 +3,7 @@
 Run: python benchmarks/makespan.py [--seed N]
 
 Each workload is a seeded random suite of 1/2/4/8-device tests with log-normal durations,
-all collected at t=0. The simulator drives devpool.scheduler.Scheduler exactly as the
+all collected at t=0. The simulator drives devpool.plan.scheduler.Scheduler exactly as the
 controller does (add, schedule, finish); no process starts and no real time passes.
 """
 
@@ -14,10 +14,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from devpool.markers import Request
-from devpool.plan import Job
-from devpool.policies import Backfill, Fifo
-from devpool.scheduler import Policy, Scheduler, simulate
+from devpool.plan.jobs import Job
+from devpool.plan.markers import Request
+from devpool.plan.policies import Backfill, Fifo
+from devpool.plan.scheduler import Policy, Scheduler, simulate
 
 DEVICES = tuple(range(8))
 TARGET = 1.10  # backfill makespan ≤ 1.10 × lower bound (issue target)

@@ -27,10 +27,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from devpool.markers import Request
-from devpool.plan import Job
-from devpool.policies import Backfill
-from devpool.scheduler import Scheduler, simulate
+from devpool.plan.jobs import Job
+from devpool.plan.markers import Request
+from devpool.plan.policies import Backfill
+from devpool.plan.scheduler import Scheduler, simulate
 
 GiB = 2**30
 TOTAL = 80 * GiB

@@ -14,7 +14,7 @@ The suite: 70 % CPU-only tests, 20 % device_count(1), 7 % (2), 3 % (4), spread o
    controller's alone: /usr/bin/time's %M is the largest of the process and its workers.
    The ratio devpool / collect-only is devpool's share on top of pytest's collection.
 2. The planning step alone, in process: build_plan over 10,000 Jobs, then a full
-   simulated scheduling pass (devpool.scheduler.Scheduler + Backfill, one job per
+   simulated scheduling pass (devpool.plan.scheduler.Scheduler + Backfill, one job per
    placement, no batching: the controller's worst case) until every job has ended.
 
 Targets (issue 6): controller RSS < 200 MB; planning < 1 s.
@@ -37,12 +37,12 @@ from pathlib import Path
 
 from common import PYTEST, devpool_options, suite_root
 
-from devpool.history import History, TestResult
-from devpool.inventory import BUILTIN_PLATFORMS, Inventory
-from devpool.markers import Request
-from devpool.plan import Job, build_plan
-from devpool.policies import Backfill
-from devpool.scheduler import Scheduler, simulate
+from devpool.devices.inventory import BUILTIN_PLATFORMS, Inventory
+from devpool.history.durations import History, TestResult
+from devpool.plan.jobs import Job, build_plan
+from devpool.plan.markers import Request
+from devpool.plan.policies import Backfill
+from devpool.plan.scheduler import Scheduler, simulate
 
 RSS_TARGET_MB = 200.0
 PLAN_TARGET_S = 1.0

@@ -15,11 +15,11 @@ from types import ModuleType
 
 import pytest
 
-from devpool.inventory import BUILTIN_PLATFORMS, Inventory
-from devpool.markers import Request
-from devpool.plan import Job, build_plan
-from devpool.policies import Backfill, Fifo
-from devpool.scheduler import Scheduler, simulate
+from devpool.devices.inventory import BUILTIN_PLATFORMS, Inventory
+from devpool.plan.jobs import Job, build_plan
+from devpool.plan.markers import Request
+from devpool.plan.policies import Backfill, Fifo
+from devpool.plan.scheduler import Scheduler, simulate
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 PYTEST = [sys.executable, "-m", "pytest", "-q"]

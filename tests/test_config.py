@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from devpool.config import OPTIONS, TABLE_KEYS, Settings, read_table, settings_from
+from devpool.devices.inventory import BUILTIN_PLATFORMS, Platform
 from devpool.errors import DevpoolError
-from devpool.inventory import BUILTIN_PLATFORMS, Platform
 
 WHERE = "/repo/pyproject.toml"
 

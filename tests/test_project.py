@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from devpool import inventory
-from devpool.capacity_cli import _spec_platform
+from devpool.capacity.cli import _spec_platform
+from devpool.devices import inventory
+from devpool.devices.inventory import load_platforms
 from devpool.errors import DevpoolError
-from devpool.inventory import load_platforms
 from devpool.project import find_pyproject, option_value, project_settings
-from devpool.runner import pytest_arguments
+from devpool.session.runner import pytest_arguments
 
 
 def test_option_value_reads_both_spellings_and_stops_at_dashes() -> None:

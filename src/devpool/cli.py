@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from devpool import __version__
-from devpool.capacity_cli import add_capacity_commands, shard_verify
+from devpool.capacity.cli import add_capacity_commands, shard_verify
+from devpool.devices.lockdir import LockDir
 from devpool.errors import DevpoolError
-from devpool.leases import LockDir
-from devpool.record import latest_record, read_record
 from devpool.report.github import write_step_summary
 from devpool.report.jsonout import render_json
 from devpool.report.markdown import render_markdown
+from devpool.report.record import latest_record, read_record
 from devpool.report.text import render_text
 from devpool.select.cli import add_select_command, build_transfer_parser
 
@@ -85,7 +85,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from devpool.runner import run_pytest
+    from devpool.session.runner import run_pytest
 
     return run_pytest(args.pytest_args, Path(args.run_record) if args.run_record else None)
 
@@ -97,9 +97,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
     import pytest
 
-    from devpool import probes
-    from devpool.fairshare import WaitingRoom
-    from devpool.inventory import BUILTIN_PLATFORMS, detect, resolve_inventory
+    from devpool.devices import probes
+    from devpool.devices.fairshare import WaitingRoom
+    from devpool.devices.inventory import BUILTIN_PLATFORMS, detect, resolve_inventory
 
     python = host_platform.python_version()
     print(f"devpool {__version__}, pytest {pytest.__version__}, Python {python}")

@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 
+from devpool.devices.inventory import Platform, load_platforms
+from devpool.devices.lockdir import default_lock_dir
+from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError
-from devpool.inventory import Platform, load_platforms
-from devpool.leases import default_lock_dir
-from devpool.select.options import select_mode
-from devpool.sizes import parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -66,6 +65,18 @@ def _delay(value: object) -> float:
 def _flaky_result(value: object) -> str:
     if value not in ("pass", "fail"):
         raise ValueError("'pass' (flaky tests do not gate) or 'fail' (they do)")
+    return str(value)
+
+
+SELECT_MODES = ("record", "on", "shadow", "auto", "off")
+
+
+def select_mode(value: object) -> str:
+    """--devpool-select / [tool.devpool] select: a mode, or the [tool.devpool.select] table."""
+    if isinstance(value, Mapping):
+        value = value.get("mode", "off")
+    if value not in SELECT_MODES:
+        raise ValueError("one of " + ", ".join(repr(m) for m in SELECT_MODES))
     return str(value)
 
 

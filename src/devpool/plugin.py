@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from devpool import capture, compat
+from devpool import compat
 from devpool.config import add_options, read_table, settings_from
+from devpool.devices.inventory import resolve_inventory
+from devpool.devices.lockdir import LockDir
 from devpool.errors import DevpoolError
-from devpool.inventory import resolve_inventory
-from devpool.leases import LockDir
-from devpool.markers import MARKERS
-from devpool.plain_collection import PlainCollection, is_controller
+from devpool.plan.markers import MARKERS
 from devpool.report.terminal import file_name
 from devpool.select import DEPENDS_ON_MARKER
+from devpool.session.plain_collection import PlainCollection, is_controller
+from devpool.worker import capture
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -65,7 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
     worker_spec = config.getoption("devpool_worker")
     if worker_spec:
         from devpool.select.record import register_worker
-        from devpool.worker import WorkerSession
+        from devpool.worker.session import WorkerSession
 
         config.pluginmanager.register(WorkerSession(config, worker_spec), "devpool-worker")
         try:
@@ -91,7 +92,7 @@ def _configure_controller(config: pytest.Config) -> None:
     if settings.devices is None:
         # devpool stays out of the way (plain pytest, markers registered), and says so
         # once when tests need devices.
-        from devpool.dormant import DormantNotice
+        from devpool.session.dormant import DormantNotice
 
         config.pluginmanager.register(DormantNotice(), "devpool-dormant")
         return
@@ -105,8 +106,8 @@ def _configure_controller(config: pytest.Config) -> None:
     else:
         inventory = resolve_inventory(settings.devices, settings.platforms, os.environ)
     lock_dir = LockDir(settings.lock_dir)
-    from devpool.controller import Controller
-    from devpool.finish_guard import FinishGuard
+    from devpool.session.controller import Controller
+    from devpool.session.finish_guard import FinishGuard
 
     config.pluginmanager.register(
         Controller(config, settings, inventory, lock_dir), "devpool-controller"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from devpool.history import History, TestResult
-from devpool.markers import Request
-from devpool.shards import select, shard_item
+from devpool.capacity.shards import select, shard_item
+from devpool.history.durations import History, TestResult
+from devpool.plan.markers import Request
 
 REPO = Path(__file__).resolve().parents[2]
 DEVPOOL = (sys.executable, "-m", "devpool.cli")

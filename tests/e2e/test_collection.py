@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devpool.inventory import detect
+from devpool.devices.inventory import detect
 
 FAST = ("-p", "no:hypothesispytest", "-p", "no:randomly")
 
@@ -267,7 +267,7 @@ def test_output_of_a_test_that_exits_or_times_out_is_on_disk_beside_the_worker_l
     ], stdout
     assert [text for text in stderr.values() if text] == ["an error line before the crash\n"]
 
-    from devpool.capture import crash_output
+    from devpool.worker.capture import crash_output
 
     (crashed,) = (name for name, text in stdout.items() if "crash" in text)
     text = crash_output(logs / crashed.replace(".stdout", ".log"))

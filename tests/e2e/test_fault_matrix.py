@@ -31,7 +31,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from devpool.leases import Holder, Lease, LockDir
+from devpool.devices.leases import Holder, Lease
+from devpool.devices.lockdir import LockDir
 
 DEVICES = 8
 RUN_BOUND = 240.0  # seconds: a run that takes longer than this has hung

@@ -176,9 +176,9 @@ def test_no_probe_hands_out_the_busy_device(
 # devpool starts the biggest requests first. This suite needs the 8-device test to be
 # queued behind the test that retires a device, so its conftest orders by collection.
 COLLECTION_ORDER = """
-import devpool.plan
+import devpool.plan.jobs
 
-devpool.plan.Job.priority = lambda self: (0.0, 0, self.index)
+devpool.plan.jobs.Job.priority = lambda self: (0.0, 0, self.index)
 """
 
 

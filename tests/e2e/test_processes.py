@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from devpool.leases import Holder, Lease, LockDir
+from devpool.devices.leases import Holder, Lease
+from devpool.devices.lockdir import LockDir
 
 T = TypeVar("T")
 PLUGIN_ARGS = ("-p", "devpool.plugin")

@@ -14,7 +14,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from devpool.history import History, TestResult, default_history_path, pending_files
+from devpool.history.durations import History, TestResult, default_history_path, pending_files
 
 RUN = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:rerunfailures", "-q")
 T0 = 1_700_000_000.0

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from devpool.history import History, default_history_path
+from devpool.history.durations import History, default_history_path
 
 FAST = ("-p", "devpool.plugin", "-p", "no:cacheprovider", "-p", "no:randomly")
 GiB = 2**30

@@ -19,7 +19,8 @@ import pytest
 import sessions
 from sessions import closing_line, suite, text
 
-from devpool.leases import Holder, Lease, LockDir
+from devpool.devices.leases import Holder, Lease
+from devpool.devices.lockdir import LockDir
 
 
 def run(pytester: pytest.Pytester, lock: Path, *args: str) -> pytest.RunResult:

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from devpool.leases import Lease
-from devpool.markers import Request
-from devpool.protocol import Message
+from devpool.devices.leases import Lease
+from devpool.plan.markers import Request
+from devpool.worker.protocol import Message
 
 
 class WorkerHandle(Protocol):

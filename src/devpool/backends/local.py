@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devpool import protocol
 from devpool.backends import WorkerHandle
 from devpool.backends.pipes import EventPipes
 from devpool.backends.templates import ForkedProcess, ForkRequest, Template
-from devpool.leases import Lease
-from devpool.markers import Request
-from devpool.worker import stacks_file
+from devpool.devices.leases import Lease
+from devpool.plan.markers import Request
+from devpool.worker import protocol
+from devpool.worker.session import stacks_file
 
 TEMPLATE_SHARE = 0.9  # of the worker start timeout, for a template to collect
 

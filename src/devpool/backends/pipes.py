@@ -11,7 +11,7 @@ import selectors
 from collections.abc import Callable
 from typing import Any
 
-from devpool import protocol
+from devpool.worker import protocol
 
 
 def read_available(fd: int) -> tuple[bytes, bool]:

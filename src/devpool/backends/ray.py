@@ -28,19 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devpool import protocol, worklist
 from devpool.backends import WorkerHandle
 from devpool.backends.pipes import EventPipes
 from devpool.config import Settings
+from devpool.devices.inventory import Inventory, Platform
+from devpool.devices.leases import Holder, Lease
+from devpool.devices.lockdir import LockDir
 from devpool.errors import DevpoolError
-from devpool.inventory import Inventory, Platform
-from devpool.leases import Holder, Lease, LockDir
-from devpool.markers import Request
+from devpool.plan.markers import Request
 from devpool.report.terminal import read_log
 from devpool.select.baseline import union_deps
 from devpool.select.record import DEPS_ATTR
 from devpool.select.tables import expand
-from devpool.worker import stacks_file
+from devpool.worker import protocol, worklist
+from devpool.worker.session import stacks_file
 
 EVENTS_WAIT = 0.5  # seconds an actor holds an events() call open waiting for output
 LOST_EXIT = -int(signal.SIGKILL)  # the exit status reported for a worker whose node went away
@@ -671,7 +672,7 @@ class RayBackend:
         self.args = list(args)  # a worker's pytest arguments: see worklist.worker_args
         self.cwd = cwd
         # The same for every worker; a path in it is the controller's, so with shipped
-        # code a worker that cannot read it says so in its log (see worker.py).
+        # code a worker that cannot read it says so in its log (see worker/session.py).
         self.worker_env = dict(worker_env or {})
         self.log_dir = log_dir
         self.settings = settings

@@ -1,6 +1,6 @@
 """The controller's side of the fork server: template processes and the workers they fork.
 
-A template (forkserver.py) is started like a worker, collects, and then forks a worker
+A template (worker/template.py) is started like a worker, collects, and then forks a worker
 per request instead of running tests. A forked worker is the template's child, not this
 process's: the template reaps it and reports its exit status over the template's socket.
 Until a template is ready its requests wait; when it cannot serve (unsafe to fork, dead,
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from devpool.leases import Lease
+from devpool.devices.leases import Lease
 
 
 @dataclass(eq=False)

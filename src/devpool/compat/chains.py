@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from devpool.plan import Job
+from devpool.plan.jobs import Job
 
 MARKERS = ("order", "dependency")
 

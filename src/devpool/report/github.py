@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from devpool.outcomes import GATING
-from devpool.record import RunRecord
 from devpool.report.markdown import render_markdown
+from devpool.report.record import RunRecord
 from devpool.report.terminal import strip_ansi, tail
 
 _GATING = {outcome.value for outcome in GATING}

@@ -8,17 +8,15 @@ node ids carry brackets and quotes, and test output carries anything at all.
 from __future__ import annotations
 
 import datetime
-import html
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from devpool.outcomes import Outcome
-from devpool.record import JobRun, RunRecord
+from devpool.report.htmltext import escape
 from devpool.report.memory_lane import CSS as MEMORY_CSS
 from devpool.report.memory_lane import capacities, memory_section, read_holds
-from devpool.report.terminal import strip_ansi
+from devpool.report.record import JobRun, RunRecord
 
 # Bar colors by outcome; "running" is a job the record never saw end (a cut run).
 OUTCOME_COLORS: dict[str, str] = {
@@ -43,9 +41,6 @@ AXIS_HEIGHT = 26
 GROUP_GAP = 10
 MIN_BAR_WIDTH = 2.0
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-
 
 @dataclass(frozen=True)
 class _Bar:
@@ -66,7 +61,7 @@ def render_html(record: RunRecord) -> str:
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{_esc(title)}</title>",
+        f"<title>{escape(title)}</title>",
         f"<style>{_CSS}{MEMORY_CSS}</style>",
         "</head><body>",
         _header(record, origin, title),
@@ -162,8 +157,8 @@ def _header(record: RunRecord, origin: float, title: str) -> str:
     ]
     if record.end is not None and "exitstatus" in record.end:
         facts.append(("exit status", str(record.end["exitstatus"])))
-    lines = [f'<header><h1>{_esc(title)}</h1><dl class="facts">']
-    lines += [f"<dt>{_esc(name)}</dt><dd>{_esc(value)}</dd>" for name, value in facts]
+    lines = [f'<header><h1>{escape(title)}</h1><dl class="facts">']
+    lines += [f"<dt>{escape(name)}</dt><dd>{escape(value)}</dd>" for name, value in facts]
     lines.append("</dl>")
     cut = record.cut_sentence()
     if cut is None:
@@ -171,9 +166,9 @@ def _header(record: RunRecord, origin: float, title: str) -> str:
         tone = "finished" if status == 0 else "finished failing"
         lines.append(f'<p class="status {tone}">The run finished.</p>')
     else:
-        lines.append(f'<p class="status cut">{_esc(cut)}</p>')
+        lines.append(f'<p class="status cut">{escape(cut)}</p>')
     if record.damage:
-        lines.append(f'<p class="status damage">{_esc(record.damage)}</p>')
+        lines.append(f'<p class="status damage">{escape(record.damage)}</p>')
     lines.append(_totals(record))
     lines.append("</header>")
     return "\n".join(lines)
@@ -184,8 +179,8 @@ def _totals(record: RunRecord) -> str:
     running = sum(1 for run in record.jobs if run.outcome is None)
     order = [outcome.value for outcome in Outcome] + sorted(set(counts) - set(OUTCOME_COLORS))
     chips = [
-        f'<span class="count outcome-{_esc(name)}" data-outcome="{_esc(name)}">'
-        f"{counts[name]:,} {_esc(name)}</span>"
+        f'<span class="count outcome-{escape(name)}" data-outcome="{escape(name)}">'
+        f"{counts[name]:,} {escape(name)}</span>"
         for name in order
         if counts[name]
     ]
@@ -255,7 +250,8 @@ def _axis(span: float, scale: float, height: float) -> str:
         out.append(
             f'<line class="grid" x1="{x:.1f}" x2="{x:.1f}" y1="{AXIS_HEIGHT - 6}" '
             f'y2="{height - 4}"/>'
-            f'<text class="tick" x="{x:.1f}" y="{AXIS_HEIGHT - 10}">{_esc(_clock(seconds))}</text>'
+            f'<text class="tick" x="{x:.1f}" y="{AXIS_HEIGHT - 10}">'
+            f"{escape(_clock(seconds))}</text>"
         )
     out.append(
         f'<text class="axis-name" x="{LABEL_WIDTH - 20}" y="{AXIS_HEIGHT - 10}">since start</text>'
@@ -279,7 +275,8 @@ def _row(
 ) -> str:
     middle = y + ROW_HEIGHT / 2
     out = [
-        f'<text class="row-label" x="{LABEL_WIDTH - 8}" y="{middle + 4:.1f}">{_esc(label)}</text>',
+        f'<text class="row-label" x="{LABEL_WIDTH - 8}" y="{middle + 4:.1f}">'
+        f"{escape(label)}</text>",
         f'<rect class="track" x="{LABEL_WIDTH}" y="{y + 2:.1f}" width="{PLOT_WIDTH}" '
         f'height="{ROW_HEIGHT - 4}"/>',
     ]
@@ -288,11 +285,11 @@ def _row(
         width = max((bar.finish - bar.begin) * scale, MIN_BAR_WIDTH)
         where = "" if device is None else f' data-device="{device}"'
         out.append(
-            f'<rect class="bar outcome-{_esc(bar.outcome)}"{where} '
-            f'data-nodeid="{_esc(bar.run.nodeid)}" data-attempt="{bar.run.attempt}" '
-            f'data-outcome="{_esc(bar.outcome)}" x="{x:.2f}" '
+            f'<rect class="bar outcome-{escape(bar.outcome)}"{where} '
+            f'data-nodeid="{escape(bar.run.nodeid)}" data-attempt="{bar.run.attempt}" '
+            f'data-outcome="{escape(bar.outcome)}" x="{x:.2f}" '
             f'y="{middle - BAR_HEIGHT / 2:.1f}" width="{width:.2f}" height="{BAR_HEIGHT}">'
-            f"<title>{_esc(_tooltip(bar, platform))}</title></rect>"
+            f"<title>{escape(_tooltip(bar, platform))}</title></rect>"
         )
     return "\n".join(out)
 
@@ -337,32 +334,23 @@ def _troubles(record: RunRecord) -> str:
         devices = f"{record.platform}:{_ranges(_ints(run.devices))}" if run.devices else "cpu"
         took = _duration(run.test_time) if run.end is not None else "—"
         out.append(
-            f'<tr class="trouble outcome-{_esc(outcome)}" data-nodeid="{_esc(run.nodeid)}">'
-            f'<td class="nodeid">{_esc(run.nodeid)}</td>'
-            f'<td><span class="count outcome-{_esc(outcome)}">{_esc(outcome)}</span></td>'
-            f"<td>{_esc(devices)}</td><td>{run.attempt}</td><td>{_esc(took)}</td>"
-            f'<td class="detail">{_esc(run.detail)}</td>'
-            f'<td class="log"><code>{_esc(run.log)}</code></td></tr>'
+            f'<tr class="trouble outcome-{escape(outcome)}" data-nodeid="{escape(run.nodeid)}">'
+            f'<td class="nodeid">{escape(run.nodeid)}</td>'
+            f'<td><span class="count outcome-{escape(outcome)}">{escape(outcome)}</span></td>'
+            f"<td>{escape(devices)}</td><td>{run.attempt}</td><td>{escape(took)}</td>"
+            f'<td class="detail">{escape(run.detail)}</td>'
+            f'<td class="log"><code>{escape(run.log)}</code></td></tr>'
         )
         if run.tail:
             out.append(
                 f'<tr class="tail-row"><td colspan="7"><pre class="tail">'
-                f"{_esc(chr(10).join(run.tail))}</pre></td></tr>"
+                f"{escape(chr(10).join(run.tail))}</pre></td></tr>"
             )
     out.append("</tbody></table></section>")
     return "\n".join(out)
 
 
 # ---- formatting ----------------------------------------------------------------------------
-
-
-def _esc(value: object) -> str:
-    """Text safe anywhere in the page: ANSI and control codes gone, markup and quotes escaped."""
-    text = strip_ansi(str(value)).replace("\r\n", "\n")
-    text = _CONTROL.sub("", text)
-    # Lone surrogates (from JSON "\udc80") cannot be written as UTF-8; show them as U+FFFD.
-    text = _SURROGATE.sub("\ufffd", text)
-    return html.escape(text, quote=True)
 
 
 def _ranges(ids: Sequence[int]) -> str:

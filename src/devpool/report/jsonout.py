@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from devpool.record import RunRecord
+from devpool.report.record import RunRecord
 from devpool.report.summary import device_use, repeats, totals, verdict
 
 REPORT_SCHEMA = "devpool-report/1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from devpool.record import RunRecord
+from devpool.report.record import RunRecord
 from devpool.report.summary import device_use, repeats, totals, troubles, verdict
 from devpool.report.terminal import strip_ansi
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devpool.sizes import format_size
+from devpool.devices.sizes import format_size
+from devpool.report.htmltext import escape
 
 LANE_HEIGHT = 44
 LANE_GAP = 6
@@ -122,12 +123,6 @@ def _segments(holds: Sequence[Hold]) -> list[tuple[float, float, list[Hold]]]:
     return segments
 
 
-def _esc(value: object) -> str:
-    from devpool.report.html import _esc as escape  # one escaping rule for the whole page
-
-    return escape(value)
-
-
 def lane(
     device: int,
     label: str,
@@ -148,9 +143,9 @@ def lane(
     out = [
         f'<g class="memory-lane" data-device="{device}" data-capacity="{capacity or ""}" '
         f'data-max-held="{most}">',
-        f'<text class="row-label" x="{left - 8}" y="{y + 16:.1f}">{_esc(label)}</text>',
+        f'<text class="row-label" x="{left - 8}" y="{y + 16:.1f}">{escape(label)}</text>',
         f'<text class="lane-note" x="{left - 8}" y="{y + 30:.1f}">'
-        f"{_esc(format_size(most))} {_esc(scale_note)}</text>",
+        f"{escape(format_size(most))} {escape(scale_note)}</text>",
         f'<rect class="track" x="{left}" y="{y + 2:.1f}" width="{plot_width:g}" '
         f'height="{LANE_HEIGHT - 4}"/>',
     ]
@@ -165,14 +160,14 @@ def lane(
             if key not in tooltips:
                 tooltips[key] = _tooltip(hold, device, label)
             data = (
-                f'data-nodeid="{_esc(hold.nodeid)}" data-attempt="{hold.attempt}" '
+                f'data-nodeid="{escape(hold.nodeid)}" data-attempt="{hold.attempt}" '
                 f'data-device="{device}" data-declared="{hold.declared or ""}" '
                 f'data-peak="{"" if peak is None else peak}"'
             )
             height = size * unit
             out.append(
                 f'<rect class="memory-hold" {data} x="{x:.2f}" y="{level - height:.2f}" '
-                f'width="{width:.2f}" height="{height:.2f}"><title>{_esc(tooltips[key])}</title>'
+                f'width="{width:.2f}" height="{height:.2f}"><title>{escape(tooltips[key])}</title>'
                 "</rect>"
             )
             if peak is not None and hold.declared:
@@ -181,7 +176,7 @@ def lane(
                 kind = "memory-peak over" if over else "memory-peak"
                 out.append(
                     f'<rect class="{kind}" {data} x="{x:.2f}" y="{level - used:.2f}" '
-                    f'width="{width:.2f}" height="{used:.2f}"><title>{_esc(tooltips[key])}'
+                    f'width="{width:.2f}" height="{used:.2f}"><title>{escape(tooltips[key])}'
                     "</title></rect>"
                 )
             level -= height

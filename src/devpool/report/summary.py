@@ -6,9 +6,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from devpool.inventory import format_ids
+from devpool.devices.inventory import format_ids
 from devpool.outcomes import Outcome
-from devpool.record import JobRun, RunRecord
+from devpool.report.record import JobRun, RunRecord
 
 ORDER = [o.value for o in Outcome]
 

@@ -141,7 +141,7 @@ def _shown(path: Path, cwd: Path) -> Path:
 def summary_tail(path: Path, lines: int = SUMMARY_TAIL) -> list[str]:
     """The last lines of a test's log, without its header (the summary line says all that).
 
-    A timed-out test's log ends with the stack of the thread that ran it (see stacks.py):
+    A timed-out test's log ends with the stack of the thread that ran it (see worker/stacks.py):
     that whole stack, so the line the test hung on is always there."""
     text = tail(path)
     if text and text[0].startswith("test:"):  # the whole log: its header ends at the first ----

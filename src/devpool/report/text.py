@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from devpool.record import RunRecord
+from devpool.report.record import RunRecord
 from devpool.report.summary import device_use, repeats, totals, troubles, verdict
 
 

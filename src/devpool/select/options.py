@@ -7,21 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from devpool.config import select_mode
 from devpool.errors import DevpoolError
 
-MODES = ("record", "on", "shadow", "auto", "off")
 DEFAULT_IGNORE = ("*.md", "*.rst", "docs/*", "LICENSE*", ".gitignore")
 DEFAULT_KEY_PACKAGES = ("pytest",)
 DEFAULT_FULL_ON = ("main", "master", "merge-queue", "schedule")
-
-
-def select_mode(value: object) -> str:
-    """--devpool-select / [tool.devpool] select: a mode, or the [tool.devpool.select] table."""
-    if isinstance(value, Mapping):
-        value = value.get("mode", "off")
-    if value not in MODES:
-        raise ValueError("one of " + ", ".join(repr(m) for m in MODES))
-    return str(value)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import pytest
 from devpool import __version__
 from devpool.config import Settings
 from devpool.errors import DevpoolError
-from devpool.markers import request_for
+from devpool.plan.markers import request_for
 from devpool.select.baseline import (
     SCHEMA,
     Bucket,

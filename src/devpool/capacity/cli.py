@@ -1,0 +1,360 @@
+"""The `devpool capacity`, `devpool shard` and `devpool history` commands.
+
+They collect the suite (running nothing), read the duration history and print what the
+suite costs or how it splits across CI runners; `devpool shard verify` is in shardcheck.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from devpool.errors import DevpoolError
+
+
+def _history_path(args: argparse.Namespace) -> tuple[Path, bool]:
+    """The history file and whether the user named it (a named one must exist to be read)."""
+    from devpool.history.durations import default_history_path
+
+    if args.history:
+        return Path(args.history), True
+    return default_history_path(Path.cwd()), False
+
+
+def _estimates(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
+    """(latest p90, p90 before the latest run) per test; empty without a history file."""
+    from devpool.history.durations import History
+
+    path, named = _history_path(args)
+    if not path.exists():
+        if named:
+            raise DevpoolError(f"--history {path} does not exist")
+        return {}, {}
+    with History(path) as history:
+        return history.estimates(), history.previous_estimates()
+
+
+def _peaks(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
+    """(watched results, highest peak) per test; empty without a history file."""
+    from devpool.history.durations import History
+
+    path, named = _history_path(args)
+    if not path.exists():
+        if named:
+            raise DevpoolError(f"--history {path} does not exist")
+        return {}
+    with History(path) as history:
+        return history.peaks()
+
+
+def _suggest_memory(args: argparse.Namespace) -> int:
+    from devpool.capacity import memory_suggest
+    from devpool.capacity import report as capacity
+
+    peaks = _peaks(args)
+    seen = capacity.collect_suite(args.paths)
+    platform, _ = _chosen_platform(args, seen)
+    found = memory_suggest.suggest(seen.tests, peaks, platform, seen.platforms[platform].kind)
+    renderers = {
+        "text": memory_suggest.render_text,
+        "markdown": memory_suggest.render_markdown,
+        "json": memory_suggest.render_json,
+    }
+    sys.stdout.write(renderers[args.format](found))
+    return 0
+
+
+def _spec_platform(spec: str | None, platforms: Any) -> tuple[str, int | None]:
+    """(platform, devices it names) of a --devices SPEC; cuda without one; auto detects."""
+    from devpool.devices.inventory import detect, parse_ids
+
+    if spec is None:
+        return "cuda", None
+    name, colon, ids = spec.strip().partition(":")
+    if colon:
+        return name, len(parse_ids(ids))
+    if name and name != "auto" and not name[0].isdigit():
+        return name, None
+    for kind in ("cuda", "ascend", "rocm"):  # as --devices auto looks for them
+        found = detect(kind, timeout=10.0)
+        if found:
+            chosen = [n for n, p in sorted(platforms.items()) if p.kind == kind]
+            return (kind if kind in platforms else chosen[0]), len(found)
+    raise DevpoolError(
+        f"--devices {spec} found no accelerator on this host, so the platform to report "
+        "for is unknown; name it with --platform"
+    )
+
+
+def _positive(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise DevpoolError(f"{what} must be a number above 0, got {text!r}")
+    return value
+
+
+def _chosen_platform(args: argparse.Namespace, seen: Any) -> tuple[str, int]:
+    """(platform, devices per runner) for capacity and shard.
+
+    The platform: --platform, else that of --devices after `--`, else of [tool.devpool]
+    devices (with its profile), else cuda. Devices per runner: --devices-per-runner, else
+    as many as that --devices names, else 8.
+    """
+    named, count = _spec_platform(None if args.platform else seen.devices, seen.platforms)
+    name: str = args.platform or named
+    if name not in seen.platforms:
+        raise DevpoolError(
+            f"--platform {name!r} is not a known platform; known: "
+            f"{', '.join(sorted(seen.platforms))} (add others under [tool.devpool.platforms])"
+        )
+    text = args.devices_per_runner or str(count or 8)
+    return name, int(_positive(text, "--devices-per-runner"))
+
+
+def _capacity(args: argparse.Namespace) -> int:
+    from devpool.capacity import report as capacity
+
+    if args.suggest_memory:
+        return _suggest_memory(args)
+    classes = dict(capacity.parse_runner_class(text) for text in args.runner_class or ())
+    default = _positive(str(args.default_estimate), "--default-estimate")
+    factor = _positive(str(args.drift_factor), "--drift-factor")
+    estimates, previous = _estimates(args)
+    seen = capacity.collect_suite(args.paths)
+    platform, devices = _chosen_platform(args, seen)
+    kind = seen.platforms[platform].kind
+    capacity.apply_quarantine(seen.tests, seen.quarantine, platform, kind)
+    rep = capacity.report(
+        seen.tests,
+        platform,
+        classes or None,
+        estimates,
+        default,
+        devices_per_runner=devices,
+        previous=previous,
+        drift_factor=factor,
+        timeline=args.timeline,
+        kind=kind,
+    )
+    renderers = {
+        "text": capacity.render_text,
+        "markdown": capacity.render_markdown,
+        "json": capacity.render_json,
+    }
+    sys.stdout.write(renderers[args.format](rep))
+    return 0
+
+
+def _shard(args: argparse.Namespace) -> int:
+    import json
+    import shlex
+
+    from devpool.capacity import report as capacity
+    from devpool.capacity import shards
+
+    default = _positive(str(args.default_estimate), "--default-estimate")
+    budget = shards.parse_budget(args.budget) if args.budget is not None else None
+    if args.runners is not None and args.runners < 1:
+        raise DevpoolError(f"--runners must be 1 or more, got {args.runners}")
+    estimates, _ = _estimates(args)
+    seen = capacity.collect_suite(args.paths)
+    name, devices = _chosen_platform(args, seen)
+    # As a run does: tests whose platforms marker leaves this platform out are not sharded.
+    admitted = {name, seen.platforms[name].kind}
+    tests = [t for t in seen.tests if t.platforms is None or admitted & set(t.platforms)]
+    capacity_bytes = shards.shard_capacity(seen.platforms[name], seen.memory_reserve)
+    items = [
+        shards.shard_item(
+            t.nodeid,
+            t.request,
+            estimates.get(t.nodeid, default),
+            args.by_module,
+            capacity=capacity_bytes,
+        )
+        for t in tests
+    ]
+    by_id = {item.nodeid: item for item in items}
+    count = args.runners if budget is None else shards.shards_for_budget(items, budget, devices)
+    whole = shards.split_suite([t.nodeid for t in tests], items, count)
+    split = [[by_id[nodeid] for nodeid in shard] for shard in whole.shards]
+    walls = [shards.wall_estimate(shard, devices) for shard in split]
+    commands = [
+        shlex.join(
+            ["python", "-m", "pytest", f"--devpool-shard={k}/{count}"]
+            + (["--devpool-shard-by-module"] if args.by_module else [])
+            + list(args.paths)
+        )
+        for k in range(1, count + 1)
+    ]
+    if budget is not None and max(walls, default=0.0) > 0.8 * budget:
+        slowest = max(walls)
+        print(
+            f"devpool: warning: the slowest shard is estimated at {slowest:,.0f} s, "
+            f"{slowest / budget:.0%} of the {budget:,.0f} s budget; "
+            "add a runner before the suite outgrows it",
+            file=sys.stderr,
+        )
+    known = sum(1 for t in tests if t.nodeid in estimates)
+    if args.format == "json":
+        data = {
+            "schema": "devpool-shards/1",
+            "shards": count,
+            "devices_per_runner": devices,
+            "budget_seconds": budget,
+            "by_module": args.by_module,
+            "estimates_from_history": known,
+            "estimates_at_default": len(tests) - known,
+            "default_estimate": default,
+            "fingerprint": whole.fingerprint,
+            "split": [
+                {
+                    "shard": f"{k}/{count}",
+                    "tests": [item.nodeid for item in shard],
+                    "device_seconds": round(sum(item.cost for item in shard), 3),
+                    "wall_seconds": round(wall, 3),
+                    "command": command,
+                }
+                for k, (shard, wall, command) in enumerate(
+                    zip(split, walls, commands, strict=True), 1
+                )
+            ],
+        }
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+        return 0
+    over = f"; budget {budget:,.0f} s" if budget is not None else ""
+    print(
+        f"devpool shard: {len(tests)} tests in {count} shards on runners of {devices} devices"
+        f"{over}; estimates: {known} from history, {len(tests) - known} at {default:g} s"
+    )
+    print(f"  {'shard':>7}  {'tests':>6}  {'device-s':>10}  {'wall':>10}")
+    for k, (shard, wall) in enumerate(zip(split, walls, strict=True), 1):
+        cost = sum(item.cost for item in shard)
+        print(f"  {f'{k}/{count}':>7}  {len(shard):>6}  {cost:>10,.1f}  {wall:>10,.1f}")
+    print(f"split fingerprint {whole.fingerprint}: each shard's record carries its own")
+    print("commands:")
+    for command in commands:
+        print(f"  {command}")
+    return 0
+
+
+def shard_verify(args: argparse.Namespace) -> int:
+    from devpool.capacity.shardcheck import read_shard_runs, verify
+
+    verdict = verify(read_shard_runs([Path(p) for p in args.records]))
+    (sys.stdout if verdict.ok else sys.stderr).write(verdict.render())
+    return 0 if verdict.ok else 1
+
+
+def _history_export(args: argparse.Namespace) -> int:
+    from devpool.history.durations import History
+
+    path, _ = _history_path(args)
+    if not path.exists():
+        raise DevpoolError(f"there is no history at {path} to export")
+    with History(path) as history:
+        rows = history.export(Path(args.out))
+    print(f"devpool: exported {rows} results from {path} to {args.out}")
+    return 0
+
+
+def _history_merge(args: argparse.Namespace) -> int:
+    from devpool.history.durations import History, pending_dir
+
+    path, _ = _history_path(args)
+    with History(path) as history:
+        if not args.sources:
+            added, files = history.merge_pending()
+            where = f"{len(files)} pending run files in {pending_dir(path)}"
+            print(f"devpool: merged {added} new results from {where} into {path}")
+            return 0
+        for source in args.sources:
+            added = history.merge(Path(source))
+            print(f"devpool: merged {added} new results from {source} into {path}")
+    return 0
+
+
+def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
+    """The capacity, shard and history commands, under the `devpool` parser."""
+    history_help = "duration history (default .devpool/history.sqlite here)"
+    capacity = commands.add_parser(
+        "capacity",
+        help="count the suite's tests per device count and estimate their cost; runs nothing",
+    )
+    capacity.add_argument(
+        "paths",
+        nargs="*",
+        help="what pytest collects (default: testpaths); after --, pytest options too",
+    )
+    capacity.add_argument("--platform", help="platform to report for (default: [tool.devpool])")
+    capacity.add_argument(
+        "--devices-per-runner", metavar="N", help="default: what --devices names, else 8"
+    )
+    capacity.add_argument(
+        "--runner-class",
+        action="append",
+        metavar="NAME=N",
+        help="a CI runner class and its devices, e.g. cuda-8=8 (repeatable)",
+    )
+    capacity.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    capacity.add_argument(
+        "--timeline",
+        "--devpool-timeline",
+        dest="timeline",
+        action="store_true",
+        help="estimated makespan on 1, 2, 4, … devices",
+    )
+    capacity.add_argument(
+        "--suggest-memory",
+        action="store_true",
+        help="propose @pytest.mark.device_memory per test from its recorded peaks "
+        "(peak × 1.25, rounded up to 256 MiB below 4 GiB, to whole GiB above)",
+    )
+    capacity.add_argument("--history", help=history_help)
+    capacity.add_argument("--drift-factor", default="2.0", metavar="F")
+    capacity.add_argument("--default-estimate", default="1.0", metavar="SECONDS")
+    capacity.set_defaults(func=_capacity)
+
+    shard = commands.add_parser(
+        "shard",
+        help="split the suite across CI runners by estimated device-seconds; "
+        "`devpool shard verify RECORDS...` checks that the shards ran every test once",
+    )
+    shard.add_argument(
+        "paths",
+        nargs="*",
+        help="what pytest collects (default: testpaths); after --, pytest options too",
+    )
+    size = shard.add_mutually_exclusive_group(required=True)
+    size.add_argument("--runners", type=int, metavar="N", help="split into N shards")
+    size.add_argument("--budget", metavar="TIME", help="fewest shards that fit, e.g. 45m")
+    shard.add_argument("--platform", help="platform the runners have (default: [tool.devpool])")
+    shard.add_argument(
+        "--devices-per-runner", metavar="N", help="default: what --devices names, else 8"
+    )
+    shard.add_argument(
+        "--by-module", action="store_true", help="keep each module's tests in one shard"
+    )
+    shard.add_argument("--history", help=history_help)
+    shard.add_argument("--default-estimate", default="1.0", metavar="SECONDS")
+    shard.add_argument("--format", choices=("text", "json"), default="text")
+    shard.set_defaults(func=_shard)
+
+    history = commands.add_parser("history", help="move the duration history between runners")
+    actions = history.add_subparsers(dest="action", required=True, metavar="ACTION")
+    export = actions.add_parser("export", help="write the history as a plain JSON-lines file")
+    export.add_argument("out")
+    export.add_argument("--history", help=history_help)
+    export.set_defaults(func=_history_export)
+    merge = actions.add_parser(
+        "merge",
+        help="add exports (or history files) to the history; with none, the pending "
+        "results of shard runs (.devpool/history.d)",
+    )
+    merge.add_argument("sources", nargs="*", metavar="SOURCE")
+    merge.add_argument("--history", help=history_help)
+    merge.set_defaults(func=_history_merge)

@@ -1,0 +1,613 @@
+"""--devices SPEC and [tool.devpool.platforms] -> Inventory: which platform, which physical ids."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from devpool.devices.sizes import parse_size
+from devpool.errors import DevpoolError
+
+T = TypeVar("T")
+
+__all__ = [
+    "BUILTIN_PLATFORMS",
+    "KINDS",
+    "NO_ACCELERATOR",
+    "NO_DEVICES",
+    "Detector",
+    "Inventory",
+    "Platform",
+    "detect",
+    "device_memory",
+    "format_ids",
+    "load_platforms",
+    "parse_ids",
+    "resolve_inventory",
+]
+
+KINDS = ("cuda", "rocm", "ascend", "sim")
+
+# Order in which `auto` looks; sim is never detected.
+_AUTO_ORDER = ("cuda", "ascend", "rocm")
+
+# Guards against `0-999999999` allocating a huge list; no host has more devices than this.
+_MAX_ID = 65535
+
+_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_IDS_RE = re.compile(r"\d+(?:-\d+)?(?:\s*,\s*\d+(?:-\d+)?)*")
+_TABLE = "[tool.devpool.platforms]"
+_TABLE_KEYS = ("kind", "visible-env", "ray-resource", "memory")
+_DETECTED_BY = {"cuda": "nvml/nvidia-smi", "ascend": "npu-smi", "rocm": "rocm-smi"}
+
+# Module-level so tests can point them at a temporary tree.
+_KFD = Path("/dev/kfd")
+_DRM_SYS = Path("/sys/class/drm")
+_AMD_PCI_VENDOR = "0x1002"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """A named device platform: its kind, visibility variable and Ray resource name."""
+
+    name: str
+    kind: str
+    visible_env: str | None
+    ray_resource: str
+    memory: int | None = None  # bytes per device, [tool.devpool.platforms] memory = "80GiB"
+
+
+BUILTIN_PLATFORMS: dict[str, Platform] = {
+    "cuda": Platform("cuda", "cuda", "CUDA_VISIBLE_DEVICES", "GPU"),
+    "rocm": Platform("rocm", "rocm", "HIP_VISIBLE_DEVICES", "GPU"),
+    "ascend": Platform("ascend", "ascend", "ASCEND_RT_VISIBLE_DEVICES", "NPU"),
+    "sim": Platform("sim", "sim", "DEVPOOL_SIM_VISIBLE_DEVICES", "SIM"),
+}
+
+# What `--devices auto` gives on a host with no accelerator: CPU tests run, device tests
+# are unsatisfiable. Neither its name nor its kind matches a platforms([...]) marker, and
+# with no devices nothing ever probes, checks or leases one of its kind.
+NO_DEVICES = Platform("none", "none", None, "none")
+NO_ACCELERATOR = "auto: no accelerator found (looked for NVIDIA, Ascend and ROCm devices)"
+
+Detector = Callable[[float], list[int] | None]
+
+
+def format_ids(ids: Iterable[int]) -> str:
+    """Sorted ids as text with runs of three or more compressed: [0,1,2,3,5,6] -> '0-3,5,6'."""
+    ordered = sorted(set(ids))
+    parts: list[str] = []
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        if end - start >= 2:
+            parts.append(f"{ordered[start]}-{ordered[end]}")
+        else:
+            parts.extend(str(i) for i in ordered[start : end + 1])
+        start = end + 1
+    return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The devices this session may use: one platform and its physical ids."""
+
+    platform: Platform
+    devices: tuple[int, ...]
+    source: str
+
+    def describe(self) -> str:
+        """Short form for the header, e.g. 'cuda:0,2,5 (3 devices)'."""
+        count = len(self.devices)
+        if count == 0:
+            return "no devices"
+        noun = "device" if count == 1 else "devices"
+        return f"{self.platform.name}:{format_ids(self.devices)} ({count} {noun})"
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def _platform_from_table(name: str, entry: Mapping[object, object]) -> Platform:
+    where = f"{_TABLE} {name}"
+    for key in entry:
+        if key not in _TABLE_KEYS:
+            raise DevpoolError(f"{where}: unknown key {key!r}; expected {', '.join(_TABLE_KEYS)}")
+    builtin = BUILTIN_PLATFORMS.get(name)
+    kind_value = entry.get("kind")
+    if kind_value is None:
+        if builtin is None:
+            raise DevpoolError(f"{where}: missing kind; expected one of {', '.join(KINDS)}")
+        kind = builtin.kind
+    elif not isinstance(kind_value, str):
+        raise DevpoolError(f"{where}: kind must be a string, not {_type_name(kind_value)}")
+    else:
+        kind = _check_kind(name, kind_value)
+    base = BUILTIN_PLATFORMS[kind]
+
+    visible_env: str | None = base.visible_env
+    if "visible-env" in entry:
+        value = entry["visible-env"]
+        if value is False:
+            visible_env = None
+        elif isinstance(value, str) and _ENV_NAME_RE.fullmatch(value):
+            visible_env = value
+        else:
+            raise DevpoolError(
+                f"{where}: visible-env must be an environment variable name or false, not {value!r}"
+            )
+
+    ray_resource = base.ray_resource
+    if "ray-resource" in entry:
+        value = entry["ray-resource"]
+        if not isinstance(value, str) or not value.strip():
+            raise DevpoolError(f"{where}: ray-resource must be a non-empty string, not {value!r}")
+        ray_resource = value
+    memory = None
+    if "memory" in entry:
+        try:
+            memory = parse_size(entry["memory"])
+        except ValueError as exc:
+            raise DevpoolError(f"{where}: memory must be {exc}, not {entry['memory']!r}") from None
+    return Platform(name, kind, visible_env, ray_resource, memory)
+
+
+def _check_kind(name: str, kind: str) -> str:
+    if kind not in KINDS:
+        raise DevpoolError(
+            f"{_TABLE} {name}: unknown kind {kind!r}; expected one of {', '.join(KINDS)}"
+        )
+    builtin = BUILTIN_PLATFORMS.get(name)
+    if builtin is not None and builtin.kind != kind:
+        raise DevpoolError(
+            f"{_TABLE} {name}: the built-in platform {name} has kind {builtin.kind}, "
+            f"not {kind!r}; give your platform another name"
+        )
+    return kind
+
+
+def load_platforms(table: Mapping[str, object] | None) -> dict[str, Platform]:
+    """Built-ins plus the project's [tool.devpool.platforms] entries."""
+    platforms = dict(BUILTIN_PLATFORMS)
+    if table is None:
+        return platforms
+    if not isinstance(table, Mapping):
+        raise DevpoolError(
+            f"{_TABLE} must be a table of NAME = KIND or NAME = {{ kind = KIND, ... }}, "
+            f"not {_type_name(table)}"
+        )
+    for name, entry in table.items():
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            raise DevpoolError(
+                f"{_TABLE} {name!r}: a platform name must start with a letter and hold "
+                "only letters, digits, '_' and '-'"
+            )
+        if name == "auto":
+            raise DevpoolError(f"{_TABLE} auto: 'auto' is reserved for --devices auto")
+        if isinstance(entry, str):
+            kind = _check_kind(name, entry)
+            base = BUILTIN_PLATFORMS[kind]
+            platforms[name] = Platform(name, kind, base.visible_env, base.ray_resource)
+        elif isinstance(entry, Mapping):
+            platforms[name] = _platform_from_table(name, entry)
+        else:
+            raise DevpoolError(
+                f'{_TABLE} {name}: expected a kind such as "ascend" or a table '
+                f"{{ kind = ..., visible-env = ..., ray-resource = ... }}, "
+                f"not {_type_name(entry)}"
+            )
+    return platforms
+
+
+# --- ids -----------------------------------------------------------------------------------
+
+
+def parse_ids(text: str) -> list[int]:
+    """'0-3,5,7' -> [0, 1, 2, 3, 5, 7]; sorted, no duplicates allowed."""
+    if not text.strip():
+        raise DevpoolError("device ids are empty: expected ids and ranges like 0-3,5,7")
+    seen: set[int] = set()
+    for raw in text.split(","):
+        part = raw.strip()
+        if not part:
+            raise DevpoolError(f"device ids {text!r} have an empty part between commas")
+        if part.startswith("-"):
+            raise DevpoolError(f"device ids {text!r}: {part!r} is negative")
+        low_text, dash, high_text = part.partition("-")
+        low_text, high_text = low_text.strip(), high_text.strip()
+        if not low_text.isdecimal() or (dash and not high_text.isdecimal()):
+            raise DevpoolError(f"device ids {text!r}: {part!r} is not an id or a range like 0-3")
+        low = int(low_text)
+        high = int(high_text) if dash else low
+        if high < low:
+            raise DevpoolError(f"device ids {text!r}: range {part!r} runs backwards")
+        if high > _MAX_ID:
+            raise DevpoolError(f"device ids {text!r}: {part!r} goes above {_MAX_ID}")
+        ids = set(range(low, high + 1))
+        repeated = ids & seen
+        if repeated:
+            raise DevpoolError(f"device ids {text!r}: {part!r} repeats {format_ids(repeated)}")
+        seen |= ids
+    return sorted(seen)
+
+
+# --- detection -----------------------------------------------------------------------------
+
+
+def _run_tool(argv: list[str], timeout: float) -> str | None:
+    """Stdout of a command, or None when it is absent, fails or outlives timeout."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _int_lines(text: str) -> list[int] | None:
+    ids: list[int] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if not line.isdecimal():
+            return None
+        ids.append(int(line))
+    return sorted(set(ids)) or None
+
+
+def _nvml(ask: Callable[[Any], T]) -> T | None:
+    """One NVML question, or None when pynvml is missing or NVML does not answer."""
+    try:
+        nvml = importlib.import_module("pynvml")
+    except ImportError:
+        return None
+    try:
+        nvml.nvmlInit()
+        try:
+            return ask(nvml)
+        finally:
+            nvml.nvmlShutdown()
+    except Exception:  # NVMLError has many subclasses; nvidia-smi may still answer
+        return None
+
+
+def _detect_cuda(timeout: float) -> list[int] | None:
+    count = _nvml(lambda nvml: int(nvml.nvmlDeviceGetCount()))
+    if count is not None:
+        return list(range(count)) or None
+    out = _run_tool(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], timeout)
+    return None if out is None else _int_lines(out)
+
+
+def _detect_ascend(timeout: float) -> list[int] | None:
+    out = _run_tool(["npu-smi", "info", "-l"], timeout)
+    if out is None:
+        return None
+    ids = re.findall(r"^\s*NPU ID\s*:\s*(\d+)\s*$", out, flags=re.MULTILINE)
+    return sorted({int(i) for i in ids}) or None
+
+
+def _detect_rocm(timeout: float) -> list[int] | None:
+    out = _run_tool(["rocm-smi", "--showid", "--csv"], timeout)
+    if out is not None:
+        ids = re.findall(r"^card(\d+),", out, flags=re.MULTILINE)
+        if ids:
+            return sorted({int(i) for i in ids})
+    # Without rocm-smi, count AMD render nodes; /dev/kfd means the ROCm driver is loaded.
+    if not _KFD.exists():
+        return None
+    count = 0
+    for node in sorted(_DRM_SYS.glob("renderD*")):
+        try:
+            vendor = (node / "device" / "vendor").read_text().strip()
+        except OSError:
+            continue
+        if vendor == _AMD_PCI_VENDOR:
+            count += 1
+    return list(range(count)) or None
+
+
+def detect(kind: str, timeout: float = 10.0) -> list[int] | None:
+    """Physical device ids of one kind on this host, None when none can be seen."""
+    if kind == "cuda":
+        return _detect_cuda(timeout)
+    if kind == "ascend":
+        return _detect_ascend(timeout)
+    if kind == "rocm":
+        return _detect_rocm(timeout)
+    if kind == "sim":
+        return None
+    raise ValueError(f"unknown device kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def _cuda_memory(devices: Iterable[int], timeout: float) -> dict[int, int]:
+    """Total memory per cuda device in bytes: NVML when pynvml is there, else nvidia-smi."""
+    wanted = set(devices)
+    totals = _nvml(
+        lambda nvml: {
+            d: int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(d)).total)
+            for d in sorted(wanted)
+        }
+    )
+    if totals is not None:
+        return totals
+    argv = ["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"]
+    out = _run_tool(argv, timeout)
+    found: dict[int, int] = {}
+    for line in (out or "").splitlines():
+        index, _, mib = line.partition(",")
+        if index.strip().isdecimal() and mib.strip().isdecimal() and int(index) in wanted:
+            found[int(index)] = int(mib) * 2**20
+    return found
+
+
+def _rocm_memory(devices: Iterable[int], timeout: float) -> dict[int, int]:
+    out = _run_tool(["rocm-smi", "--showmeminfo", "vram", "--csv"], timeout)
+    wanted = set(devices)
+    found: dict[int, int] = {}
+    for match in re.finditer(r"^card(\d+),(\d+),", out or "", flags=re.MULTILINE):
+        if int(match[1]) in wanted:
+            found[int(match[1])] = int(match[2])
+    return found
+
+
+def _ascend_memory(devices: Iterable[int], timeout: float) -> dict[int, int]:
+    found: dict[int, int] = {}
+    for device in devices:
+        out = _run_tool(["npu-smi", "info", "-t", "memory", "-i", str(device)], timeout)
+        # "HBM Capacity(MB) : 65536" (the NPU's own memory); older cards list DDR only.
+        match = re.search(r"HBM Capacity\(MB\)\s*:\s*(\d+)", out or "") or re.search(
+            r"DDR Capacity\(MB\)\s*:\s*(\d+)", out or ""
+        )
+        if match:
+            found[device] = int(match[1]) * 2**20
+    return found
+
+
+def device_memory(
+    platform: Platform, devices: Iterable[int], timeout: float = 10.0
+) -> dict[int, int]:
+    """Total memory of each device in bytes; {} where it cannot be known.
+
+    The platform's configured memory wins (it is the only source for sim); otherwise NVML
+    or nvidia-smi for cuda, rocm-smi for rocm, npu-smi for ascend.
+    """
+    ids = list(devices)
+    if platform.memory is not None:
+        return dict.fromkeys(ids, platform.memory)
+    if platform.kind == "cuda":
+        return _cuda_memory(ids, timeout)
+    if platform.kind == "rocm":
+        return _rocm_memory(ids, timeout)
+    if platform.kind == "ascend":
+        return _ascend_memory(ids, timeout)
+    return {}
+
+
+def _cuda_uuid_indexes(timeout: float = 10.0) -> dict[str, int] | None:
+    out = _run_tool(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], timeout)
+    if out is None:
+        return None
+    table: dict[str, int] = {}
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        index, comma, uuid = line.partition(",")
+        if not comma or not index.strip().isdecimal() or not uuid.strip():
+            return None
+        table[uuid.strip()] = int(index.strip())
+    return table or None
+
+
+# --- resolution ----------------------------------------------------------------------------
+
+
+def _malformed(spec: str) -> DevpoolError:
+    return DevpoolError(
+        f"--devices {spec!r} is malformed: expected auto, PLATFORM, PLATFORM:IDS or IDS, "
+        "e.g. cuda:0-7 or 0,2,5"
+    )
+
+
+def _visible_ids(
+    platform: Platform, environ: Mapping[str, str], allow_uuid: bool
+) -> tuple[set[int], str] | None:
+    """Ids a pre-set visibility variable allows and 'VAR=value', or None when it is off/unset."""
+    var = platform.visible_env
+    if var is None or var not in environ:
+        return None
+    value = environ[var].strip()
+    shown = f"{var}={environ[var]}"
+    if value in ("", "-1"):
+        raise DevpoolError(f"{shown} hides every {platform.name} device; unset it or list ids")
+    entries = [e.strip() for e in value.split(",")]
+    ids = {int(e) for e in entries if e.isdecimal()}
+    named = [e for e in entries if not e.isdecimal()]
+    if not named:
+        return ids, shown
+    if platform.kind != "cuda" or not all(e.startswith(("GPU-", "MIG-")) for e in named):
+        raise DevpoolError(f"{shown} is not a comma-separated list of device ids")
+    if not allow_uuid:
+        raise DevpoolError(
+            f"{shown} names devices by UUID, which explicit --devices ids cannot be checked "
+            f"against; use --devices auto or --devices {platform.name}, or set {var} to indexes"
+        )
+    table = _cuda_uuid_indexes()
+    if table is None:
+        raise DevpoolError(
+            f"could not map the UUIDs in {shown} to device indexes: "
+            "nvidia-smi --query-gpu=index,uuid failed"
+        )
+    for entry in named:
+        # CUDA accepts any unique UUID prefix, so we do too.
+        matches = {index for uuid, index in table.items() if uuid.startswith(entry)}
+        if len(matches) != 1:
+            why = "matches no device" if not matches else "matches several devices"
+            raise DevpoolError(f"could not map {entry!r} in {shown} to a device index: {why}")
+        ids |= matches
+    return ids, shown
+
+
+def _narrow(
+    platform: Platform,
+    detected: list[int],
+    environ: Mapping[str, str],
+    source: str,
+) -> tuple[list[int], str]:
+    found = _visible_ids(platform, environ, allow_uuid=True)
+    if found is None:
+        return detected, source
+    visible, shown = found
+    missing = sorted(visible - set(detected))
+    if missing:
+        raise DevpoolError(
+            f"{shown} lists {platform.name} devices "
+            f"{','.join(map(str, missing))} that detection did not find "
+            f"(found {format_ids(detected)})"
+        )
+    kept = [i for i in detected if i in visible]
+    if not kept:
+        raise DevpoolError(f"{shown} leaves no {platform.name} devices")
+    return kept, f"{source}, narrowed by {shown}"
+
+
+def _check_visible(
+    spec: str,
+    platform: Platform,
+    ids: list[int],
+    environ: Mapping[str, str],
+    allow_uuid: bool,
+) -> None:
+    found = _visible_ids(platform, environ, allow_uuid)
+    if found is None:
+        return
+    visible, shown = found
+    hidden = [i for i in ids if i not in visible]
+    if hidden:
+        raise DevpoolError(
+            f"--devices {spec} asks for devices {','.join(map(str, hidden))} that "
+            f"{shown} hides; ask for a subset of {format_ids(visible)} "
+            f"or unset {platform.visible_env}"
+        )
+
+
+def _check_detected(spec: str, platform: Platform, ids: list[int], detected: list[int]) -> None:
+    absent = [i for i in ids if i not in detected]
+    if absent:
+        raise DevpoolError(
+            f"--devices {spec} asks for {platform.name} devices "
+            f"{','.join(map(str, absent))} that this host does not have "
+            f"(found {format_ids(detected)})"
+        )
+
+
+def _parse_spec_ids(spec: str, text: str) -> list[int]:
+    try:
+        return parse_ids(text)
+    except DevpoolError as error:
+        raise DevpoolError(f"--devices {spec}: {error}") from None
+
+
+def resolve_inventory(
+    spec: str,
+    platforms: Mapping[str, Platform],
+    environ: Mapping[str, str],
+    detectors: Mapping[str, Callable[[], list[int] | None]] | None = None,
+) -> Inventory:
+    """Turn a --devices SPEC into an Inventory, narrowed by a pre-set visibility variable."""
+    chosen = dict(detectors or {})
+
+    def run_detector(kind: str) -> list[int]:
+        found = chosen[kind]() if kind in chosen else detect(kind)
+        return sorted(set(found or ()))
+
+    def first_found() -> tuple[Platform, list[int]] | None:
+        for kind in _AUTO_ORDER:
+            found = run_detector(kind)
+            if found:
+                return platforms.get(kind, BUILTIN_PLATFORMS[kind]), found
+        return None
+
+    def auto_platform() -> tuple[Platform, list[int]]:
+        first = first_found()
+        if first is not None:
+            return first
+        raise DevpoolError(
+            "--devices auto found no accelerator (looked for NVIDIA, Ascend and ROCm "
+            "devices); name the devices, e.g. --devices sim:0-7"
+        )
+
+    def known(name: str) -> Platform:
+        if name not in platforms:
+            raise DevpoolError(
+                f"--devices {spec}: unknown platform {name!r}; known platforms are "
+                f"{', '.join(sorted(platforms))} (add others under {_TABLE})"
+            )
+        return platforms[name]
+
+    text = spec.strip()
+    name, colon, ids_text = text.partition(":")
+    if colon:
+        if not _NAME_RE.fullmatch(name) or name == "auto" or not _IDS_RE.fullmatch(ids_text):
+            raise _malformed(spec)
+        platform = known(name)
+        ids = _parse_spec_ids(spec, ids_text)
+        _check_visible(spec, platform, ids, environ, allow_uuid=False)
+        return Inventory(platform, tuple(ids), f"--devices {text}")
+
+    if text == "auto":
+        first = first_found()
+        if first is None:
+            # A laptop with `devices = "auto"` in pyproject still runs the CPU tests.
+            return Inventory(NO_DEVICES, (), NO_ACCELERATOR)
+        platform, found = first
+        kept, source = _narrow(platform, found, environ, f"auto: {_DETECTED_BY[platform.kind]}")
+        return Inventory(platform, tuple(kept), source)
+
+    if _IDS_RE.fullmatch(text):
+        ids = _parse_spec_ids(spec, text)
+        platform, found = auto_platform()
+        _check_detected(spec, platform, ids, found)
+        _check_visible(spec, platform, ids, environ, allow_uuid=True)
+        return Inventory(platform, tuple(ids), f"--devices {text} on {platform.name} (detected)")
+
+    if _NAME_RE.fullmatch(text):
+        platform = known(text)
+        if platform.kind == "sim":
+            raise DevpoolError(
+                f"--devices {spec}: {platform.name} devices cannot be detected; give ids, "
+                f"e.g. --devices {platform.name}:0-7"
+            )
+        found = run_detector(platform.kind)
+        if not found:
+            raise DevpoolError(
+                f"--devices {spec} found no {platform.name} devices "
+                f"({_DETECTED_BY[platform.kind]} saw none); name them, e.g. "
+                f"--devices {platform.name}:0-7"
+            )
+        kept, source = _narrow(platform, found, environ, f"--devices {text}: detected")
+        return Inventory(platform, tuple(kept), source)
+
+    raise _malformed(spec)

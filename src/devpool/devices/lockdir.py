@@ -1,0 +1,180 @@
+"""The lock folder every devpool run on a host shares: one lock file per (platform, device).
+
+``LockDir`` takes whole-device leases here itself and memory shares through shares.py; what
+either kind gives back is a ``Lease`` (leases.py). ``status`` is what ``devpool locks`` shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from devpool.devices.leases import (
+    _OPEN_FLAGS,
+    LOCK_NAME,
+    Blocked,
+    Holder,
+    Lease,
+    Share,
+    _close_all,
+    _Handle,
+    _open_lock_file,
+    _read_record,
+    _write_record,
+    lock_path,
+)
+from devpool.devices.shares import acquire_shares, held_shares
+from devpool.errors import DevpoolError
+
+_FOLDER_MODE = 0o1777
+
+
+def default_lock_dir() -> Path:
+    """The lock folder shared by every devpool run on this host."""
+    return Path(tempfile.gettempdir()) / "devpool-locks"
+
+
+@dataclass(frozen=True)
+class LockState:
+    """One lock file as ``LockDir.status`` sees it; ``held`` means held whole."""
+
+    platform: str
+    device: int
+    held: bool
+    holder: Holder | None
+    shares: tuple[Share, ...] = ()  # partial holders, with their amounts
+
+
+class LockDir:
+    """The lock folder: one lock file per (platform, device)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        _prepare_folder(self.path)
+
+    def lock_path(self, platform: str, device: int) -> Path:
+        """The lock file of one device: ``<dir>/<platform>-<device>.lock``."""
+        return lock_path(self.path, platform, device)
+
+    def try_acquire(
+        self, platform: str, devices: Sequence[int], holder: Holder
+    ) -> Lease | list[Blocked]:
+        """All-or-nothing, non-blocking: a Lease on every device, or the devices held elsewhere."""
+        if len(set(devices)) != len(devices):
+            raise ValueError(f"duplicate device ids in {list(devices)}")
+        paths = {device: self.lock_path(platform, device) for device in devices}
+        taken: dict[int, _Handle] = {}
+        blocked: list[Blocked] = []
+        try:
+            # A fixed order makes two runs that want overlapping sets collide on the same
+            # first device instead of each taking half and both giving up.
+            for device in sorted(devices):
+                handle = _open_lock_file(device, paths[device])
+                try:
+                    fcntl.flock(handle.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    blocked.append(_blocked_whole(self.path, platform, handle))
+                    os.close(handle.fd)
+                    continue
+                except BaseException:
+                    os.close(handle.fd)
+                    raise
+                # Write the record at once: a reader must never find a held, empty file.
+                _write_record(handle, holder)
+                taken[device] = handle
+        except BaseException:
+            _close_all(taken.values())
+            raise
+        if blocked:
+            _close_all(taken.values())
+            return blocked
+        return Lease(platform, holder, [taken[device] for device in devices])
+
+    def try_acquire_memory(
+        self,
+        platform: str,
+        devices: Sequence[int],
+        amount: int,
+        capacity: Mapping[int, int],
+        holder: Holder,
+    ) -> Lease | list[Blocked]:
+        """All-or-nothing, non-blocking: ``amount`` bytes on each device, shared with other
+        partial holders while the sum stays within ``capacity[device]``; or what is in the way.
+        """
+        return acquire_shares(self.path, platform, devices, amount, capacity, holder)
+
+    def status(self) -> list[LockState]:
+        """Every lock file in the folder: platform, device, held or free, and its last holder."""
+        states = []
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                match = LOCK_NAME.match(entry.name)
+                if match is None or not entry.is_file(follow_symlinks=False):
+                    continue
+                try:
+                    fd = os.open(entry.path, os.O_RDONLY | _OPEN_FLAGS)
+                except OSError:
+                    continue
+                try:
+                    held = not _try_shared_lock(fd)
+                    holder = _read_record(fd)
+                finally:
+                    os.close(fd)  # also drops the shared lock, if we got it
+                platform, device = match["platform"], int(match["device"])
+                shares = () if held else tuple(held_shares(self.path, platform, device))
+                states.append(LockState(platform, device, held, holder, shares))
+        return sorted(states, key=lambda state: (state.platform, state.device))
+
+    def __repr__(self) -> str:
+        return f"LockDir({str(self.path)!r})"
+
+
+def _blocked_whole(folder: Path, platform: str, handle: _Handle) -> Blocked:
+    """Why an exclusive lock failed: a whole holder, or partial holders (a shared lock works)."""
+    if _try_shared_lock(handle.fd):
+        shares = tuple(held_shares(folder, platform, handle.device))
+        with contextlib.suppress(OSError):
+            fcntl.flock(handle.fd, fcntl.LOCK_UN)
+        if shares:
+            return Blocked(handle.device, shares[0].holder, shares)
+    return Blocked(handle.device, _read_record(handle.fd))
+
+
+def _try_shared_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _prepare_folder(path: Path) -> None:
+    if path.is_symlink():
+        raise DevpoolError(f"lock folder {path} is a symlink; refusing to use it")
+    if not path.exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.mkdir(path, _FOLDER_MODE)
+            # mkdir's mode is filtered by the umask; other users' runs must be able to
+            # create lock files here, and the sticky bit keeps them from deleting ours.
+            os.chmod(path, _FOLDER_MODE, follow_symlinks=False)
+        except FileExistsError:
+            pass  # another run created it first
+        except OSError as exc:
+            raise DevpoolError(f"lock folder {path} is not writable: {exc.strerror}") from None
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise DevpoolError(f"lock folder {path} is not writable: {exc.strerror}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise DevpoolError(f"lock folder {path} is a symlink; refusing to use it")
+    if not stat.S_ISDIR(info.st_mode):
+        raise DevpoolError(f"lock folder {path} is not writable: it is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise DevpoolError(f"lock folder {path} is not writable: permission denied")

@@ -1,0 +1,1 @@
+"""What earlier runs left: test duration history and quarantine entries."""

@@ -1,0 +1,1 @@
+"""From markers to a plan: Requests, Jobs, the scheduler and its policies."""

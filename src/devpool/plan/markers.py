@@ -1,0 +1,200 @@
+"""Test markers → Request, with errors that name the test and the marker."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from devpool.compat import rerunfailures
+from devpool.devices.sizes import format_size, parse_size
+from devpool.errors import DevpoolError
+
+MARKERS = {
+    "device_count": "device_count(n): the test needs n devices of the session's platform.",
+    "platforms": "platforms([names]): the test runs only where the session's platform is listed.",
+    "nodes": "nodes(n): the test needs n machines, each with device_count devices (Ray backend).",
+    "isolate": "isolate: the test runs in a fresh worker process that nothing else uses.",
+    "timeout": "timeout(seconds): devpool kills the test's process group after this many seconds.",
+    "quarantine": "quarantine(reason=, owner=, until='YYYY-MM-DD'): runs, reported, never gates.",
+    "device_memory": "device_memory('8GiB'): share devices, this much memory on each of them.",
+    "device_exclusive": "device_exclusive: whole devices, even where device-memory is the default.",
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one test asks for: the data the scheduler places."""
+
+    device_count: int = 0
+    platforms: tuple[str, ...] | None = None
+    nodes: int = 1
+    isolate: bool = False
+    timeout: float | None = None
+    peer_service: str | None = None  # nodes(n, peer_service="cmd"): run on ranks 1..n-1
+    # pytest-rerunfailures' flaky(reruns=N, reruns_delay=S): this test's own reruns and the
+    # wait before each; None: the run's --devpool-reruns / --devpool-reruns-delay.
+    reruns: int | None = None
+    reruns_delay: float | None = None
+    # device_memory("8GiB"): bytes on each of its devices, shared with other such tests;
+    # None: whole devices (the default, and always with device_exclusive).
+    device_memory: int | None = None
+    device_exclusive: bool = False  # said so explicitly, over a suite's device-memory default
+
+    def describe(self) -> str:
+        """Short human form, e.g. '2 devices, isolate, timeout 30s' or '1 device × 8 GiB'."""
+        parts = [f"{self.device_count} device{'s' if self.device_count != 1 else ''}"]
+        if self.device_memory is not None:
+            parts = [f"{parts[0]} × {format_size(self.device_memory)}"]
+        elif self.device_exclusive:
+            parts.append("exclusive")
+        if self.device_count == 0:
+            parts = ["cpu"]
+        if self.nodes > 1:
+            parts.insert(0, f"{self.nodes} nodes ×")
+        if self.isolate:
+            parts.append("isolate")
+        if self.timeout:
+            parts.append(f"timeout {self.timeout:g}s")
+        elif self.timeout == 0:
+            parts.append("no timeout")
+        if self.reruns:
+            parts.append(f"reruns {self.reruns}")
+        return ", ".join(parts)
+
+
+def _whole_number(
+    nodeid: str, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], minimum: int
+) -> int:
+    if len(args) != 1 or kwargs:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.{name} takes exactly one whole number, "
+            f"got args={args!r} kwargs={dict(kwargs)!r}"
+        )
+    value = args[0]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.{name}({value!r}) needs a whole number ≥ {minimum}, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _platforms(nodeid: str, marker: pytest.Mark, known: Collection[str]) -> tuple[str, ...]:
+    names: list[object] = []
+    for arg in marker.args:
+        names.extend(arg if isinstance(arg, (list, tuple)) else [arg])
+    if not names or marker.kwargs or not all(isinstance(n, str) for n in names):
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.platforms needs a list of platform names, "
+            f"e.g. platforms(['cuda', 'sim']), got args={marker.args!r}"
+        )
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.platforms names unknown platform {unknown[0]!r}; "
+            f"known: {', '.join(sorted(known))} (add others under [tool.devpool.platforms])"
+        )
+    return tuple(str(n) for n in names)
+
+
+def _timeout(nodeid: str, marker: pytest.Mark) -> float:
+    """Seconds; 0 means no limit, not even the default one (pytest-timeout's meaning).
+
+    pytest-timeout's forms are accepted: timeout(seconds), timeout(seconds, "thread"),
+    timeout(timeout=seconds), with method= and func_only=. devpool kills the test's process
+    group whatever the method; func_only does not narrow devpool's limit.
+    """
+    args = list(marker.args)
+    if "timeout" in marker.kwargs and args:
+        raise DevpoolError(f"{nodeid}: @pytest.mark.timeout gives its seconds twice")
+    if "timeout" in marker.kwargs:
+        args = [marker.kwargs["timeout"]]
+    extra = set(marker.kwargs) - {"timeout", "method", "func_only"}
+    method = args[1] if len(args) == 2 else marker.kwargs.get("method")
+    if not args or len(args) > 2 or extra or method not in (None, "signal", "thread"):
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.timeout takes one number of seconds "
+            f"(and pytest-timeout's method=, func_only=), got args={marker.args!r} "
+            f"kwargs={dict(marker.kwargs)!r}"
+        )
+    value = args[0]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.timeout({value!r}) needs a number of seconds ≥ 0 "
+            f"(0: no limit), got {type(value).__name__} {value!r}"
+        )
+    return float(value)
+
+
+def _device_memory(nodeid: str, marker: pytest.Mark) -> int:
+    if len(marker.args) != 1 or marker.kwargs:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.device_memory takes one size, e.g. device_memory('8GiB'), "
+            f"got args={marker.args!r} kwargs={dict(marker.kwargs)!r}"
+        )
+    try:
+        return parse_size(marker.args[0])
+    except ValueError as exc:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.device_memory({marker.args[0]!r}) needs {exc}"
+        ) from None
+
+
+def request_for(
+    item: pytest.Item, known_platforms: Collection[str], default_memory: int | None = None
+) -> Request:
+    """Read one test's markers into a Request; DevpoolError names the test on bad input.
+
+    default_memory ([tool.devpool] device-memory) applies to device tests that neither
+    declare their own device_memory nor demand device_exclusive.
+    """
+    nodeid = item.nodeid
+    device_count = 0
+    if (mark := item.get_closest_marker("device_count")) is not None:
+        device_count = _whole_number(nodeid, mark.name, mark.args, mark.kwargs, 1)
+    device_memory = None
+    if (mark := item.get_closest_marker("device_memory")) is not None:
+        device_memory = _device_memory(nodeid, mark)
+    exclusive = item.get_closest_marker("device_exclusive") is not None
+    if exclusive and device_memory is not None:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.device_exclusive and @pytest.mark.device_memory "
+            "contradict each other; keep one"
+        )
+    if (device_memory is not None or exclusive) and device_count == 0:
+        device_count = 1  # like device_count(1): a memory request is for a device
+    if device_memory is None and not exclusive and device_count > 0:
+        device_memory = default_memory
+    nodes = 1
+    peer_service = None
+    if (mark := item.get_closest_marker("nodes")) is not None:
+        peer_service = mark.kwargs.get("peer_service")
+        if peer_service is not None and (not isinstance(peer_service, str) or not peer_service):
+            raise DevpoolError(
+                f"{nodeid}: @pytest.mark.nodes(peer_service=...) must be a command string"
+            )
+        rest = {k: v for k, v in mark.kwargs.items() if k != "peer_service"}
+        nodes = _whole_number(nodeid, mark.name, mark.args, rest, 1)
+    platforms = None
+    if (mark := item.get_closest_marker("platforms")) is not None:
+        platforms = _platforms(nodeid, mark, known_platforms)
+    timeout = None
+    if (mark := item.get_closest_marker("timeout")) is not None:
+        timeout = _timeout(nodeid, mark)
+    isolate = item.get_closest_marker("isolate") is not None
+    reruns, reruns_delay = rerunfailures.marker_reruns(item)
+    return Request(
+        device_count,
+        platforms,
+        nodes,
+        isolate,
+        timeout,
+        peer_service,
+        reruns=reruns,
+        reruns_delay=reruns_delay,
+        device_memory=device_memory,
+        device_exclusive=exclusive,
+    )

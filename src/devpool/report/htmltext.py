@@ -1,0 +1,20 @@
+"""Text made safe for the HTML report: one escaping rule for every part of the page."""
+
+from __future__ import annotations
+
+import html
+import re
+
+from devpool.report.terminal import strip_ansi
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def escape(value: object) -> str:
+    """Text safe anywhere in the page: ANSI and control codes gone, markup and quotes escaped."""
+    text = strip_ansi(str(value)).replace("\r\n", "\n")
+    text = _CONTROL.sub("", text)
+    # Lone surrogates (from JSON "\udc80") cannot be written as UTF-8; show them as U+FFFD.
+    text = _SURROGATE.sub("\ufffd", text)
+    return html.escape(text, quote=True)

@@ -1,0 +1,1 @@
+"""The dispatch loop and what it routes: attempts, placing, pool, health, replay."""

@@ -1,0 +1,54 @@
+"""The narrow interface between the event loop and the controller that runs it.
+
+The loop reads the session's settings, devices and collected items through it, and
+hands back what the end-of-run summary needs. It never imports the controller.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from devpool.config import Settings
+from devpool.devices.inventory import Inventory
+from devpool.devices.lockdir import LockDir
+from devpool.devices.probes import FatalPatterns, Probe
+from devpool.history.durations import TestResult
+from devpool.history.quarantine import Entry
+from devpool.outcomes import Outcome
+from devpool.report.junit import Attempt as JunitAttempt
+from devpool.report.terminal import Trouble
+
+
+class RunContext(Protocol):
+    """What one run of the loop needs from the session, and where it leaves its findings."""
+
+    settings: Settings
+    inventory: Inventory
+    lock_dir: LockDir
+    run_id: str
+    host: str
+    run_dir: Path
+    log_dir: Path
+    artifacts_dir: Path
+    items: dict[str, pytest.Item]
+    probe: Probe | None
+    fatal: FatalPatterns
+    quarantined: dict[str, Entry]
+    memory: dict[int, int]  # bytes each device hands out to device_memory tests ({}: none)
+
+    # Findings, for the summary at the end of the run.
+    troubles: list[Trouble]
+    quarantine_failures: list[Trouble]
+    repeats: dict[str, list[tuple[Outcome, str]]]
+    results: list[TestResult]
+    retried: dict[str, list[JunitAttempt]]
+    bad_devices: dict[int, str]  # device → why it was retired
+    device_notes: list[str]  # devices that were checked after an error and kept, and why
+    run_notes: list[str]  # how the run went otherwise, said once at its end (fork server)
+
+    def emit(self, event_type: str, **fields: Any) -> None: ...
+
+    def flush_record(self) -> None: ...

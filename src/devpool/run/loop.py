@@ -1,0 +1,540 @@
+"""The dispatch loop: ties the scheduler, the worker pool, device health and the replay.
+
+It only routes events. Placements from the scheduler become leases and batches for the
+pool; worker events move attempts through their states (attempts.py); endings are told to
+pytest by the replay (replay.py); fatal errors go to device health (health.py). Every job
+ends with exactly one final outcome, and the loop always ends: when nothing runs and
+nothing left can be placed, the jobs that are left end `infra` with the reason.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from devpool.backends import Backend
+from devpool.devices.fairshare import WaitingRoom
+from devpool.devices.memory import MemoryWatch
+from devpool.outcomes import Outcome
+from devpool.plan.jobs import Job, Plan
+from devpool.plan.policies import Backfill
+from devpool.plan.scheduler import Scheduler
+from devpool.report import progress
+from devpool.report.terminal import read_log, tail
+from devpool.run.attempts import Attempt, State
+from devpool.run.context import RunContext
+from devpool.run.health import DeviceHealth, Foreign
+from devpool.run.memory_watch import MemoryGuard
+from devpool.run.placing import Placing
+from devpool.run.pool import Slot, WorkerPool
+from devpool.run.replay import Replay
+from devpool.worker import protocol
+from devpool.worker.capture import crash_output
+
+TICK = 1.0  # longest sleep of the event loop when nothing is due
+CHECK_POLL = 0.2  # seconds between looks at running device health checks
+ALONE_AFTER = 3  # an attempt sent back untouched this often runs next in a worker of its own
+
+
+class Loop(Placing, MemoryGuard):
+    """One run of the dispatch loop: schedule, start, watch, replay, until every job ended."""
+
+    def __init__(
+        self, ctx: RunContext, session: pytest.Session, plan: Plan, backend: Backend
+    ) -> None:
+        self.ctx = ctx
+        self.session = session
+        self.hook = session.config.hook
+        self.plan = plan
+        settings = ctx.settings
+        self.platform = ctx.inventory.platform
+        self.scheduler = Scheduler(
+            ctx.inventory.devices,
+            Backfill(),
+            max(1, settings.max_parallel or max(len(ctx.inventory.devices), settings.cpu_slots)),
+            settings.cpu_slots,
+            isolate_all=settings.isolation == "job",
+            capacity=ctx.memory,
+        )
+        self.backend = backend
+        self.pool = WorkerPool(ctx, backend, plan)
+        self.replay = Replay(ctx, session)
+        self.foreign = Foreign(ctx, self.say)
+        self.health = DeviceHealth(ctx, self.say, local=backend.local_leases)
+        self.attempts: dict[int, Attempt] = {}  # job id → its current attempt
+        self.dropped: set[int] = set()  # jobs -x / --maxfail left unrun, as pytest does
+        self.stopped = False
+        self.live: progress.LiveProgress | None = None
+        self.room = WaitingRoom(ctx.lock_dir.path, ctx.run_id)
+        self.limit: int | None = None  # most devices we may hold while other runs wait
+        self.shared_at = 0.0
+        self.waiting_since: float | None = None  # wall clock, while other runs block us
+        self.blocked_since: dict[int, float] = {}
+        self.delayed: list[tuple[float, Job]] = []  # reruns waiting out their delay
+        self.watches: dict[int, MemoryWatch] = {}  # worker key → its running test's watch
+        self.alone: set[int] = set()  # jobs run again alone after running out of memory
+        self.renamed: set[str] = set()  # tests a worker collected under another parametrize id
+
+    @property
+    def ended(self) -> dict[str, int]:
+        return self.replay.ended
+
+    # ---- main loop ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        # The collected items and the plan live to the end of the run: out of the cyclic
+        # collector's sight, its passes (and pytest's five at exit) skip them.
+        gc.freeze()
+        now = time.monotonic()
+        for job in self.plan.jobs:
+            job.queued_at = now
+            self.attempts[job.id] = Attempt(job, job.attempt)
+            if job.chain is None or job.chain[0] is job:  # the rest go with their chain
+                self.scheduler.add(job)
+        for job, reason in self.plan.unsatisfiable:
+            attempt = self.attempts[job.id] = Attempt(job, job.attempt)
+            outcome = Outcome.SKIPPED if self.ctx.settings.skip_unsatisfiable else Outcome.INFRA
+            self.replay.synthesize(attempt, outcome, reason, 0.0)
+        try:
+            while self._busy():
+                now = time.monotonic()
+                self.pool.escalate(now, self.ctx.settings.timeout_grace)
+                if self.watches:
+                    self._watch_running()
+                self._tend_health(now)
+                placed = False
+                if not self.stopped:
+                    self.foreign.recheck(now)
+                    self._share(now)
+                    placed = self._start(now)
+                    self._expire_lease_waits(now)
+                for worker, messages, eof in self.backend.poll(self._sleep(now)):
+                    slot = self.pool.slots.get(worker.key)
+                    if slot is None:
+                        continue
+                    for message in messages:
+                        self._on_message(slot, message)
+                        self._stop_if_asked()  # at the failure, not after the whole batch
+                    if eof:
+                        self._on_exit(slot)
+                self._check_exits()
+                self.ctx.flush_record()  # what waited in the record's buffer goes to disk
+                self._stop_if_asked()
+                if self.stopped or (not self.scheduler.queue and not self.pool.starting):
+                    self.pool.retire_idle(time.monotonic())
+                if not placed:
+                    self._end_stall()
+                if self.live is not None:
+                    self.live.update(self._snapshot())
+        finally:
+            self.room.wait(None)
+            self.health.close()
+            self.pool.shutdown()
+            # Back in the collector's sight before plugins' summaries run: frozen objects
+            # are no referrers to gc.get_referrers, and e.g. hypothesis's register_random
+            # (trio's, at hypothesis's import in its terminal summary) would then warn.
+            gc.unfreeze()
+        self._account()
+
+    def _busy(self) -> bool:
+        queued = bool(len(self.scheduler.queue) or self.delayed) and not self.stopped
+        return bool(self.pool.slots or self.pool.starting or self.health.pending or queued)
+
+    def _sleep(self, now: float) -> float:
+        due = [now + (progress.REFRESH if self.live is not None else TICK)]
+        due += self.pool.due(now)
+        if self.foreign:
+            due.append(self.foreign.next_retry(now))
+        if self.health.checks:
+            due.append(now + CHECK_POLL)
+        due += [at for at, _ in self.delayed]
+        return max(0.0, min(due) - now)
+
+    def _snapshot(self) -> progress.Snapshot:
+        now = time.monotonic()
+        running = []
+        for slot in self.pool.slots.values():
+            attempt = slot.current
+            if attempt is not None:
+                where = self.replay.where(slot.worker.devices)
+                running.append(progress.RunningJob(attempt.display, where, now - attempt.started))
+        busy = {d for run in self.scheduler.running.values() for d in run.devices}
+        return progress.Snapshot(
+            devices_total=len(self.ctx.inventory.devices),
+            devices_busy=len(busy),
+            queued=len(self.scheduler.queue) + len(self.pool.starting),
+            running=running,
+            done=sum(self.ended.values()),
+            waiting_on=self.foreign.describe() if self.foreign else "",
+            counts=self.ended,
+        )
+
+    # ---- worker events --------------------------------------------------------------------
+
+    def _on_message(self, slot: Slot, message: dict[str, Any]) -> None:
+        event = message.get("ev")
+        if event == "ready":
+            slot.ready_by = None
+        elif event == "start":
+            attempt = self._sent(slot, message["nodeid"])
+            if attempt is None:
+                return
+            if attempt.job is not slot.head:
+                self._job_started(slot, attempt.job, time.monotonic())
+            attempt.start(self.ctx.emit, slot.log_size())
+            self._watch(slot, attempt)
+            self.replay.logstart(attempt.display, tuple(message["location"]))
+            self._stream(slot)
+        elif event == "report":
+            attempt = slot.current
+            if attempt is not None:
+                data = message["data"]
+                if data.get("when") == "call" and self._overran(slot, attempt):
+                    data.update(outcome="failed", longrepr=f"[devpool] {attempt.overrun}")
+                elif data.get("outcome") == "failed" and self._out_of_memory_beside(attempt, data):
+                    attempt.retry = attempt.alone_next = True
+                self.replay.replay(attempt, data, slot.worker)
+        elif event == "finish":
+            attempt = slot.current
+            if attempt is not None:
+                self._finished(slot, attempt)
+                location = tuple(message["location"])
+                self.hook.pytest_runtest_logfinish(nodeid=attempt.display, location=location)
+        elif event == "warning":
+            self._warning(slot, message)
+        elif event == "renamed":
+            self._renamed(message)
+        elif event == "missing":
+            attempt = self._sent(slot, message["nodeid"])
+            if attempt is not None:
+                slot.dirty = True
+                why = f"the worker did not collect {attempt.nodeid} (see {slot.worker.log})"
+                self._end(attempt, Outcome.INFRA, why, slot)
+        elif event == "done":
+            if int(message.get("through", 0)) < slot.streamed:
+                return  # a part sent meanwhile is on its way: the worker answers it too
+            for attempt in [a for a in slot.sent if a.state is State.SENT]:
+                self._requeue(slot, attempt, "its batch ended before it ran")
+            slot.sent = []
+            self._job_done(slot)
+
+    def _warning(self, slot: Slot, message: dict[str, Any]) -> None:
+        """A warning a test raised in its worker: for pytest's warnings summary and count."""
+        nodeid = str(message.get("nodeid", ""))
+        attempt = slot.current
+        if attempt is not None and attempt.nodeid == nodeid:
+            nodeid = attempt.display
+        location = message.get("location")
+        self.hook.pytest_warning_recorded.call_historic(
+            kwargs={
+                "warning_message": protocol.warning_from(message),
+                "when": "runtest",
+                "nodeid": nodeid,
+                "location": tuple(location) if location else None,
+            }
+        )
+
+    def _renamed(self, message: dict[str, Any]) -> None:
+        """Said once per test: a worker's parametrize id differed, matched by place."""
+        nodeid = str(message["nodeid"])
+        if nodeid not in self.renamed:
+            self.renamed.add(nodeid)
+            self.say(
+                f"{nodeid} was collected as {message['as']} in a worker (a parametrize id "
+                "built at collection differs); run by its position"
+            )
+
+    def _sent(self, slot: Slot, nodeid: str) -> Attempt | None:
+        for attempt in slot.sent:
+            if attempt.state is State.SENT and attempt.nodeid == nodeid:
+                return attempt
+        return None
+
+    def _finished(self, slot: Slot, attempt: Attempt) -> None:
+        """The worker ran a test to its end: its reports decide, its deadline is void."""
+        attempt.move(State.REPORTED, self.ctx.emit)
+        outcome = self.replay.finished(attempt, slot.worker)
+        if outcome.gates or attempt.retry:
+            # An ordinary failure costs only its own outcome: the worker goes on with its
+            # batch unless the project asked for a fresh process after every failure, or the
+            # failure's output matches a fatal pattern (_check_fatal retires it).
+            if self.ctx.settings.fresh_after_failure:
+                slot.dirty = True
+            self._check_fatal(attempt, slot)
+        if attempt.retry:
+            self._again(slot, attempt, outcome)
+
+    def _job_done(self, slot: Slot) -> None:
+        head = slot.head
+        self._release_head(slot)
+        now = time.monotonic()
+        isolate = head is not None and head.fresh
+        over_share = self.limit is not None and len(self.pool.held()) > self.limit
+        if (
+            slot.stopping
+            or isolate
+            or slot.dirty
+            or slot.killed_for is not None
+            or over_share
+            or self.ctx.settings.isolation in ("job", "module")
+        ):
+            self.pool.retire(slot, now)  # a failed test may have left the process in a bad state
+        else:
+            self.pool.idle[slot.key] = slot
+
+    def _release_head(self, slot: Slot) -> None:
+        """The worker is done with its placement: free it, and queue what must run again."""
+        if slot.head is not None:
+            self.scheduler.finish(slot.head)
+            slot.head = None
+        for job in slot.later:
+            self.scheduler.add(job)
+        slot.later = []
+
+    def _check_exits(self) -> None:
+        """Workers that died without their pipe closing (a forked child kept it open)."""
+        for slot in list(self.pool.slots.values()):
+            if slot.worker.poll() is not None and not slot.worker.exited:
+                for message in self.backend.drain(slot.worker):
+                    self._on_message(slot, message)
+                self._on_exit(slot)
+
+    def _on_exit(self, slot: Slot) -> None:
+        worker = slot.worker
+        if worker.exited:
+            return
+        code = self.pool.gone(slot)
+        attempt = slot.current
+        waiting = [a for a in slot.sent if a.state is State.SENT]
+        if attempt is not None:
+            self._lost_test(slot, attempt, code)
+        elif waiting and slot.ready_by is not None and not slot.stopping:
+            # It never got ready: a conftest that fails to import, a hung collection.
+            self._worker_failed(slot, waiting.pop(0), code)
+        for other in waiting:
+            self._requeue(slot, other, f"its worker pid {worker.pid} ended before it ran")
+        slot.sent = []
+        self._release_head(slot)
+        self._stop_if_asked()  # a crash that reached --maxfail starts nothing that waited
+        for placement in self.pool.freed(worker.key):
+            self._spawn(placement, time.monotonic())
+
+    def _lost_test(self, slot: Slot, attempt: Attempt, code: int | None) -> None:
+        """The worker died under a test: its own timeout, a crash, or another's timeout."""
+        worker = slot.worker
+        duration = time.monotonic() - attempt.started
+        how = _describe_exit(code)
+        own = _own_output(slot, attempt)
+        captured = crash_output(worker.log)  # what the test wrote under pytest's capture
+        if captured:
+            own += "\n" + captured
+        if attempt.overrun:  # devpool ended it for using more memory than it declared
+            attempt.move(State.CRASHED, self.ctx.emit)
+            self._end(attempt, Outcome.FAILED, attempt.overrun, slot, duration, own)
+            return
+        if slot.killed_for is attempt:
+            attempt.move(State.TIMED_OUT, self.ctx.emit)
+            limit = attempt.job.request.timeout or 0.0
+            detail = f"exceeded its {limit:g}s limit; stacks dumped, then {how}"
+            stacks = read_log(worker.stacks)
+            extra = (
+                own
+                + "\n---- stacks at the timeout (faulthandler) ----\n"
+                + (stacks or "(the process wrote no stacks)")
+            )
+            self._end(attempt, Outcome.TIMEOUT, detail, slot, duration, extra)
+            return
+        if slot.killed_for is not None:
+            # devpool ended this worker for another test's deadline: not this test's doing.
+            attempt.move(State.LOST, self.ctx.emit)
+            why = f"its worker was ended for {slot.killed_for.display}'s timeout"
+            self._requeue(slot, attempt, why)
+            return
+        lost = getattr(worker, "lost", None)
+        if lost:  # the machine went away, not the test: infra, retried elsewhere
+            attempt.move(State.LOST, self.ctx.emit)
+            self._end(attempt, Outcome.INFRA, f"{lost} while running the test", slot, duration, own)
+            return
+        attempt.move(State.CRASHED, self.ctx.emit)
+        detail = f"worker pid {worker.pid} {how} while running the test"
+        self._end(attempt, Outcome.CRASHED, detail, slot, duration, own)
+
+    def _worker_failed(self, slot: Slot, attempt: Attempt, code: int | None) -> None:
+        """A worker died before it ran its test (e.g. a conftest that fails to import)."""
+        worker = slot.worker
+        how = slot.stuck or getattr(worker, "lost", None) or _describe_exit(code)
+        reason = f"worker pid {worker.pid} {how} before running the test; see {worker.log}"
+        self._end(attempt, Outcome.INFRA, reason, slot, 0.0, _worker_log_tail(slot))
+
+    # ---- the endings of attempts ----------------------------------------------------------
+
+    def _end(
+        self,
+        attempt: Attempt,
+        outcome: Outcome,
+        detail: str,
+        slot: Slot | None,
+        duration: float = 0.0,
+        extra: str = "",
+    ) -> None:
+        """An ending devpool saw itself: reported to pytest, run again if it may."""
+        attempt.retry = self.replay.can_retry(attempt.job, outcome)
+        worker = slot.worker if slot is not None else None
+        self.replay.synthesize(attempt, outcome, detail, duration, worker, extra)
+        if slot is not None and outcome.gates:
+            self._check_fatal(attempt, slot, extra)
+        if attempt.retry:
+            self._again(slot, attempt, outcome)
+
+    def _again(self, slot: Slot | None, attempt: Attempt, outcome: Outcome) -> None:
+        """A failed attempt runs again as a new attempt (a fresh worker, other devices first)."""
+        job = attempt.job
+        job.chain = None  # a rerun runs alone, as any rerun
+        if attempt.alone_next:  # not its doing: once more, alone on a whole device
+            job.request = replace(job.request, device_memory=None, device_exclusive=True)
+            self.alone.add(job.id)
+        elif outcome in (Outcome.CRASHED, Outcome.INFRA):
+            job.retries_infra += 1
+        else:
+            job.retries_failed += 1
+        if attempt.started_wall > 0 and outcome is not Outcome.INFRA and not attempt.alone_next:
+            job.own_failures += 1  # the test's own ending: a later pass is flaky
+        job.attempt += 1
+        job.queued_at = time.monotonic()
+        self.attempts[job.id] = Attempt(job, job.attempt, alone=attempt.alone_next)
+        delay = job.request.reruns_delay
+        if delay is None:
+            delay = self.ctx.settings.reruns_delay
+        if delay > 0 and outcome not in (Outcome.CRASHED, Outcome.INFRA):
+            self.delayed.append((job.queued_at + delay, job))  # --reruns-delay: wait, then run
+            return
+        self._queue_later(slot, job)
+
+    def _requeue(self, slot: Slot, attempt: Attempt, why: str) -> None:
+        """Back to the queue untouched: it was batched behind an ending that was not its own.
+
+        Being sent back is no outcome: after ALONE_AFTER times the test runs next in a
+        worker of its own, and its own ending decides. Sent back from there (the worker
+        ended with this test next and nothing else sent), the ending was its own."""
+        if attempt.job.runs_alone and attempt.requeues >= ALONE_AFTER:
+            detail = f"it was next, alone in its worker, and {why}; see {slot.worker.log}"
+            self._end(attempt, Outcome.INFRA, detail, slot, 0.0, _worker_log_tail(slot))
+            return
+        attempt.requeue(self.ctx.emit, why)
+        attempt.job.setbacks.append(f"sent back: {why}")
+        attempt.job.chain = None  # its chain was broken off: it runs as any test now
+        if attempt.requeues >= ALONE_AFTER:
+            attempt.job.runs_alone = True
+        attempt.job.queued_at = time.monotonic()
+        self._queue_later(slot, attempt.job)
+
+    def _queue_later(self, slot: Slot | None, job: Job) -> None:
+        if slot is not None and slot.head is not None:
+            slot.later.append(job)  # queued once the slot's placement is released
+        else:
+            self.scheduler.add(job)
+
+    # ---- device health --------------------------------------------------------------------
+
+    def _check_fatal(self, attempt: Attempt, slot: Slot, extra: str = "") -> None:
+        """A fatal error in this attempt's own output: the worker goes, the device maybe too."""
+        text = "\n".join(_report_text(r) for r in attempt.phases)
+        text += "\n" + (extra or _own_output(slot, attempt))
+        if self.health.judge(attempt.devices, text, attempt.display) is not None:
+            slot.dirty = True
+            if slot.key in self.pool.slots:
+                self.pool.retire(slot, time.monotonic())
+
+    def _tend_health(self, now: float) -> None:
+        self.health.poll(now)
+        self.health.start_checks(self.pool.all_devices(), now)
+        if self.health.retired:
+            for device in self.health.retired:
+                self.scheduler.retire_device(device)
+            self.health.retired = []
+            self._fail_unplaceable()
+
+    # ---- stopping -------------------------------------------------------------------------
+
+    def _stop_if_asked(self) -> None:
+        """-x / --maxfail: stop dispatching as soon as pytest's session says so."""
+        if not self.stopped and (self.session.shouldfail or self.session.shouldstop):
+            self._stop_dispatch()
+
+    def _stop_dispatch(self) -> None:
+        """-x / --maxfail reached: start nothing new, let running tests finish."""
+        self.stopped = True
+        for slot in self.pool.slots.values():
+            if any(a.state is State.SENT for a in slot.sent):
+                slot.worker.send({"op": "cancel"})
+        while len(self.scheduler.queue):
+            job = self.scheduler.queue.heads()[0]
+            self.scheduler.queue.pop(job.devices_needed)
+            self.dropped.add(job.id)
+            self.dropped.update(member.id for member in job.chain or ())
+        self.dropped.update(job.id for _, job in self.delayed)
+        self.delayed = []
+        for job_id, (placement, _) in list(self.pool.starting.items()):
+            self.scheduler.finish(placement.job)
+            self.dropped.add(placement.job.id)
+            del self.pool.starting[job_id]
+
+    def _account(self) -> None:
+        """After the loop: a job without its one final outcome is a devpool bug, said loudly."""
+        for job_id, attempt in self.attempts.items():
+            if attempt.final or job_id in self.dropped:
+                continue
+            if self.stopped and attempt.state in (State.QUEUED, State.LEASED):
+                continue  # -x: jobs sent back after the stop stay unrun, as pytest leaves them
+            attempt.retry = False
+            self.replay.synthesize(
+                attempt,
+                Outcome.INFRA,
+                f"devpool lost track of this test in state {attempt.state.value} (a devpool bug)",
+                0.0,
+            )
+
+    def say(self, text: str) -> None:
+        self.replay.say(text)
+
+
+def _report_text(report: pytest.TestReport) -> str:
+    """Everything a report says: its failure and the output captured while it ran."""
+    parts = [str(report.longrepr) if report.longrepr is not None else ""]
+    parts += [content for _, content in report.sections]
+    return "\n".join(parts)
+
+
+def _own_output(slot: Slot, attempt: Attempt) -> str:
+    """What the worker wrote to its log since this attempt started: its output, no other's."""
+    try:
+        with open(slot.worker.log, "rb") as log:
+            log.seek(attempt.output_from)
+            data = log.read()
+    except OSError:
+        return ""
+    lines = data.decode("utf-8", "replace").splitlines()[-60:]
+    return "---- worker output during this test (tail) ----\n" + "\n".join(lines)
+
+
+def _describe_exit(code: int | None) -> str:
+    import signal
+
+    if code is None:
+        return "vanished"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (signal {-code})"
+    return f"exited with code {code}"
+
+
+def _worker_log_tail(slot: Slot) -> str:
+    """The end of a worker's own output, for the log of a test it died before."""
+    return "---- worker log (tail) ----\n" + "\n".join(tail(slot.worker.log, 60))

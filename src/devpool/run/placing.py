@@ -1,0 +1,317 @@
+"""Placing jobs: fair share between runs, leases, workers to start or reuse, batches.
+
+The half of the dispatch loop that turns the scheduler's placements into leased devices
+and batches of attempts sent to workers, and that ends the jobs that can never be placed:
+no other run let them through in time, too few healthy devices are left, or nothing runs
+and nothing fits. Loop (loop.py) mixes it in; the state it uses is the loop's, named below.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from devpool.backends import Backend
+from devpool.devices.fairshare import Waiter, WaitingRoom, fair_limit
+from devpool.devices.inventory import Platform
+from devpool.devices.leases import Holder, Lease
+from devpool.outcomes import Outcome
+from devpool.plan.jobs import Job
+from devpool.plan.scheduler import IdleWorker, Placement, Scheduler
+from devpool.run.attempts import Attempt, State
+from devpool.run.context import RunContext
+from devpool.run.health import FOREIGN_RETRY, DeviceHealth, Foreign
+from devpool.run.pool import Slot, WorkerPool
+from devpool.run.replay import Replay
+
+BATCH_SECONDS = 1.0  # estimated work sent to a worker at once, for small tests
+BATCH_MAX = 64
+UNKNOWN_SMALL = 0.1  # seconds assumed, for batching only, of a test with no history
+
+
+class Placing:
+    """Scheduler placements → leases, workers and batches; the loop's starting half."""
+
+    ctx: RunContext
+    platform: Platform
+    scheduler: Scheduler
+    backend: Backend
+    pool: WorkerPool
+    replay: Replay
+    foreign: Foreign
+    health: DeviceHealth
+    attempts: dict[int, Attempt]
+    delayed: list[tuple[float, Job]]
+    stopped: bool
+    room: WaitingRoom
+    limit: int | None
+    shared_at: float
+    waiting_since: float | None
+    blocked_since: dict[int, float]
+
+    def _share(self, now: float) -> None:
+        """Hold no more than a fair share of the pool while other runs wait for it."""
+        newly_blocked = bool(self.blocked_since) and self.waiting_since is None
+        if now - self.shared_at < FOREIGN_RETRY and not newly_blocked:
+            return
+        self.shared_at = now
+        mine = None
+        if self.blocked_since:
+            if self.waiting_since is None:
+                self.waiting_since = time.time() - (now - min(self.blocked_since.values()))
+            wants = min(self.blocked_since, key=lambda k: self.blocked_since[k])
+            mine = Waiter(
+                self.ctx.run_id,
+                os.getpid(),
+                self.ctx.host,
+                self.platform.name,
+                round(self.waiting_since, 3),
+                wants,
+            )
+        else:
+            self.waiting_since = None
+        self.room.wait(mine)
+        pool = len(self.ctx.inventory.devices)
+        self.limit = fair_limit(pool, mine, self.room.others(self.platform.name))
+        if self.limit is None:
+            return
+        held = len(self.pool.held())
+        for slot in sorted(self.pool.idle.values(), key=lambda s: -len(s.worker.devices)):
+            if held <= self.limit:
+                break
+            held -= len(slot.worker.devices)
+            self.pool.retire(slot, now)
+
+    def _start(self, now: float) -> bool:
+        """Place and start what fits now; True when anything was placed."""
+        placed = False
+        for at, job in [
+            e for e in self.delayed if e[0] <= now and e[1].id not in self.scheduler.running
+        ]:
+            self.delayed.remove((at, job))
+            self.scheduler.add(job)
+        while True:
+            unavailable = self.foreign.unavailable(now) + self.pool.retiring()
+            unavailable += sorted(self.health.unavailable())
+            if self.limit is not None:
+                held = self.pool.held()
+                cold = sorted(set(self.ctx.inventory.devices) - held - set(unavailable))
+                unavailable += cold[max(0, self.limit - len(held)) :]
+            idle = [
+                IdleWorker(
+                    s.key, s.worker.devices, s.worker.lease.amount if s.worker.lease else None
+                )
+                for s in self.pool.idle.values()
+            ]
+            placements = self.scheduler.schedule(now, unavailable, idle)
+            if not placements:
+                return placed
+            placed = True
+            retried = False
+            for placement in placements:
+                if not self._launch(placement, now):
+                    retried = True
+            if not retried:
+                return placed
+
+    def _launch(self, placement: Placement, now: float) -> bool:
+        """Start one placement; False when a device turned out to be held by another run."""
+        job = placement.job
+        if placement.reuse is not None:
+            self._assign(self.pool.idle.pop(placement.reuse), job, now)
+            return True
+        if placement.retire:
+            for key in placement.retire:
+                self.pool.retire(self.pool.slots[key], now)
+            self.pool.starting[job.id] = (placement, set(placement.retire))
+            return True
+        return self._spawn(placement, now)
+
+    def _spawn(self, placement: Placement, now: float) -> bool:
+        job = placement.job
+        lease: Lease | None = None
+        if placement.devices and self.backend.local_leases:
+            holder = Holder.for_this_process(self.ctx.run_id, job.nodeid)
+            lock_dir = self.ctx.lock_dir
+            if self.scheduler.capacity and job.memory_needed:  # a share of each device
+                got = lock_dir.try_acquire_memory(
+                    self.platform.name,
+                    placement.devices,
+                    job.memory_needed,
+                    self.ctx.memory,
+                    holder,
+                )
+            else:
+                got = lock_dir.try_acquire(self.platform.name, placement.devices, holder)
+            if not isinstance(got, Lease):
+                self.scheduler.unplace(job)
+                self.foreign.mark(got, now)
+                return False
+            lease = got
+            ours = {s.worker.pid for s in self.pool.slots.values()}
+            if not self.foreign.probe_lease(placement.devices, lease, now, ours):
+                self.scheduler.unplace(job)
+                return False
+            self.ctx.emit(
+                "lease",
+                job=job.id,
+                nodeid=job.nodeid,
+                devices=list(placement.devices),
+                wait=round(job.foreign_wait, 3),
+            )
+            self.attempts[job.id].devices = placement.devices
+            self.attempts[job.id].move(State.LEASED, self.ctx.emit)
+            self.foreign.leased(placement.devices)
+        slot = self.pool.spawn(placement, lease, now)
+        self._assign(slot, job, now)
+        return True
+
+    def _assign(self, slot: Slot, job: Job, now: float) -> None:
+        batch = [job, *self._batch_after(job)]
+        attempts = [self.attempts[j.id] for j in batch]
+        for attempt in attempts:
+            attempt.worker = slot.key
+            attempt.devices = slot.worker.devices
+            attempt.move(State.SENT, self.ctx.emit, worker_pid=slot.worker.pid)
+        self._job_started(slot, job, now)
+        self.blocked_since.pop(job.devices_needed, None)
+        if not self.pool.send(slot, job, attempts):
+            self.pool.kill(slot)  # its exit is handled as usual
+
+    def _stream(self, slot: Slot) -> None:
+        """Send a batch's next part while the worker still has tests of it to run: batches
+        stream, with no round trip to the controller between two parts."""
+        head = slot.head
+        if head is None or slot.stopping or slot.dirty or slot.killed_for is not None:
+            return
+        if head.request.nodes > 1:
+            return  # the ranks of a multi-node worker end a batch together (ray.Merge)
+        unstarted = [a.job for a in slot.sent if a.state is State.SENT]
+        if len(unstarted) * 2 > BATCH_MAX or sum(map(_small, unstarted)) * 2 > BATCH_SECONDS:
+            return  # enough left that the worker cannot run dry before the next look
+        jobs = self._batch_after(head)
+        if not jobs:
+            return
+        attempts = [self.attempts[j.id] for j in jobs]
+        for attempt in attempts:
+            attempt.worker = slot.key
+            attempt.devices = slot.worker.devices
+            attempt.move(State.SENT, self.ctx.emit, worker_pid=slot.worker.pid)
+        if not self.pool.extend(slot, attempts):
+            self.pool.kill(slot)  # its exit is handled as usual
+
+    def _job_started(self, slot: Slot, job: Job, now: float) -> None:
+        job.waited = now - job.queued_at
+        for device in slot.worker.devices:
+            job.device_uses[device] = job.device_uses.get(device, 0) + 1
+        self.ctx.emit(
+            "job_start",
+            job=job.id,
+            nodeid=job.display,
+            devices=list(slot.worker.devices),
+            host=self.ctx.host,
+            worker_pid=slot.worker.pid,
+            queue_wait=round(job.waited, 3),
+            attempt=job.attempt,
+            log=str(slot.worker.log),
+        )
+
+    def _batch_after(self, head: Job) -> list[Job]:
+        """More small jobs of the head's size for the same worker: per-test messaging stays
+        negligible. Sized from expected durations, and never more than a fair part of what is
+        left, so the end of the run stays balanced."""
+        k = head.devices_needed
+        settings = self.ctx.settings
+        # --devpool-isolation module: a process runs the tests of one module and no other;
+        # they go to it together (streamed in parts), whatever their size or duration.
+        module = settings.isolation == "module"
+        if head.chain is not None and head.chain[0] is head and not self.stopped:
+            # pytest-order / -dependency: the rest of the chain, in order, in this worker.
+            return [job for job in head.chain[1:] if self.attempts[job.id].state is State.QUEUED]
+        if head.fresh or settings.isolation == "job" or self.stopped:
+            return []
+        if k > 1 and not module:
+            return []
+        queue = self.scheduler.queue
+        workers = max(1, settings.cpu_slots if k == 0 else len(self.scheduler.devices))
+        cap = min(BATCH_MAX, queue.of_size_count(k) // (2 * workers))
+        budget = BATCH_SECONDS - _small(head)
+        if module:
+            cap, budget = BATCH_MAX, float("inf")
+        batch: list[Job] = []
+        while len(batch) < cap and queue.of_size_count(k):
+            following = queue.peek(k)
+            if following.fresh or following.chain is not None or _small(following) > budget:
+                break
+            if module and following.location[0] != head.location[0]:
+                break
+            if following.memory_needed != head.memory_needed:  # a worker's lease is of one kind
+                break
+            batch.append(queue.pop(k))
+            budget -= _small(following)
+        return batch
+
+    def _expire_lease_waits(self, now: float) -> None:
+        """Jobs blocked by other runs' leases end `infra` after --devpool-lease-timeout."""
+        busy = {d for run in self.scheduler.running.values() for d in run.devices}
+        busy.update(self.pool.retiring())
+        blocked = set(self.foreign.blocked)
+        free = len(set(self.ctx.inventory.devices) - busy - blocked)
+        timeout = self.ctx.settings.lease_timeout
+        for head in self.scheduler.queue.heads():
+            k = head.devices_needed
+            if k == 0 or k <= free or not self.foreign:
+                self.blocked_since.pop(k, None)
+                continue
+            since = self.blocked_since.setdefault(k, now)
+            if now - since < timeout:
+                continue
+            self.scheduler.queue.pop(k)
+            waited = now - since
+            head.foreign_wait = waited
+            reason = (
+                f"no lease on {k} {self.platform.name} device{'s' if k != 1 else ''} within "
+                f"--devpool-lease-timeout {timeout:g}s (waited {waited:.0f}s): "
+                + self.foreign.describe()
+            )
+            self.replay.synthesize(self.attempts[head.id], Outcome.INFRA, reason, 0.0)
+
+    def _fail_unplaceable(self) -> None:
+        """Tests needing more devices than remain healthy end `infra`, never silently skipped."""
+        healthy = len(self.scheduler.devices)
+        for size in [k for k in self.scheduler.queue.sizes() if k > healthy]:
+            while self.scheduler.queue.of_size_count(size):
+                job = self.scheduler.queue.pop(size)
+                retired = ", ".join(
+                    f"{self.platform.name}:{d} ({why})" for d, why in self.ctx.bad_devices.items()
+                )
+                reason = (
+                    f"needs {size} {self.platform.name} devices; only {healthy} healthy "
+                    f"remain after retiring {retired}"
+                )
+                self.replay.synthesize(self.attempts[job.id], Outcome.INFRA, reason, 0.0)
+
+    def _end_stall(self) -> None:
+        """Nothing runs, nothing waits on anyone, and nothing was placed: end what is left."""
+        if self.stopped or not len(self.scheduler.queue) or self.delayed:
+            return
+        if self.pool.slots or self.pool.starting or self.health.pending or self.foreign:
+            return
+        if self.limit == 0:
+            return  # other runs' turn: they hold what we wait for
+        if self._start(time.monotonic()):
+            return  # jobs that came back to the queue after this turn's placing
+        healthy = self.scheduler.devices
+        while len(self.scheduler.queue):
+            job = self.scheduler.queue.heads()[0]
+            self.scheduler.queue.pop(job.devices_needed)
+            reason = (
+                f"nothing is running and no device can take it (needs {job.devices_needed}; "
+                f"healthy {self.platform.name} devices: {len(healthy)})"
+            )
+            self.replay.synthesize(self.attempts[job.id], Outcome.INFRA, reason, 0.0)
+
+
+def _small(job: Job) -> float:
+    """A job's expected seconds for batching; a test with no history is taken as small."""
+    return job.estimate if job.estimate_known else UNKNOWN_SMALL

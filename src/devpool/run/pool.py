@@ -1,0 +1,405 @@
+"""The worker pool: start workers, send them batches, retire them, reap them, end them.
+
+A worker is only where attempts run. The pool knows which process holds which devices,
+which attempts were sent to it, and how far along ending it is; it decides nothing about
+outcomes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devpool.backends import Backend, Forks
+from devpool.backends import WorkerHandle as Worker
+from devpool.devices import memory
+from devpool.devices.leases import Lease
+from devpool.plan.jobs import Job, Plan
+from devpool.plan.scheduler import Placement
+from devpool.run.attempts import Attempt, State
+from devpool.run.context import RunContext
+
+STACKS_WAIT = 0.5  # seconds given to faulthandler to write the stacks before SIGTERM
+STOP_GRACE = 10.0  # seconds a worker told to stop has before it is killed
+KILL_RETRY = 1.0  # seconds between SIGKILLs of a process group that will not go
+
+
+@dataclass(eq=False)
+class Slot:
+    """One worker: its placement, the attempts sent to it, and how far along ending it is."""
+
+    worker: Worker
+    head: Job | None = None  # the job the scheduler placed: devices are its until "done"
+    sent: list[Attempt] = field(default_factory=list)  # sent, not yet ended, in order
+    ready_by: float | None = None  # the worker must have collected by then (None: it has)
+    stuck: str = ""  # why devpool killed a worker that never got ready
+    stopping: bool = False
+    stop_by: float = 0.0  # a worker told to stop is killed after this
+    killed_for: Attempt | None = None  # devpool is ending it for this attempt's deadline
+    dirty: bool = False  # something failed here: the worker is not reused
+    later: list[Job] = field(default_factory=list)  # queued again once the placement ends
+    streamed: int = 0  # parts sent after the batch's first ("more"), numbered from 1
+    memory_file: Path | None = None  # sim: where its tests write the device memory they use
+
+    @property
+    def key(self) -> int:
+        return self.worker.key
+
+    @property
+    def current(self) -> Attempt | None:
+        """The attempt the worker is running now."""
+        # A worker runs its attempts in the order sent: those that ended leave the front,
+        # so every look stays short however long a streamed batch grows.
+        ended = 0
+        for attempt in self.sent:
+            if attempt.state is State.SENT or attempt.state is State.STARTED:
+                break
+            ended += 1
+        if ended:
+            del self.sent[:ended]
+        for attempt in self.sent:
+            if attempt.state is State.STARTED:
+                return attempt
+        return None
+
+    def log_size(self) -> int:
+        try:
+            return self.worker.log.stat().st_size
+        except OSError:
+            return 0
+
+
+class WorkerPool:
+    """Every worker of the run, and the placements waiting for retiring workers' devices."""
+
+    def __init__(self, ctx: RunContext, backend: Backend, plan: Plan) -> None:
+        self.ctx = ctx
+        self.backend = backend
+        self.slots: dict[int, Slot] = {}
+        self.idle: dict[int, Slot] = {}
+        self.starting: dict[int, tuple[Placement, set[int]]] = {}  # job id → retirees
+        self.modules_for, self.modules_of_size = _module_lists(ctx, plan)
+
+    # ---- what is held ---------------------------------------------------------------------
+
+    def held(self) -> set[int]:
+        """Devices of workers that are not stopping."""
+        return {d for s in self.slots.values() if not s.stopping for d in s.worker.devices}
+
+    def retiring(self) -> list[int]:
+        """Devices of workers told to stop: theirs until the process has exited."""
+        return [d for s in self.slots.values() if s.stopping for d in s.worker.devices]
+
+    def all_devices(self) -> set[int]:
+        return {d for s in self.slots.values() for d in s.worker.devices}
+
+    # ---- starting ---------------------------------------------------------------------------
+
+    def spawn(self, placement: Placement, lease: Lease | None, now: float) -> Slot:
+        job = placement.job
+        env = self._env(placement.devices, job)
+        memory_file = None
+        if self.ctx.memory and job.memory_needed:
+            env.update(memory.worker_env(job.memory_needed, self.ctx.memory))
+            if self.ctx.inventory.platform.kind == "sim":
+                memory_file = self.ctx.log_dir / f"memory-{job.id}-{job.attempt}.json"
+                env[memory.SIM_MEMORY_FILE] = str(memory_file)
+        worker = self._fork(placement.devices, lease, env, job)
+        if worker is None:
+            worker = self.backend.start(placement.devices, lease, env, job.request)
+        if lease is not None:
+            lease.set_job(job.nodeid, worker.pid)
+        limit = self.ctx.settings.worker_start_timeout
+        if not self.backend.local_leases:  # a cluster may first wait for room, up to this
+            limit += self.ctx.settings.lease_timeout
+        slot = Slot(worker, ready_by=now + limit, memory_file=memory_file)
+        self.slots[worker.key] = slot
+        return slot
+
+    def send(self, slot: Slot, head: Job, attempts: list[Attempt]) -> bool:
+        """Send a batch; False when the worker is gone (its exit is handled as usual)."""
+        slot.head = head
+        slot.sent = list(attempts)
+        slot.streamed = 0
+        if slot.worker.lease is not None and slot.worker.lease.holder.job != head.nodeid:
+            slot.worker.lease.set_job(head.nodeid, slot.worker.pid)
+        message = {
+            "op": "run",
+            "job": head.id,
+            "fresh_after_failure": self.ctx.settings.fresh_after_failure,
+            # A failure whose text matches one of these may have poisoned the process (a
+            # device context): the worker stops there and its batch goes back untouched.
+            "fatal": self.ctx.fatal.sources() if slot.worker.devices else [],
+            "tests": [
+                {"nodeid": a.nodeid, "display": a.display, "attempt": a.number} for a in attempts
+            ],
+        }
+        return slot.worker.send(message)
+
+    def extend(self, slot: Slot, attempts: list[Attempt]) -> bool:
+        """Send the next part of the running batch before the worker runs dry ("more")."""
+        assert slot.head is not None
+        slot.streamed += 1
+        slot.sent += attempts
+        message = {
+            "op": "more",
+            "job": slot.head.id,
+            "seq": slot.streamed,
+            "tests": [
+                {"nodeid": a.nodeid, "display": a.display, "attempt": a.number} for a in attempts
+            ],
+        }
+        return slot.worker.send(message)
+
+    def _fork(
+        self, devices: tuple[int, ...], lease: Lease | None, env: dict[str, str], job: Job
+    ) -> Worker | None:
+        """A worker forked from a template of its kind that has collected already; None:
+        start a fresh interpreter. A process that must be fresh forks from a template
+        (started now if there is none); a warm worker forks only from one that exists
+        (the CPU-only template the controller starts while it collects)."""
+        backend = self.backend
+        if not self.ctx.settings.fork_server or not isinstance(backend, Forks):
+            return None
+        fresh = job.fresh or self.ctx.settings.isolation != "worker"
+        kind = template_kind(job.devices_needed)
+        # The template sees as many devices as its workers will (an import-time
+        # `skipif(device_count() < 2)` decides alike) but initialises none.
+        seen = tuple(self.ctx.inventory.devices[: len(devices)])
+        template_env = templates_env(self.ctx, seen)
+        modules = self.modules_of_size.get(job.devices_needed)
+        if modules is not None:
+            template_env["DEVPOOL_COLLECT_ONLY"] = str(modules)
+        worker = backend.fork(kind, template_env, devices, lease, env, start=fresh)
+        self._fork_notes()
+        return worker
+
+    def _fork_notes(self) -> None:
+        """Why a template could not fork: said once, at the end of the run and in the record."""
+        if isinstance(self.backend, Forks):
+            for note in self.backend.notes():
+                self.ctx.run_notes.append(note)
+                self.ctx.emit("fork_server", note=note)
+
+    def _env(self, devices: tuple[int, ...], job: Job) -> dict[str, str]:
+        modules = self.modules_for.get((job.devices_needed, job.request.isolate))
+        isolated = job.request.isolate or self.ctx.settings.isolation != "worker"
+        if modules is not None and isolated:
+            # A process that runs one job, or one module's jobs, imports that module alone.
+            modules = self._one_module(job) or modules
+        env = device_env(self.ctx, devices)
+        if modules is not None:
+            env["DEVPOOL_COLLECT_ONLY"] = str(modules)
+        return env
+
+    def _one_module(self, job: Job) -> Path | None:
+        """A collect list naming only the job's own module (None when it is not known)."""
+        item = self.ctx.items.get(job.nodeid)
+        if item is None:
+            return None
+        path = str(item.path)
+        name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()[:16]
+        target = self.ctx.run_dir / "collect" / f"module-{name}.txt"
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(path + "\n", encoding="utf-8")
+        return target
+
+    # ---- ending -----------------------------------------------------------------------------
+
+    def retire(self, slot: Slot, now: float) -> None:
+        """Ask a worker to stop; it is killed if it has not gone within STOP_GRACE."""
+        self.idle.pop(slot.key, None)
+        if slot.stopping:
+            return
+        slot.stopping = True
+        slot.stop_by = now + STOP_GRACE
+        if not slot.worker.send({"op": "stop"}):
+            slot.worker.signal_group(signal.SIGKILL)
+
+    def retire_idle(self, now: float) -> None:
+        for slot in list(self.idle.values()):
+            self.retire(slot, now)
+
+    def kill(self, slot: Slot) -> None:
+        slot.worker.signal_group(signal.SIGKILL)
+
+    def escalate(self, now: float, grace: float) -> None:
+        """Timeouts on the process side: slow starts, workers that will not stop, deadlines."""
+        if isinstance(self.backend, Forks):
+            # First: a template that has not collected in time turns its waiting workers
+            # into fresh interpreters, which then have a start timeout of their own.
+            self.backend.check(now)
+        for slot in self.slots.values():
+            fresh_since = getattr(slot.worker, "fresh_since", None)  # a fork that fell back
+            if slot.ready_by is not None and fresh_since is not None:
+                slot.ready_by = max(
+                    slot.ready_by, fresh_since + self.ctx.settings.worker_start_timeout
+                )
+            if slot.ready_by is not None and now >= slot.ready_by and not slot.stuck:
+                # A conftest or an import that hangs must not hang the whole run.
+                limit = self.ctx.settings.worker_start_timeout
+                slot.stuck = f"did not finish starting (collection) within {limit:g}s"
+                self.kill(slot)
+            if slot.stopping and now >= slot.stop_by:
+                slot.stop_by = now + KILL_RETRY
+                self.kill(slot)
+            attempt = slot.killed_for
+            if attempt is None:
+                attempt = slot.current
+                if attempt is None or not attempt.due(now):
+                    continue
+                # The deadline belongs to this attempt: it alone is ended for it.
+                slot.killed_for = attempt
+                attempt.kill_stage, attempt.kill_at = 1, now + STACKS_WAIT
+                slot.worker.send({"op": "cancel"})  # nothing more starts in this process
+                dump = getattr(slot.worker, "dump_stacks", None)  # a remote worker's own way
+                if dump is not None:
+                    dump()
+                elif slot.worker.pid > 0:  # 0: a fork not made yet (never os.kill(0, ...))
+                    with suppress(ProcessLookupError):
+                        os.kill(slot.worker.pid, signal.SIGUSR1)
+            elif attempt.kill_stage == 1 and now >= attempt.kill_at:
+                attempt.kill_stage, attempt.kill_at = 2, now + grace
+                slot.worker.signal_group(signal.SIGTERM)
+            elif attempt.kill_stage == 2 and now >= attempt.kill_at:
+                attempt.kill_stage, attempt.kill_at = 3, now + KILL_RETRY
+                self.kill(slot)
+            elif attempt.kill_stage == 3 and now >= attempt.kill_at:
+                attempt.kill_at = now + KILL_RETRY
+                self.kill(slot)
+
+    def due(self, now: float) -> list[float]:
+        """When escalate() next has something to do."""
+        times = self.backend.due() if isinstance(self.backend, Forks) else []
+        for slot in self.slots.values():
+            if slot.ready_by is not None:
+                times.append(slot.ready_by)
+            if slot.stopping:
+                times.append(slot.stop_by)
+            attempt = slot.killed_for or slot.current
+            if attempt is not None and attempt.kill_stage:
+                times.append(attempt.kill_at)
+            elif attempt is not None and attempt.deadline is not None:
+                times.append(attempt.deadline)
+        return times
+
+    def gone(self, slot: Slot) -> int | None:
+        """A worker's process ended: reap it, end what it started, free its lease."""
+        worker = slot.worker
+        code = self.backend.reap(worker)
+        worker.signal_group(signal.SIGKILL)  # nothing the test started may outlive it
+        if worker.lease is not None:
+            worker.lease.release()
+        self.slots.pop(worker.key, None)
+        self.idle.pop(worker.key, None)
+        return code
+
+    def freed(self, key: int) -> list[Placement]:
+        """Placements that waited for this worker's devices and may start now."""
+        ready = []
+        for job_id, (placement, waiting) in list(self.starting.items()):
+            waiting.discard(key)
+            if not waiting:
+                del self.starting[job_id]
+                ready.append(placement)
+        return ready
+
+    def shutdown(self) -> None:
+        """Always: end every worker (their whole process groups) and free every lease."""
+        slots = list(self.slots.values())
+        now = time.monotonic()
+        for slot in slots:
+            self.retire(slot, now)
+        deadline = now + 2.0
+        for slot in slots:
+            try:
+                slot.worker.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - timeout or interrupted: escalate below
+                slot.worker.signal_group(signal.SIGTERM)
+        for slot in slots:
+            try:
+                slot.worker.wait(timeout=1.0)
+            except Exception:  # noqa: BLE001
+                slot.worker.signal_group(signal.SIGKILL)
+                slot.worker.wait()
+            slot.worker.signal_group(signal.SIGKILL)
+            slot.worker.close()
+            if slot.worker.lease is not None:
+                slot.worker.lease.release()
+        self.slots.clear()
+        self.idle.clear()
+        self.backend.close()
+        self._fork_notes()
+
+
+def template_kind(devices: int) -> str:
+    """The name of a fork server template's kind: the number of devices its workers hold."""
+    return f"{devices}-device"
+
+
+def device_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
+    """A worker's environment for these devices (ctx: the run's inventory, id, artifacts)."""
+    env = dict(os.environ)
+    platform = ctx.inventory.platform
+    ids = ",".join(str(d) for d in devices)
+    env["DEVPOOL_DEVICES"] = ids
+    env["DEVPOOL_PLATFORM"] = platform.name
+    env["DEVPOOL_RUN_ID"] = ctx.run_id
+    env["DEVPOOL_ARTIFACTS"] = str(ctx.artifacts_dir)
+    if platform.visible_env:
+        # A CPU-only test sees no device at all: a stray device use fails loudly
+        # instead of silently sharing a card another test holds.
+        env[platform.visible_env] = ids
+    if platform.kind == "cuda":
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # ids are nvidia-smi's order
+    return env
+
+
+def templates_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
+    """A fork server template's environment: its workers', and no device runtime started."""
+    env = device_env(ctx, devices)
+    if ctx.inventory.platform.kind == "cuda":
+        # torch.cuda.is_available() at import (a skipif) asks NVML instead of calling
+        # cuInit, after which no child could use CUDA.
+        env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    return env
+
+
+def _module_lists(
+    ctx: RunContext, plan: Plan
+) -> tuple[dict[tuple[int, bool], Path], dict[int, Path]]:
+    """Per kind of worker, the test modules its jobs live in: a worker imports only those.
+
+    A worker runs jobs of one size only, so it never needs the modules of the others
+    (and an 8-device module's heavy imports stay out of CPU workers)."""
+    modules: dict[tuple[int, bool], set[str]] = {}
+    for job in plan.jobs:
+        item = ctx.items.get(job.nodeid)
+        if item is None:
+            return {}, {}  # a job devpool cannot place in a file: let workers collect all
+        key = (job.devices_needed, job.request.isolate)
+        modules.setdefault(key, set()).add(str(item.path))
+    folder = ctx.run_dir / "collect"
+    folder.mkdir(parents=True, exist_ok=True)
+    lists = {}
+    for (size, isolate), paths in modules.items():
+        target = folder / f"size-{size}{'-isolate' if isolate else ''}.txt"
+        target.write_text("\n".join(sorted(paths)) + "\n", encoding="utf-8")
+        lists[(size, isolate)] = target
+    # A template serves every worker of its size, isolated or not.
+    sizes: dict[int, set[str]] = {}
+    for (size, _), paths in modules.items():
+        sizes.setdefault(size, set()).update(paths)
+    by_size = {}
+    for size, paths in sizes.items():
+        target = folder / f"template-{size}.txt"
+        target.write_text("\n".join(sorted(paths)) + "\n", encoding="utf-8")
+        by_size[size] = target
+    return lists, by_size

@@ -1,0 +1,432 @@
+"""Attempts' endings, told to pytest: reports replayed into its hooks, and one conclusion each.
+
+Reports a worker sent are replayed as they are (judged first: a failure that will run again
+shows as RERUN, a pass after failures as FLAKY). Endings pytest could not see (a timeout,
+a crash, a test that never got devices) become real TestReports here, so the terminal,
+--junitxml, -x and other plugins count every test once. `conclude` is the one place a
+job's ending is recorded: summary entry and run record line.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from devpool.backends import WorkerHandle
+from devpool.devices.inventory import Platform, format_ids
+from devpool.history.durations import TestResult, runner_class
+from devpool.outcomes import RERUN, Outcome
+from devpool.plan.jobs import Job
+from devpool.report.junit import Attempt as JunitAttempt
+from devpool.report.terminal import Trouble, file_name, log_path, tail, write_test_log
+from devpool.run.attempts import Attempt, State
+from devpool.run.context import RunContext
+from devpool.worker import protocol
+from devpool.worker.stacks import readable_stacks
+
+Phase = Literal["setup", "call", "teardown"]
+Status = Literal["passed", "failed", "skipped"]
+
+
+class Replay:
+    """Turns attempts into pytest reports and conclusions."""
+
+    def __init__(self, ctx: RunContext, session: pytest.Session) -> None:
+        self.ctx = ctx
+        self.session = session
+        self.hook = session.config.hook
+        self.platform: Platform = ctx.inventory.platform
+        self.ended: dict[str, int] = {}  # final outcome → tests, for the live display
+        # The terminal writes a test's node id at logstart and its result at logreport; with
+        # tests of several workers interleaved, -v would show ids with no result. Without its
+        # logstart, each report writes one whole line (id and result), as pytest's own -v does.
+        manager = session.config.pluginmanager
+        terminal = manager.get_plugin("terminalreporter")
+        self._logstart = (
+            manager.subset_hook_caller("pytest_runtest_logstart", [terminal])
+            if terminal is not None
+            else self.hook.pytest_runtest_logstart
+        )
+
+    def logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        """pytest_runtest_logstart for every plugin but the terminal (see __init__)."""
+        self._logstart(nodeid=nodeid, location=location)
+
+    # ---- retries ------------------------------------------------------------------------
+
+    def can_retry(self, job: Job, outcome: Outcome) -> bool:
+        """Whether a failed attempt of this job runs again (its own reruns, else the option)."""
+        settings = self.ctx.settings
+        if outcome in (Outcome.CRASHED, Outcome.INFRA):
+            return job.retries_infra < settings.reruns_infra
+        own = job.request.reruns
+        limit = settings.reruns if own is None else own
+        return job.retries_failed < limit
+
+    # ---- reports a worker sent ----------------------------------------------------------
+
+    def replay(self, attempt: Attempt, data: dict[str, Any], worker: WorkerHandle) -> None:
+        """One phase report from the worker, judged and handed to pytest."""
+        protocol.restore_subtest_values(data)
+        report = self.hook.pytest_report_from_serializable(config=self.session.config, data=data)
+        if isinstance(report.longrepr, list):
+            # A skip's (path, line, reason) tuple comes back from JSON as a list.
+            report.longrepr = tuple(report.longrepr)
+        report.nodeid = attempt.display
+        if report.failed:
+            attempt.failed = True
+        self._judge(report, attempt)
+        if report.when == "teardown":
+            outcome = outcome_of([*attempt.phases, report])
+            self._properties(report, attempt, outcome)
+        attempt.phases.append(report)
+        if not attempt.alone_next:  # the memory retry is not an attempt of the test
+            self.hook.pytest_runtest_logreport(report=report)
+        self.ctx.emit(
+            "report",
+            nodeid=report.nodeid,
+            when=report.when,
+            outcome=report.outcome,
+            duration=round(report.duration, 4),
+        )
+
+    def _judge(self, report: pytest.TestReport, attempt: Attempt) -> None:
+        """Rerun or flaky, decided before pytest sees the report, so it counts it right."""
+        job = attempt.job
+        if report.failed:
+            outcome = Outcome.FAILED if report.when == "call" else Outcome.ERROR
+            if attempt.retry or self.can_retry(job, outcome):
+                attempt.retry = True
+                report.outcome = RERUN  # type: ignore[assignment]
+                report.devpool_outcome = RERUN  # type: ignore[attr-defined]
+            elif job.nodeid in self.ctx.quarantined:
+                self._excuse(report, job)
+        elif report.when == "call" and report.passed and job.own_failures and not _subtest(report):
+            report.devpool_outcome = Outcome.FLAKY.value  # type: ignore[attr-defined]
+            if self.ctx.settings.flaky_result == "fail":
+                report.outcome = "failed"
+                report.longrepr = (
+                    f"[devpool] FLAKY: passed on attempt {attempt.number} after "
+                    f"{job.own_failures} failed attempt(s); --devpool-flaky-result fail gates it"
+                )
+
+    def _excuse(self, report: pytest.TestReport, job: Job) -> None:
+        """A quarantined test's failure: reported and kept, but pytest counts it as xfail."""
+        entry = self.ctx.quarantined[job.nodeid]
+        report.devpool_quarantined = True  # type: ignore[attr-defined]
+        report.outcome = "skipped"
+        report.wasxfail = f"quarantined: {entry.describe()}"
+
+    def finished(self, attempt: Attempt, worker: WorkerHandle) -> Outcome:
+        """A test the worker ran to its end: conclude it from its own reports."""
+        outcome = outcome_of(attempt.phases)
+        log = None
+        if outcome.gates or outcome is Outcome.FLAKY:
+            log = log_path(self.ctx.log_dir, attempt.display, attempt.number)
+            write_test_log(log, self.log_header(attempt, worker, outcome), attempt.phases)
+        detail = (_cause(attempt.phases) or outcome.value) if log else ""
+        self.conclude(attempt, outcome, worker, detail, log)
+        return outcome
+
+    # ---- endings pytest could not see ---------------------------------------------------
+
+    def synthesize(
+        self,
+        attempt: Attempt,
+        outcome: Outcome,
+        detail: str,
+        duration: float,
+        worker: WorkerHandle | None = None,
+        extra: str = "",
+    ) -> None:
+        """Report an ending pytest could not see (timeout, crash, infra, skip) as real reports."""
+        job = attempt.job
+        item = self.ctx.items.get(job.nodeid)
+        keywords = {name: 1 for name in item.keywords} if item is not None else {}
+        seen = {r.when: r for r in attempt.phases}
+        started = attempt.started_wall > 0
+        # An ending before the test started that will run again is no attempt of the test:
+        # pytest hears nothing of it (no rerun in the closing line); the run record and
+        # JUnit's properties keep it.
+        silent = attempt.retry and not started
+        if silent:
+            job.setbacks.append(f"{outcome.value} before it started: {detail}")
+        if not started and not silent:
+            self.logstart(job.display, job.location)
+        phases: list[tuple[Phase, Status, Any]]
+        when: Phase
+        if outcome is Outcome.SKIPPED:
+            longrepr: Any = (job.location[0], (job.location[1] or 0) + 1, f"Skipped: {detail}")
+            phases = [("setup", "skipped", longrepr), ("teardown", "passed", None)]
+        else:
+            if "setup" not in seen:
+                when = "setup"
+            elif seen["setup"].passed and "call" not in seen:
+                when = "call"
+            else:
+                when = "teardown"
+            text = f"[devpool] {outcome.value.upper()}: {detail}"
+            if extra:
+                text += "\n" + readable_stacks(extra)
+            phases = [(when, "failed", Ending(text, detail, job.location))]
+            if when != "teardown":
+                phases.append(("teardown", "passed", None))
+        reports = list(seen.values())
+        for when, status, longrepr in phases:
+            report = pytest.TestReport(
+                job.display,
+                job.location,
+                keywords,
+                status,
+                longrepr,
+                when,
+                duration=duration if status == "failed" else 0.0,
+            )
+            report.devpool_outcome = outcome.value  # type: ignore[attr-defined]
+            if attempt.retry and status == "failed":
+                report.outcome = RERUN  # type: ignore[assignment]
+                report.devpool_outcome = RERUN  # type: ignore[attr-defined]
+            elif status == "failed" and job.nodeid in self.ctx.quarantined:
+                self._excuse(report, job)
+            if when == "teardown":
+                self._properties(report, attempt, outcome)
+            reports.append(report)
+            if not silent:
+                self.hook.pytest_runtest_logreport(report=report)
+        attempt.phases = reports
+        log = None
+        if outcome.gates:
+            log = log_path(self.ctx.log_dir, job.display, attempt.number)
+            self.ctx.log_dir.mkdir(parents=True, exist_ok=True)
+            write_test_log(log, self.log_header(attempt, worker, outcome), reports)
+        self.conclude(attempt, outcome, worker, detail, log)
+        if not silent:
+            self.hook.pytest_runtest_logfinish(nodeid=job.display, location=job.location)
+
+    # ---- the one conclusion of an attempt -----------------------------------------------
+
+    def conclude(
+        self,
+        attempt: Attempt,
+        outcome: Outcome,
+        worker: WorkerHandle | None,
+        detail: str,
+        log: Path | None,
+    ) -> None:
+        """The one place an attempt's ending is recorded: summary entry and run record line."""
+        ctx = self.ctx
+        job = attempt.job
+        retried = attempt.retry
+        attempt.outcome = outcome
+        attempt.log = log
+        end = time.time()
+        began = attempt.started_wall or end
+        devices = attempt.devices
+        flaky_gates = outcome is Outcome.FLAKY and ctx.settings.flaky_result == "fail"
+        quarantine = ctx.quarantined.get(job.nodeid)
+        gating = (outcome.gates and not retried and quarantine is None) or flaky_gates
+        lines = tail(log) if log is not None else []
+        where = self.where(devices) if devices or not job.devices_needed else "not started"
+        artifacts = self._artifacts(job, attempt.number, outcome, retried)
+        if not retried:
+            self.ended[outcome.value] = self.ended.get(outcome.value, 0) + 1
+            earlier = tuple(
+                path
+                for before in ctx.retried.get(job.display, [])
+                if (path := log_path(ctx.log_dir, job.display, before.attempt)).is_file()
+            )
+            trouble = Trouble(
+                job.display,
+                outcome,
+                where,
+                end - began,
+                detail,
+                log or Path(),
+                gating,
+                artifacts,
+                earlier,
+            )
+            if log is not None and (gating or outcome is Outcome.FLAKY):
+                ctx.troubles.append(trouble)
+            elif log is not None and quarantine is not None and outcome.gates:
+                ctx.quarantine_failures.append(trouble)
+            if ctx.settings.repeat > 1:
+                ctx.repeats.setdefault(job.nodeid, []).append((outcome, where))
+            if worker is not None and outcome is not Outcome.SKIPPED:
+                ctx.results.append(
+                    TestResult(
+                        job.nodeid,
+                        outcome.value,
+                        round(end - began, 4),
+                        self.platform.name,
+                        job.devices_needed,
+                        runner_class(self.platform.name, len(ctx.inventory.devices)),
+                        end,
+                        ctx.run_id,
+                        max(attempt.peak_memory.values(), default=None),
+                    )
+                )
+        elif attempt.started_wall > 0:  # an ending before the start is no attempt (setbacks)
+            text = "\n".join(lines)
+            message = f"attempt {attempt.number} on {where}: {detail or outcome.value}"
+            ctx.retried.setdefault(job.display, []).append(
+                JunitAttempt(attempt.number, outcome.value, message, text)
+            )
+        ctx.emit(
+            "job_end",
+            job=job.id,
+            nodeid=job.display,
+            test=job.nodeid,
+            outcome=outcome.value,
+            retried=retried,
+            gating=gating,
+            devices=list(devices),
+            host=ctx.host,
+            worker_pid=worker.pid if worker is not None else None,
+            start=round(began, 3),
+            end=round(end, 3),
+            run_time=round(end - began, 3),
+            queue_wait=round(job.waited, 3),
+            attempt=attempt.number,
+            log=str(log) if log is not None else "",
+            detail=detail,
+            tail=lines,
+            quarantined=quarantine.describe() if quarantine is not None else None,
+            artifacts=str(artifacts) if artifacts is not None else None,
+            **_ranks(worker),
+            **({"memory_peak": attempt.peak_memory} if attempt.peak_memory else {}),
+            **({"memory": job.memory_needed} if ctx.memory and job.memory_needed else {}),
+        )
+        attempt.move(State.CONCLUDED, ctx.emit, outcome=outcome.value, retried=retried)
+
+    def _properties(self, report: pytest.TestReport, attempt: Attempt, outcome: Outcome) -> None:
+        """devpool's facts on the report closing a test; --junitxml writes them as properties."""
+        job = attempt.job
+        report.user_properties = [
+            *report.user_properties,
+            ("devpool.outcome", outcome.value),
+            ("devpool.devices", self.where(attempt.devices)),
+            ("devpool.platform", self.platform.name),
+            ("devpool.host", self.ctx.host),
+            ("devpool.queue_wait", f"{job.waited:.3f}"),
+            ("devpool.attempt", str(job.attempt)),
+        ]
+        if job.setbacks:  # not attempts of the test, but the record of the run says them
+            report.user_properties.append(("devpool.setbacks", " | ".join(job.setbacks)))
+        if attempt.peak_memory:  # bytes at the peak on each device, as the watch saw them
+            peaks = ",".join(f"{d}:{b}" for d, b in sorted(attempt.peak_memory.items()))
+            report.user_properties.append(("devpool.memory_peak", peaks))
+
+    def _artifacts(self, job: Job, number: int, outcome: Outcome, retried: bool) -> Path | None:
+        """Keep a test's devpool_artifacts folder when it did not pass (or when asked to)."""
+        folder = self.ctx.artifacts_dir / file_name(job.display, number)
+        if not folder.is_dir():
+            return None
+        keep = outcome.gates or outcome is Outcome.FLAKY or self.ctx.settings.keep_artifacts
+        if keep and any(folder.iterdir()):
+            return folder
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+
+    def log_header(
+        self, attempt: Attempt, worker: WorkerHandle | None, outcome: Outcome
+    ) -> list[str]:
+        job = attempt.job
+        lines = [
+            f"test:     {job.nodeid}",
+            f"outcome:  {outcome.value}",
+            f"request:  {job.request.describe()}",
+            f"attempt:  {attempt.number}",
+        ]
+        if worker is not None:
+            lines += [
+                f"devices:  {self.where(worker.devices)}",
+                f"worker:   pid {worker.pid}, log {worker.log}",
+            ]
+        return lines
+
+    def where(self, devices: tuple[int, ...]) -> str:
+        return f"{self.platform.name}:{format_ids(devices)}" if devices else "cpu"
+
+    def say(self, text: str) -> None:
+        terminal = self.session.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.write_line(f"devpool: {text}")
+
+
+def _ranks(worker: WorkerHandle | None) -> dict[str, Any]:
+    """A multi-node worker's ranks (node, devices, log of each), for the run record."""
+    ranks = getattr(worker, "rank_info", None)
+    return {"ranks": ranks} if ranks else {}
+
+
+class Reason:
+    """Where and why an ending devpool saw happened: pytest's reprcrash, for the one-line views
+    (the short test summary, --tb=line, the JUnit failure message)."""
+
+    def __init__(self, path: str, lineno: int, message: str) -> None:
+        self.path = path
+        self.lineno = lineno
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.lineno}: {self.message}"
+
+
+class Ending:
+    """The failure text of an ending pytest could not see (a timeout, a crash, infra).
+
+    pytest shows it as any failure: the whole text under FAILURES and in JUnit, and its
+    reason alone in the short test summary (`CRASHED test_x.py::test_a - worker pid ...`).
+    """
+
+    def __init__(self, text: str, reason: str, location: tuple[str, int | None, str]) -> None:
+        self.text = text
+        self.reprcrash = Reason(location[0], (location[1] or 0) + 1, reason)
+
+    def toterminal(self, tw: Any) -> None:
+        for line in self.text.splitlines():
+            tw.line(line)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _subtest(report: pytest.TestReport) -> bool:
+    """A subtest's report (pytest's subtests): its pass says nothing of the test's."""
+    return getattr(report, "context", None) is not None and hasattr(report, "head_line")
+
+
+def _cause(reports: list[pytest.TestReport]) -> str:
+    """The first line of a test's first failure (`assert 1 == 2`), for the summary."""
+    for report in reports:
+        failed = report.failed or getattr(report, "devpool_outcome", None) == RERUN
+        if not failed or report.longrepr is None:
+            continue
+        crash = getattr(report.longrepr, "reprcrash", None)
+        message = str(crash.message) if crash is not None else str(report.longrepr)
+        lines = message.strip().splitlines()
+        return lines[0] if lines else ""
+    return ""
+
+
+def outcome_of(phases: list[pytest.TestReport]) -> Outcome:
+    """A finished test's outcome from its phase reports, as pytest's own summary would count it."""
+    if any(getattr(r, "devpool_outcome", None) == Outcome.FLAKY for r in phases):
+        return Outcome.FLAKY
+    failed = [
+        r
+        for r in phases
+        if r.failed
+        or getattr(r, "devpool_outcome", None) == RERUN
+        or getattr(r, "devpool_quarantined", False)
+    ]
+    if failed:
+        return Outcome.FAILED if any(r.when == "call" for r in failed) else Outcome.ERROR
+    if any(r.skipped for r in phases):
+        return Outcome.SKIPPED
+    return Outcome.PASSED

@@ -1,0 +1,111 @@
+"""`devpool run -- ARGS`: pytest as a child, so its truth survives pipes, kills and step timeouts.
+
+`pytest ... | tee log` reports tee's exit code unless the shell has `set -o pipefail`,
+and a step timeout kills pytest before it prints a summary. This wrapper owns the run
+record's path, forwards SIGINT/SIGTERM to pytest, and afterwards renders the summary
+from the record (and appends it to GITHUB_STEP_SUMMARY), then exits with pytest's code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from devpool.errors import DevpoolError
+from devpool.project import project_settings
+from devpool.report.github import write_step_summary
+from devpool.report.record import read_record
+from devpool.report.text import render_text
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def pytest_arguments(args: Sequence[str]) -> list[str]:
+    """pytest's arguments from what followed `devpool run`: without a leading `--`, and
+    without a leading `pytest`, `py.test` or `python -m pytest` the user wrote out of habit."""
+    rest = list(args[1:] if args and args[0] == "--" else args)
+    # A folder named pytest here is a test path, not the command.
+    if rest and Path(rest[0]).name in ("pytest", "py.test") and not Path(rest[0]).is_dir():
+        return rest[1:]
+    if len(rest) >= 3 and _PYTHON.fullmatch(Path(rest[0]).name) and rest[1:3] == ["-m", "pytest"]:
+        return rest[3:]
+    return rest
+
+
+def run_pytest(args: Sequence[str], record: Path | None) -> int:
+    """Run `python -m pytest ARGS` under devpool; return its exit code (128+N if killed by N).
+
+    The record, the logs and the exitcode file go to one run folder: the one the user
+    chose (--devpool-run-dir, [tool.devpool] run-dir), else .devpool/runs/<run id> here.
+    """
+    pytest_args = pytest_arguments(args)
+    cwd = Path.cwd()
+    given = {"devpool_run_record": str(record) if record is not None else None}
+    settings = project_settings(cwd, pytest_args, given)
+    extra: list[str] = []
+    ours: Path | None = None  # the run folder this wrapper made up (and keeps pruned)
+    record = settings.run_record
+    if record is None:
+        run_dir = settings.run_dir
+        if run_dir is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+            run_dir = ours = cwd / ".devpool" / "runs" / stamp
+            extra.append(f"--devpool-run-dir={run_dir}")
+        record = run_dir / "record.jsonl"
+    env = dict(os.environ, DEVPOOL_SUMMARY_BY_PARENT="1")
+    argv = [sys.executable, "-m", "pytest", *pytest_args, *extra, f"--devpool-run-record={record}"]
+    child = subprocess.Popen(argv, env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    exit_code = 128 - code if code < 0 else code
+    record.parent.mkdir(parents=True, exist_ok=True)
+    (record.parent / "exitcode").write_text(f"{exit_code}\n", encoding="utf-8")
+    _after(record, code)
+    if ours is not None:
+        _prune(ours.parent, settings.keep_runs)
+    return exit_code
+
+
+def _prune(runs: Path, keep: int) -> None:
+    """Keep the newest `keep` run folders devpool made, as a run does for its own folder
+    (a run given --devpool-run-dir, as here, leaves pruning to whoever chose the folder)."""
+    from devpool.session.controller import RUN_ID
+
+    old = sorted(p for p in runs.iterdir() if p.is_dir() and RUN_ID.fullmatch(p.name))
+    for folder in old[: max(0, len(old) - keep)]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _after(record_path: Path, code: int) -> None:
+    """The summary from the record, also (above all) when pytest died before printing one."""
+    if not record_path.exists():
+        print(f"devpool run: pytest exited with {code} and wrote no run record", file=sys.stderr)
+        return
+    try:
+        record = read_record(record_path)
+    except DevpoolError as exc:
+        print(f"devpool run: {exc}", file=sys.stderr)
+        return
+    if not record.finished or code < 0:
+        sys.stderr.write(render_text(record))
+    if os.environ.get("GITHUB_ACTIONS") == "true" or os.environ.get("GITHUB_STEP_SUMMARY"):
+        write_step_summary(record)
+    print(
+        f"devpool run: exit code {128 - code if code < 0 else code}, record {record_path}",
+        file=sys.stderr,
+    )

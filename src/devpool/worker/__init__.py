@@ -1,0 +1,1 @@
+"""What runs inside a worker process: its session, protocol, template side, capture."""

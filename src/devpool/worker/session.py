@@ -1,0 +1,322 @@
+"""Worker side: a child pytest bound to one lease; runs the items it is sent, streams reports."""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import gc
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devpool import compat
+from devpool.devices import memory
+from devpool.worker import capture, protocol, worklist
+from devpool.worker import template as forkserver
+
+# Options that select or stop tests belong to the controller alone: the worker must be
+# able to run any node id it is sent, and never stop itself on a failure.
+_CONTROLLER_ONLY = {
+    "keyword": "",
+    "markexpr": "",
+    "lf": False,
+    "failedfirst": False,
+    "newfirst": False,
+    "stepwise": False,
+    "stepwise_skip": False,
+    "maxfail": 0,
+    "usepdb": False,
+    "deselect": [],
+}
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the controller dies, so no orphan keeps a device."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+
+
+class WorkerSession:
+    """The pytest plugin a worker registers instead of the controller."""
+
+    def __init__(self, config: pytest.Config, spec: str) -> None:
+        self.config = config
+        # A template (fork server) collects, then forks workers: "template,SOCKET,PARENT".
+        self.template: forkserver.Template | None = None
+        if spec.startswith("template,"):
+            sock, parent = (int(part) for part in spec.split(",")[1:])
+            self.template = forkserver.Template(sock)
+            self.fd_in = self.fd_out = -1  # a forked child gets its own pipes
+        else:
+            fd_in, fd_out, parent = (int(part) for part in spec.split(","))
+            self.fd_in, self.fd_out = fd_in, fd_out
+        self.failed = False  # a test of the current batch failed
+        # Set by the controller for projects that want a fresh process after any failure
+        # (fresh-after-failure): the rest of such a batch goes back untouched.
+        self.halt_on_failure = False
+        self.fatal: list[re.Pattern[str]] = []  # a failure matching one may have poisoned us
+        self.poisoned = False
+        self.renamed: dict[str, str] = {}  # this process's node id → the controller's
+        self._teardown: protocol.Message | None = None  # sent with the next finish
+        _die_with_parent()
+        if os.getppid() != parent:  # the controller died before prctl took effect
+            os._exit(3)
+        for name, value in _CONTROLLER_ONLY.items():
+            if hasattr(config.option, name):
+                setattr(config.option, name, value)
+        # Not an xdist worker (plugins would read xdist's keys): other plugins are adjusted
+        # one by one, e.g. junitxml and --lf state are written by the controller alone.
+        compat.configure_worker(config)
+        only = os.environ.get("DEVPOOL_COLLECT_ONLY")
+        self.modules: set[str] | None = None
+        if only:
+            self.modules = set(Path(only).read_text(encoding="utf-8").split("\n")) - {""}
+        self.selected = _selection()  # None: keep what this process's collection keeps
+        self.collected: list[pytest.Item] = []  # every item, before any collection hook
+        self._stacks: Any = None
+        self._log: Path | None = None  # this process's log (the backends name it so)
+        self._open_stacks()
+
+    def _open_stacks(self) -> None:
+        """faulthandler writes every thread's stack to this file when the controller asks."""
+        stacks = os.environ.get("DEVPOOL_STACKS_FILE")
+        inherited = self._stacks  # a forked child's copy of its template's file
+        if stacks:
+            self._log = Path(stacks).with_suffix(".log")
+            self._stacks = open(stacks, "w")  # noqa: SIM115 - lives as long as the process
+            faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+        if inherited is not None and inherited is not self._stacks:
+            # Closed here, never left to the collector: its ResourceWarning would reach the
+            # first test, an error under filterwarnings = error.
+            inherited.close()
+
+    def pytest_ignore_collect(self, collection_path: Path) -> bool | None:
+        """Skip test modules that hold none of this worker's jobs: no import, no collection."""
+        if self.modules is None or collection_path.suffix != ".py":
+            return None
+        if collection_path.name in ("conftest.py", "__init__.py"):
+            return None
+        return True if str(collection_path) not in self.modules else None
+
+    def pytest_unconfigure(self) -> None:
+        stacks = os.environ.get("DEVPOOL_STACKS_FILE")
+        if stacks:  # a worker that ends normally leaves no empty output files behind
+            capture.remove_empty(Path(stacks))
+
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        self.collected.append(item)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """A template forks only what a fresh worker would have collected the same way."""
+        if self.template is None:
+            return
+        why = ""
+        runtime = forkserver.initialised_runtime(self.config)
+        if runtime:
+            # A device context cannot be shared with children, and the template holds no
+            # lease: it ends now rather than keep a context on a device it does not own.
+            why = f"importing {report.nodeid or 'the conftest files'} initialised {runtime}"
+        elif report.failed:
+            why = f"collecting {report.nodeid or 'the conftest files'} failed in the template"
+        if why:
+            self.template.refuse(why)
+            os._exit(0)
+
+    def _become(self, session: pytest.Session, fork: forkserver.Fork) -> None:
+        """In a child the template forked: a worker of its own, on the pipes it was sent."""
+        _die_with_parent()
+        if os.getppid() != fork.template_pid:  # the template died before prctl took effect
+            os._exit(3)
+        forkserver.become_worker(self.config, fork, self._log)
+        self.template = None
+        self.fd_in, self.fd_out = fork.commands, fork.events
+        self._open_stacks()
+        # A template started while the controller was still collecting had no selection
+        # yet: its child applies it now, over the same collection (see
+        # pytest_collection_finish).
+        self.selected = _selection()
+        if self.selected is not None:
+            session.items[:] = worklist.restrict(self.collected, session.items, self.selected)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """The controller's selection is final: keep exactly its node ids.
+
+        After every pytest_collection_modifyitems: a conftest that deselects by position
+        (items[K::N]) sees fewer items here than in the controller and would pick others."""
+        if self.selected is not None:
+            session.items[:] = worklist.restrict(self.collected, session.items, self.selected)
+
+    def send(self, message: protocol.Message) -> None:
+        held, self._teardown = self._teardown, None  # messages keep their order
+        protocol.write(self.fd_out, *([held] if held is not None else []), message)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        if self.template is not None:
+            gc.freeze()  # what collection built is shared by every child, copy-on-write
+            fork = self.template.serve(self.config)
+            if fork is None:
+                self._no_summary()
+                return True  # the template's work is done
+            self._become(session, fork)
+        items = {item.nodeid: item for item in session.items}
+        order = {item.nodeid: index for index, item in enumerate(session.items)}
+        # What collection built lives as long as the process: out of the collector's sight,
+        # each later collection (and pytest's five at exit) scans only what tests create.
+        gc.freeze()
+        memory.apply_torch_limit()  # a share of a device: torch's allocator stays inside it
+        self.send({"ev": "ready", "pid": os.getpid(), "collected": len(items)})
+        setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
+        commands = protocol.Commands(self.fd_in)
+        job, through, halted = None, 0, False
+        while (message := commands.next()) is not None:
+            if message["op"] == "stop":
+                break
+            if message["op"] == "run":
+                job, through, halted = message["job"], 0, False
+                self.failed = False
+                self.halt_on_failure = bool(message.get("fresh_after_failure"))
+                self.fatal = [re.compile(source) for source in message.get("fatal", ())]
+            elif message["op"] != "more" or message["job"] != job:
+                continue  # a cancel that came after its batch had ended
+            else:  # the rest of a batch that had ended here before it came
+                through = max(through, int(message["seq"]))
+            tests = list(message["tests"])
+            while tests:
+                stopping = any(m["op"] in ("cancel", "stop") for m in commands.pending())
+                if (self.failed and self.halt_on_failure) or self.poisoned or halted or stopping:
+                    # A cancel, a stop, a failure naming a fatal error, or any failure in a
+                    # project that wants a fresh process after one: the rest of the batch
+                    # goes back to the controller untouched.
+                    halted = True
+                    break
+                test = tests.pop(0)
+                # Which test and attempt this is, for the devpool_artifacts fixture.
+                os.environ["DEVPOOL_TEST_ID"] = str(test["display"])
+                os.environ["DEVPOOL_ATTEMPT"] = str(test["attempt"])
+                item = items.get(test["nodeid"]) or self._by_place(items, test["nodeid"])
+                if item is None:
+                    self.send({"ev": "missing", "nodeid": test["nodeid"]})
+                else:
+                    self._run(session, setup_state, item, order[item.nodeid])
+                if not tests:  # the batch goes on if its next part came meanwhile
+                    for more in commands.take("more"):
+                        if more["job"] == job:
+                            through = max(through, int(more["seq"]))
+                            tests += more["tests"]
+            skipped = [test["nodeid"] for test in tests]
+            self.send({"ev": "done", "job": job, "skipped": skipped, "through": through})
+            commands.drop("cancel")
+        try:
+            setup_state.teardown_exact(None)
+        except Exception as exc:  # noqa: BLE001 - a teardown error must not hide the run's end
+            print(f"devpool worker: error tearing down fixtures: {exc!r}", file=sys.stderr)
+        self._no_summary()
+        return True
+
+    def _no_summary(self) -> None:
+        """The controller writes the summary; a worker's would cost its devices' next user
+        time: plugins' pytest_terminal_summary may import whole packages at exit
+        (hypothesis does, assertion-rewritten: seconds of CPU without a bytecode cache)."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            self.config.pluginmanager.unregister(reporter)
+
+    def _run(
+        self, session: pytest.Session, setup_state: Any, item: pytest.Item, index: int
+    ) -> None:
+        # The controller picks the order, so the item pytest would run next is only a guess
+        # (the next one in collection order keeps module fixtures warm). Before each item,
+        # tear down whatever the guess left standing that this item does not share.
+        setup_state.teardown_exact(item)
+        memory.reset_sim_usage()  # written by this test alone (the controller reads it)
+        items = session.items
+        nextitem = items[index + 1] if index + 1 < len(items) else None
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    def _by_place(self, items: dict[str, pytest.Item], nodeid: str) -> pytest.Item | None:
+        """The item at the controller's item's place, when their parametrize ids differ (ids
+        built from the clock, a seed or a temporary path at collection)."""
+        if self.selected is None:
+            return None
+        place = self.selected.place_of(nodeid)
+        if place is None:
+            return None
+        for item in items.values():
+            if item.nodeid not in self.selected and worklist.place(item) == place:
+                self.renamed[item.nodeid] = nodeid
+                self.send({"ev": "renamed", "nodeid": nodeid, "as": item.nodeid})
+                return item
+        return None
+
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        nodeid = self.renamed.get(nodeid, nodeid)
+        self.send({"ev": "start", "nodeid": nodeid, "location": location})
+
+    def pytest_warning_recorded(
+        self,
+        warning_message: Any,
+        when: str,
+        nodeid: str,
+        location: tuple[str, int, str] | None,
+    ) -> None:
+        """Warnings of the tests go to the controller's summary; those of collection and
+        configuration it saw itself."""
+        if when != "runtest":
+            return
+        message = protocol.warning_message(warning_message)
+        nodeid = self.renamed.get(nodeid, nodeid)
+        self.send({"ev": "warning", "nodeid": nodeid, "location": location, **message})
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            self.failed = True
+            if self.fatal and not self.poisoned:
+                text = "\n".join(
+                    [str(report.longrepr or ""), *(content for _, content in report.sections)]
+                )
+                self.poisoned = any(pattern.search(text) for pattern in self.fatal)
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        protocol.shown_subtest_values(data)
+        message = {"ev": "report", "data": data}
+        if report.when == "teardown":
+            # pytest calls logfinish right after the teardown report, with no test code
+            # between: both go in one write.
+            if self._teardown is not None:  # a second teardown report (a plugin's rerun)
+                protocol.write(self.fd_out, self._teardown)
+            self._teardown = message
+            return
+        self.send(message)
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        self.send({"ev": "finish", "nodeid": nodeid, "location": location})
+
+
+def _selection() -> worklist.Selection | None:
+    """The controller's selected node ids (DEVPOOL_NODEIDS), None when not given."""
+    path = os.environ.get(worklist.NODEIDS_ENV)
+    if not path:
+        return None
+    try:
+        return worklist.read_selection(Path(path))
+    except OSError as exc:  # e.g. a Ray node with shipped code cannot see the controller's file
+        print(f"devpool worker: runs without the controller's selection: {exc}", file=sys.stderr)
+        return None
+
+
+def stacks_file(log: Path) -> Path:
+    """Where a worker's faulthandler writes its stacks when the controller asks (SIGUSR1)."""
+    return log.with_suffix(".stacks")

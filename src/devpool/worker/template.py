@@ -1,0 +1,265 @@
+"""The fork server's template side: a worker that has collected, then forks workers on demand.
+
+A template is a `python -m pytest ... --devpool-worker template,SOCK,PARENT` process. It
+runs pytest's collection (imports the test modules, their conftests and whatever heavy
+packages they import) like any worker, but runs no test and holds no device. It then
+serves the controller over a Unix socket (SOCK_SEQPACKET, one JSON message per packet):
+
+controller → template:  {"op": "fork", "key": 7, "env": {...}} with fds [commands,
+                            events, log, *lease fds]  (SCM_RIGHTS)
+                        {"op": "stop"}  (end once every child has ended)
+template → controller:  {"ev": "ready", "pid": 123}  |  {"ev": "unsafe", "why": "..."}
+                        {"ev": "forked", "key": 7, "pid": 456}
+                        {"ev": "exit", "pid": 456, "code": -9}
+
+Each fork returns in the child as a `Fork`: the child then becomes an ordinary worker on
+those pipes (session.py), without starting Python, pytest, its plugins or the imports again.
+Forking is only sound when the template holds nothing a child cannot share: a device
+runtime (a CUDA context does not survive fork) or a second thread (it may hold a lock
+the child would wait on forever). The template checks both before it says "ready" and
+says "unsafe" (and why) instead; the controller then starts fresh interpreters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import selectors
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MAX_FDS = 64  # commands, events, log, and the lease fds of one worker
+PACKET = 1 << 20  # one fork request: its environment is the largest part
+
+
+def initialised_runtime(config: pytest.Config) -> str | None:
+    """Which device runtime this process has initialised, if any (None: safe to fork)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        for name in ("cuda", "npu", "xpu", "mlu"):
+            runtime = getattr(torch, name, None)
+            check: Callable[[], bool] | None = getattr(runtime, "is_initialized", None)
+            if check is not None and _true(check):
+                return f"torch.{name}"
+    if _cuda_driver_initialised():  # torch.cuda.is_available() does it, outside torch's view
+        return "the CUDA driver (cuInit)"
+    xla_bridge = sys.modules.get("jax._src.xla_bridge")  # jax initialises on first use
+    if xla_bridge is not None and getattr(xla_bridge, "_backends", None):
+        return "jax"
+    answer: str | None = config.hook.pytest_devpool_device_initialised(config=config)
+    return answer
+
+
+def _cuda_driver_initialised() -> bool:
+    """Whether cuInit ran in this process: a child could not use CUDA after it.
+
+    Asked of libcuda itself, and only when it is loaded already: before cuInit, its
+    cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED and initialises nothing."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            if "libcuda.so" not in maps.read():
+                return False
+        libcuda = ctypes.CDLL("libcuda.so.1")  # the copy already loaded
+        count = ctypes.c_int(0)
+        return int(libcuda.cuDeviceGetCount(ctypes.byref(count))) == 0  # CUDA_SUCCESS
+    except (OSError, AttributeError):
+        return False
+
+
+def _true(check: Callable[[], bool]) -> bool:
+    try:
+        return bool(check())
+    except Exception:  # noqa: BLE001 - a broken runtime is not an initialised one
+        return False
+
+
+def other_threads() -> list[str]:
+    """Threads besides the main one: a child would inherit their locks, not the threads."""
+    main = threading.main_thread()
+    return sorted(t.name for t in threading.enumerate() if t is not main and t.is_alive())
+
+
+def unsafe_reason(config: pytest.Config) -> str:
+    """Why this process must not be forked ("" when it may)."""
+    if not hasattr(os, "pidfd_open"):  # how the template waits for its children
+        return "this system has no pidfd_open (Linux 5.3 or later)"
+    runtime = initialised_runtime(config)
+    if runtime:
+        return f"the device runtime {runtime} is initialised in it"
+    from devpool.compat.coverage import measuring
+
+    if measuring() is not None:  # its data file and tracer state would be every child's
+        return "coverage measurement (pytest-cov or coverage run) is running in it"
+    threads = other_threads()
+    if threads:
+        return f"it runs {len(threads)} thread(s) besides the main one: {', '.join(threads)}"
+    return ""
+
+
+@dataclass
+class Fork:
+    """What a forked child needs to become a worker: its pipes, log and environment."""
+
+    commands: int
+    events: int
+    log: int
+    env: dict[str, str]
+    template_pid: int
+
+
+class Template:
+    """The serving loop of a template process (pytest_runtestloop calls serve())."""
+
+    def __init__(self, sock_fd: int) -> None:
+        self.sock = socket.socket(fileno=sock_fd)
+        self.children: dict[int, int] = {}  # pidfd → pid
+
+    def send(self, message: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):  # the controller is gone: PDEATHSIG ends us too
+            self.sock.send(json.dumps(message).encode())
+
+    def refuse(self, why: str) -> None:
+        """Say why this template cannot serve; the controller starts fresh interpreters."""
+        self.send({"ev": "unsafe", "why": why})
+
+    def serve(self, config: pytest.Config) -> Fork | None:
+        """Fork a worker per request until told to stop: returns in each child, None here."""
+        why = unsafe_reason(config)
+        if why:
+            self.refuse(why)
+            return None
+        self.send({"ev": "ready", "pid": os.getpid()})
+        selector = selectors.DefaultSelector()
+        selector.register(self.sock, selectors.EVENT_READ)
+        stopping = False
+        while not stopping or self.children:
+            for key, _ in selector.select():
+                if key.fileobj is self.sock:
+                    request, fds = self._receive()
+                    if request is None or request.get("op") == "stop":
+                        stopping = True
+                        selector.unregister(self.sock)
+                        continue
+                    fork = self._fork(config, request, fds, selector)
+                    if fork is not None:
+                        return fork  # in the child
+                else:
+                    self._reap(key.fd, selector)
+        selector.close()
+        return None
+
+    def _receive(self) -> tuple[dict[str, Any] | None, list[int]]:
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, PACKET, MAX_FDS)
+        except OSError:
+            return None, []
+        if not data:
+            return None, fds
+        message: dict[str, Any] = json.loads(data)
+        return message, fds
+
+    def _fork(
+        self,
+        config: pytest.Config,
+        request: dict[str, Any],
+        fds: list[int],
+        selector: selectors.BaseSelector,
+    ) -> Fork | None:
+        why = unsafe_reason(config)  # a thread or a runtime may have started since
+        if why:
+            for fd in fds:
+                os.close(fd)
+            self.send({"ev": "failed", "key": request["key"], "why": why})
+            return None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        template = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            selector.close()
+            for pidfd in self.children:
+                os.close(pidfd)
+            self.sock.close()
+            os.setpgid(0, 0)  # its own process group: killpg ends it and its children alone
+            commands, events, log = fds[:3]
+            return Fork(commands, events, log, dict(request["env"]), template)
+        with contextlib.suppress(OSError):  # the child got there first, or has gone
+            os.setpgid(pid, pid)  # also here, so a signal sent at once finds the group
+        for fd in fds:
+            os.close(fd)  # the lease fds live in the child alone now
+        pidfd = os.pidfd_open(pid)
+        self.children[pidfd] = pid
+        selector.register(pidfd, selectors.EVENT_READ)
+        self.send({"ev": "forked", "key": request["key"], "pid": pid})
+        return None
+
+    def _reap(self, pidfd: int, selector: selectors.BaseSelector) -> None:
+        pid = self.children.pop(pidfd)
+        selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        self.send({"ev": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def become_worker(config: pytest.Config, fork: Fork, template_log: Path | None) -> None:
+    """In a forked child: its environment, and its output in its own log and capture files.
+
+    The template's output went to the template's log, through pytest's fd capture (whose
+    files the template and every child would share) and faulthandler's copy of stderr."""
+    from devpool.worker import capture
+
+    os.environ.clear()
+    os.environ.update(fork.env)
+    capman: Any = config.pluginmanager.getplugin("capturemanager")
+    capturing = capman is not None and capman._global_capturing is not None  # noqa: SLF001
+    state = capman._global_capturing._state if capturing else None  # noqa: SLF001
+    if capturing:
+        capman.stop_global_capturing()  # fds 1 and 2 are the template's log again
+    template = _identity(template_log)
+    for fd in _open_fds():
+        if fd in (1, 2) or (template is not None and _identity_of(fd) == template):
+            os.dup2(fork.log, fd)  # e.g. faulthandler's copy of stderr
+    os.close(fork.log)
+    if capturing:
+        base = os.environ.get("DEVPOOL_STACKS_FILE")
+        if base:
+            with capture.named_capture_files(Path(base)):
+                capman.start_global_capturing()
+        else:
+            capman.start_global_capturing()
+        if state == "suspended":
+            capman.suspend_global_capture(in_=False)
+
+
+def _identity(path: Path | None) -> tuple[int, int] | None:
+    if path is None:
+        return None
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _identity_of(fd: int) -> tuple[int, int] | None:
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _open_fds() -> list[int]:
+    try:
+        return sorted(int(name) for name in os.listdir("/proc/self/fd"))
+    except OSError:
+        return [1, 2]
