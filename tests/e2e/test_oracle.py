@@ -22,6 +22,7 @@ the `Spec` the assertion message prints, `build_suite(Spec(...))`.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import re
 import xml.etree.ElementTree as ET
@@ -547,6 +548,9 @@ def compare(
     max_examples=8,
     deadline=None,
     database=None,
+    # CI draws the same suites every run (a red CI names a reproducible case); elsewhere
+    # each run draws new ones.
+    derandomize=os.environ.get("CI") == "true",
     phases=(Phase.explicit, Phase.generate),  # no shrinking: each example is two sessions
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
