@@ -493,8 +493,7 @@ class Merge:
         if self.world == 1:
             return [message]
         event = message.get("ev")
-        if event in ("ready", "warning", "renamed"):
-            # Every rank runs the same test: its warnings are said once, as one process's.
+        if event in ("ready", "warning", "renamed"):  # said once, as by one process
             return [message] if rank == 0 else []
         if event == "start":
             nodeid = message["nodeid"]

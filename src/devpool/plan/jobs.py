@@ -40,7 +40,7 @@ class Job:
     own_failures: int = 0
     runs_alone: bool = False  # sent back untouched too often: next time in a worker of its own
     setbacks: list[str] = field(default_factory=list)  # why it went back without running
-    # Tests tied by pytest-order / pytest-dependency markers (compat/chains.py), in order:
+    # Tests tied by pytest-order / pytest-dependency markers (plan/chains.py), in order:
     # the first is queued, the rest run after it in its worker.
     chain: tuple[Job, ...] | None = None
     # How often this test (all its repeats) has run on each device: reruns and repeats

@@ -25,7 +25,7 @@ from devpool import compat
 from devpool.backends import Backend
 from devpool.backends.local import LocalBackend
 from devpool.capacity import shards
-from devpool.compat import chains, coverage
+from devpool.compat import coverage
 from devpool.config import Settings
 from devpool.devices import memory, probes
 from devpool.devices.inventory import Inventory
@@ -42,6 +42,7 @@ from devpool.history.durations import (
 )
 from devpool.history.quarantine import Entry, Quarantine, entries_from_file, entries_from_table
 from devpool.outcomes import RERUN, Outcome
+from devpool.plan import chains
 from devpool.plan.jobs import Job, Plan, build_plan
 from devpool.plan.markers import Request, request_for
 from devpool.report import github, progress
