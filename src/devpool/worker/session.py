@@ -71,6 +71,9 @@ class WorkerSession:
         _die_with_parent()
         if os.getppid() != parent:  # the controller died before prctl took effect
             os._exit(3)
+        # -x / --maxfail: the controller stops the run, but only a worker that stops at its
+        # own failure runs no test after it (the controller's cancel would come later).
+        self.stop_at_failure = bool(getattr(config.option, "maxfail", 0))
         for name, value in _CONTROLLER_ONLY.items():
             if hasattr(config.option, name):
                 setattr(config.option, name, value)
@@ -195,10 +198,11 @@ class WorkerSession:
             tests = list(message["tests"])
             while tests:
                 stopping = any(m["op"] in ("cancel", "stop") for m in commands.pending())
-                if (self.failed and self.halt_on_failure) or self.poisoned or halted or stopping:
-                    # A cancel, a stop, a failure naming a fatal error, or any failure in a
-                    # project that wants a fresh process after one: the rest of the batch
-                    # goes back to the controller untouched.
+                halt = self.halt_on_failure or self.stop_at_failure
+                if (self.failed and halt) or self.poisoned or halted or stopping:
+                    # A cancel, a stop, a failure naming a fatal error, or any failure under
+                    # -x / --maxfail or in a project that wants a fresh process after one:
+                    # the rest of the batch goes back to the controller untouched.
                     halted = True
                     break
                 test = tests.pop(0)
