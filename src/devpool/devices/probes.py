@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devpool.errors import DevpoolError
 
@@ -233,6 +234,14 @@ class Fatal:
 
     text: str
     kind: str  # CONTEXT (the process is poisoned) or DEVICE (the device is bad)
+
+
+def report_text(report: Any) -> str:
+    """Everything a test report says, for fatal patterns: its failure and the output
+    captured while it ran."""
+    parts = [str(report.longrepr) if report.longrepr is not None else ""]
+    parts += [content for _, content in report.sections]
+    return "\n".join(parts)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import pytest
 from devpool.backends import Backend
 from devpool.devices.fairshare import WaitingRoom
 from devpool.devices.memory import MemoryWatch
+from devpool.devices.probes import report_text
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job, Plan
 from devpool.plan.policies import Backfill
@@ -442,7 +443,7 @@ class Loop(Placing, MemoryGuard):
 
     def _check_fatal(self, attempt: Attempt, slot: Slot, extra: str = "") -> None:
         """A fatal error in this attempt's own output: the worker goes, the device maybe too."""
-        text = "\n".join(_report_text(r) for r in attempt.phases)
+        text = "\n".join(report_text(r) for r in attempt.phases)
         text += "\n" + (extra or _own_output(slot, attempt))
         if self.health.judge(attempt.devices, text, attempt.display) is not None:
             slot.dirty = True
@@ -500,13 +501,6 @@ class Loop(Placing, MemoryGuard):
 
     def say(self, text: str) -> None:
         self.replay.say(text)
-
-
-def _report_text(report: pytest.TestReport) -> str:
-    """Everything a report says: its failure and the output captured while it ran."""
-    parts = [str(report.longrepr) if report.longrepr is not None else ""]
-    parts += [content for _, content in report.sections]
-    return "\n".join(parts)
 
 
 def _own_output(slot: Slot, attempt: Attempt) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from devpool import compat
 from devpool.devices import memory
+from devpool.devices.probes import report_text
 from devpool.worker import capture, protocol, worklist
 from devpool.worker import template as forkserver
 
@@ -289,9 +290,7 @@ class WorkerSession:
         if report.failed:
             self.failed = True
             if self.fatal and not self.poisoned:
-                text = "\n".join(
-                    [str(report.longrepr or ""), *(content for _, content in report.sections)]
-                )
+                text = report_text(report)
                 self.poisoned = any(pattern.search(text) for pattern in self.fatal)
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         protocol.shown_subtest_values(data)
