@@ -30,13 +30,15 @@ def _unfenced(lines: list[str]) -> list[str]:
 
 @pytest.fixture
 def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """pytester, with pytest-randomly and pytest-asyncio off in the sessions it runs.
+    """pytester, with pytest-randomly, pytest-asyncio and syrupy off in the sessions it runs.
 
-    Those sessions assert on order ("later tests did not run"), and pytest-asyncio warns in
-    each; tests/e2e/test_plugins.py turns every plugin back on where they are what is
-    tested. Pytester clears PYTEST_ADDOPTS when it starts, so this is set after it.
+    Those sessions assert on order ("later tests did not run"), pytest-asyncio warns in
+    each, and syrupy's pytest_sessionfinish fails in pytester's in-process collections
+    (getitems: the session has no exitstatus yet). tests/e2e/test_plugins.py and
+    test_session_state_plugins.py turn every plugin back on where they are what is tested.
+    Pytester clears PYTEST_ADDOPTS when it starts, so this is set after it.
     """
-    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly -p no:asyncio")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly -p no:asyncio -p no:syrupy")
     return pytester
 
 

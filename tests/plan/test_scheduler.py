@@ -6,6 +6,9 @@ import heapq
 from collections.abc import Callable, Iterable
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from devpool.plan import jobs as plan
 from devpool.plan.jobs import Job
@@ -410,3 +413,58 @@ def test_backfill_looks_past_a_long_job_for_a_short_one_of_the_same_size() -> No
     scheduler.add(job(3, 1, estimate=3.0))  # t=1..4: may
 
     assert ids(scheduler.schedule(1.0)) == [3]
+
+
+def quiet_job(id: int, devices: int, estimate: float = 1.0) -> Job:
+    return Job(
+        id=id,
+        nodeid=f"test_b.py::test_{id}",
+        location=("test_b.py", id, f"test_{id}"),
+        request=Request(device_count=devices, quiet=True, device_exclusive=devices > 0),
+        index=id,
+        estimate=estimate,
+    )
+
+
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.integers(0, 3), st.floats(0.1, 5.0), st.floats(0, 10)),
+        min_size=1,
+        max_size=30,
+    )
+)
+@hypothesis_settings(max_examples=60, deadline=None, derandomize=True)
+def test_quiet_jobs_run_alone_after_the_rest_and_all_of_them_run(
+    spec: list[tuple[bool, int, float, float]],
+) -> None:
+    """A benchmark (quiet) test never runs beside anything, and nothing waits on it forever."""
+    jobs = [
+        (at, quiet_job(i, k, d) if quiet else job(i, k, d))
+        for i, (quiet, k, d, at) in enumerate(spec)
+    ]
+    by_id = {j.id: j for _, j in jobs}
+    started = simulate(Scheduler(EIGHT, Backfill(), 8, 2), jobs)
+    assert set(started) == set(by_id)
+    spans = {i: (at, at + by_id[i].estimate) for i, (at, _) in started.items()}
+    for i, (start, end) in spans.items():
+        if not by_id[i].request.quiet:
+            continue
+        beside = [o for o, (s, e) in spans.items() if o != i and s < end and start < e]
+        assert not beside, (i, beside)
+
+
+def test_a_quiet_job_waits_for_the_queue_then_runs_before_later_arrivals_start() -> None:
+    scheduler = Scheduler(EIGHT, Backfill(), 8, 2)
+    scheduler.add(quiet_job(1, 0))
+    scheduler.add(job(2, 1))
+    assert ids(scheduler.schedule(0.0)) == [2]  # the ordinary one first
+    assert scheduler.schedule(0.5) == []  # the quiet one waits: 2 still runs
+    scheduler.finish(by_id_of(scheduler, 2))
+    assert ids(scheduler.schedule(1.0)) == [1]
+    scheduler.add(job(3, 0))
+    assert scheduler.schedule(1.5) == []  # nothing starts beside a running benchmark
+    assert len(scheduler.queue) == 1
+
+
+def by_id_of(scheduler: Scheduler, job_id: int) -> Job:
+    return scheduler.running[job_id].job

@@ -1,21 +1,29 @@
 """Other pytest plugins, on their own terms: what the controller hands its workers, and
 what a worker switches off so that one session's work done in many processes reads as one.
 
-A devpool worker is not an xdist worker and never claims to be one: plugins there see an
-ordinary pytest session. Each module here handles one plugin concern.
+A devpool worker is not an xdist worker and does not claim to be one: plugins there see an
+ordinary pytest session. Two things of xdist's are kept, for plugins whose state spans the
+whole run: a worker's `config.workeroutput`, handed to the controller at its end
+(outputs.py), and, to syrupy alone, the xdist worker's name while its session ends
+(syrupy.py). Each module here handles one plugin concern.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import pytest
 
+from devpool.compat import benchmark as benchmark
 from devpool.compat import coverage as coverage
+from devpool.compat import outputs as outputs
 from devpool.compat import randomly as randomly
 from devpool.compat import rerunfailures as rerunfailures
 from devpool.compat import session_files as session_files
+from devpool.compat import syrupy as syrupy
 from devpool.compat import timeout as timeout
+from devpool.compat import unknown as unknown
 
 
 def settings_fallback(config: pytest.Config) -> dict[str, tuple[Any, str]]:
@@ -58,10 +66,30 @@ def configure_worker(config: pytest.Config) -> None:
 
 
 class ControllerPlugins:
-    """The controller's side: header lines; the rest goes to workers through their arguments."""
+    """The controller's side: header lines; session state merged from every worker's output
+    (compat/outputs.py) before the plugins that keep it end their session."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         return header_lines(config)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
+        config = session.config
+        sidecars, self.lines = syrupy.controller_finishing(config)
+        benchmark.controller_finishing(config, session.items)
+        try:
+            return (yield)
+        finally:
+            syrupy.controller_finished(config, sidecars)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        unknown_line = unknown.summary_line(config)
+        for line in [*self.lines, *([unknown_line] if unknown_line else [])]:
+            terminalreporter.write_line(line, yellow=True)
 
 
 class WorkerPlugins:
@@ -78,7 +106,16 @@ class WorkerPlugins:
         session_files.quiet_worker(self.config)
         rerunfailures.quiet_worker(self.config)
         timeout.quiet_worker(self.config)
+        benchmark.quiet_worker(self.config)
         self.coverage.start(self.config)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
+        """Plugins publish their share of the run's state (compat/outputs.py)."""
+        with syrupy.worker_finishing(self.config):
+            result = yield
+        benchmark.worker_finished(self.config, self.config.workeroutput)  # type: ignore[attr-defined]
+        return result
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         self.coverage.switch_context(item, "setup")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from devpool.compat import rerunfailures
+from devpool.compat import benchmark, rerunfailures
 from devpool.devices.sizes import format_size, parse_size
 from devpool.errors import DevpoolError
 
@@ -42,6 +42,9 @@ class Request:
     # None: whole devices (the default, and always with device_exclusive).
     device_memory: int | None = None
     device_exclusive: bool = False  # said so explicitly, over a suite's device-memory default
+    # A pytest-benchmark test: it times itself, so nothing else of the run runs beside it,
+    # and it holds whole devices (compat/benchmark.py).
+    quiet: bool = False
 
     def describe(self) -> str:
         """Short human form, e.g. '2 devices, isolate, timeout 30s' or '1 device × 8 GiB'."""
@@ -62,6 +65,8 @@ class Request:
             parts.append("no timeout")
         if self.reruns:
             parts.append(f"reruns {self.reruns}")
+        if self.quiet:
+            parts.append("alone (benchmark)")
         return ", ".join(parts)
 
 
@@ -186,6 +191,9 @@ def request_for(
         timeout = _timeout(nodeid, mark)
     isolate = item.get_closest_marker("isolate") is not None
     reruns, reruns_delay = rerunfailures.marker_reruns(item)
+    quiet = benchmark.is_benchmark(item)
+    if quiet and device_count > 0:
+        device_memory, exclusive = None, True
     return Request(
         device_count,
         platforms,
@@ -197,4 +205,5 @@ def request_for(
         reruns_delay=reruns_delay,
         device_memory=device_memory,
         device_exclusive=exclusive,
+        quiet=quiet,
     )

@@ -237,13 +237,39 @@ class Queue:
     def __init__(self, jobs: Iterable[Job] = ()) -> None:
         self._lists: dict[int, list[tuple[tuple[float, int, int], int, Job]]] = {}
         self._count = 0
+        # Quiet jobs (benchmarks) are counted but held back from the lists until nothing
+        # else is queued or running (Scheduler.schedule): then one runs, alone. Nothing
+        # else waits for them, and they cannot starve.
+        self._quiet: list[Job] = []
         for job in jobs:
             self.push(job)
 
     def push(self, job: Job) -> None:
+        if job.request.quiet:
+            self._quiet.append(job)
+        else:
+            self._insert(job)
+        self._count += 1
+
+    def _insert(self, job: Job) -> None:
         entries = self._lists.setdefault(job.devices_needed, [])
         bisect.insort(entries, (job.priority(), job.id, job))
-        self._count += 1
+
+    @property
+    def held_quiet(self) -> int:
+        return len(self._quiet)
+
+    def release_quiet(self) -> None:
+        """The first held-back quiet job joins the lists (the caller saw nothing else left)."""
+        if self._quiet:
+            self._insert(self._quiet.pop(0))
+
+    def take_all(self) -> list[Job]:
+        """Every pending job, held-back ones included, in priority order; the queue empties."""
+        jobs = sorted([e[2] for entries in self._lists.values() for e in entries], key=Job.priority)
+        jobs += self._quiet
+        self._lists, self._quiet, self._count = {}, [], 0
+        return jobs
 
     def peek(self, size: int) -> Job:
         return self._lists[size][0][2]
@@ -254,6 +280,10 @@ class Queue:
 
     def pop_job(self, job: Job) -> None:
         """Remove one job wherever it stands in its list."""
+        if job in self._quiet:
+            self._quiet.remove(job)
+            self._count -= 1
+            return
         entries = self._lists[job.devices_needed]
         index = bisect.bisect_left(entries, (job.priority(), job.id))
         if index >= len(entries) or entries[index][2] is not job:
@@ -324,6 +354,10 @@ class Scheduler:
         self, now: float, unavailable: Iterable[int] = (), idle: Sequence[IdleWorker] = ()
     ) -> list[Placement]:
         """Placements to start now; each is already counted as running."""
+        if any(run.job.request.quiet for run in self.running.values()):
+            return []  # a benchmark is timing itself: nothing starts beside it
+        if not self.running and len(self.queue) == self.queue.held_quiet:
+            self.queue.release_quiet()  # the rest is done: one benchmark, alone
         out = set(unavailable)
         shared: dict[int, int] = {}
         busy: set[int] = set()

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from devpool import compat
 from devpool.backends import Backend
 from devpool.devices.fairshare import WaitingRoom
 from devpool.devices.memory import MemoryWatch
@@ -209,6 +210,8 @@ class Loop(Placing, MemoryGuard):
             self._warning(slot, message)
         elif event == "renamed":
             self._renamed(message)
+        elif event == "output":
+            compat.outputs.received(self.session.config, int(message["pid"]), message["data"])
         elif event == "missing":
             attempt = self._sent(slot, message["nodeid"])
             if attempt is not None:
@@ -309,6 +312,8 @@ class Loop(Placing, MemoryGuard):
         if worker.exited:
             return
         code = self.pool.gone(slot)
+        if slot.ready_by is None:  # it was ready for tests: did it hand back its output?
+            compat.outputs.exited(self.session.config, worker.pid)
         attempt = slot.current
         waiting = [a for a in slot.sent if a.state is State.SENT]
         if attempt is not None:
@@ -472,9 +477,7 @@ class Loop(Placing, MemoryGuard):
         for slot in self.pool.slots.values():
             if any(a.state is State.SENT for a in slot.sent):
                 slot.worker.send({"op": "cancel"})
-        while len(self.scheduler.queue):
-            job = self.scheduler.queue.heads()[0]
-            self.scheduler.queue.pop(job.devices_needed)
+        for job in self.scheduler.queue.take_all():
             self.dropped.add(job.id)
             self.dropped.update(member.id for member in job.chain or ())
         self.dropped.update(job.id for _, job in self.delayed)

@@ -302,9 +302,7 @@ class Placing:
         if self._start(time.monotonic()):
             return  # jobs that came back to the queue after this turn's placing
         healthy = self.scheduler.devices
-        while len(self.scheduler.queue):
-            job = self.scheduler.queue.heads()[0]
-            self.scheduler.queue.pop(job.devices_needed)
+        for job in self.scheduler.queue.take_all():
             reason = (
                 f"nothing is running and no device can take it (needs {job.devices_needed}; "
                 f"healthy {self.platform.name} devices: {len(healthy)})"

@@ -15,6 +15,8 @@ worker → controller:  {"ev": "ready", "pid": 123, "collected": 40}
                           controller's id)
                       {"ev": "warning", "nodeid", "location", "message", "category",
                        "filename", "lineno", "line"}  (a warning a test raised)
+                      {"ev": "output", "pid": 123, "data": <base64 pickle>}  (its
+                          plugins' config.workeroutput, at its session's end)
                       {"ev": "done", "job": 7, "skipped": [node ids not run],
                        "through": 2}  (the last "more" it had; a done with a lower
                           "through" than the controller sent is not the end: the

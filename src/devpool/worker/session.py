@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import gc
@@ -9,6 +10,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +82,8 @@ class WorkerSession:
                 setattr(config.option, name, value)
         # Not an xdist worker (plugins would read xdist's keys): other plugins are adjusted
         # one by one, e.g. junitxml and --lf state are written by the controller alone.
+        # What they publish for the controller goes where xdist's workers put it.
+        config.workeroutput = {}  # type: ignore[attr-defined]
         compat.configure_worker(config)
         only = os.environ.get("DEVPOOL_COLLECT_ONLY")
         self.modules: set[str] | None = None
@@ -116,6 +120,17 @@ class WorkerSession:
         stacks = os.environ.get("DEVPOOL_STACKS_FILE")
         if stacks:  # a worker that ends normally leaves no empty output files behind
             capture.remove_empty(Path(stacks))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self) -> Generator[None, None, None]:
+        """After every plugin's pytest_sessionfinish: what they published, to the controller."""
+        try:
+            return (yield)
+        finally:
+            if self.template is None and self.fd_out >= 0:
+                output = compat.outputs.encode(dict(self.config.workeroutput))  # type: ignore[attr-defined]
+                with contextlib.suppress(OSError):  # the controller is gone: nobody to tell
+                    self.send({"ev": "output", "pid": os.getpid(), "data": output})
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         self.collected.append(item)
