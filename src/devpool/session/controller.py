@@ -134,7 +134,7 @@ class Controller:
             selected = worklist.write_selection(self.items.values(), self.run_dir / "collect")
             env[worklist.NODEIDS_ENV] = str(selected)
         if self.settings.backend == "ray":
-            from devpool.backends.ray import RayBackend
+            from devpool.backends.ray.backend import RayBackend
 
             return RayBackend(args, cwd, self.log_dir, self.settings, self.inventory, env)
         if self.early_backend is not None:
