@@ -185,7 +185,7 @@ class Placing:
         if head is None or slot.stopping or slot.dirty or slot.killed_for is not None:
             return
         if head.request.nodes > 1:
-            return  # the ranks of a multi-node worker end a batch together (ray.Merge)
+            return  # the ranks of a multi-node worker end a batch together (ray/merge.py)
         unstarted = [a.job for a in slot.sent if a.state is State.SENT]
         if len(unstarted) * 2 > BATCH_MAX or sum(map(_small, unstarted)) * 2 > BATCH_SECONDS:
             return  # enough left that the worker cannot run dry before the next look

@@ -12,40 +12,30 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
-import logging
 import os
-import shlex
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from devpool.backends import WorkerHandle
 from devpool.backends.pipes import EventPipes
+from devpool.backends.ray.actor import STOP_WAIT, RankProcess, RankSpec, shipped_lists
+from devpool.backends.ray.cluster import alive_nodes, connect, describe_cluster, import_ray, plural
+from devpool.backends.ray.handle import Rank, RayWorker
+from devpool.backends.ray.merge import Merge
 from devpool.config import Settings
-from devpool.devices.inventory import Inventory, Platform
-from devpool.devices.leases import Holder, Lease
-from devpool.devices.lockdir import LockDir
-from devpool.errors import DevpoolError
+from devpool.devices.inventory import Inventory
+from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
 from devpool.report.terminal import read_log
-from devpool.select.baseline import union_deps
-from devpool.select.record import DEPS_ATTR
-from devpool.select.tables import expand
-from devpool.worker import protocol, worklist
+from devpool.worker import protocol
 from devpool.worker.session import stacks_file
 
 EVENTS_WAIT = 0.5  # seconds an actor holds an events() call open waiting for output
 LOST_EXIT = -int(signal.SIGKILL)  # the exit status reported for a worker whose node went away
-STOP_WAIT = 5.0  # seconds a peer service gets between SIGTERM and SIGKILL
 CPU_BUNDLE = 0.01  # a multi-node CPU-only test still needs one bundle per node
 SHIP_EXCLUDES = [
     ".git",
@@ -64,594 +54,6 @@ SHIP_EXCLUDES = [
     "dist",
     "*.egg-info",
 ]
-
-
-def _ray() -> Any:
-    """The ray module; a clear error when the optional extra is not installed."""
-    try:
-        import ray
-    except ImportError:
-        raise DevpoolError("--devpool-backend ray needs Ray: pip install 'devpool[ray]'") from None
-    return ray
-
-
-def _connect(address: str | None, runtime_env: Mapping[str, Any] | None = None) -> str:
-    """Join the cluster (quietly); the address it was reached at."""
-    ray = _ray()
-    target = address or os.environ.get("RAY_ADDRESS") or "auto"
-    if ray.is_initialized():
-        return target
-    try:
-        ray.init(
-            address=target,
-            namespace="devpool",
-            logging_level=logging.ERROR,
-            log_to_driver=False,
-            runtime_env=dict(runtime_env) if runtime_env else None,
-        )
-    except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError, ...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DevpoolError(
-            f"cannot reach the Ray cluster at {target} (--devpool-ray-address or RAY_ADDRESS): "
-            f"{first}"
-        ) from None
-    return target
-
-
-@dataclass(frozen=True)
-class NodeShape:
-    """One alive Ray node: its id, address and how many of the platform's resource it has."""
-
-    node_id: str
-    address: str
-    count: int
-
-
-def _nodes(resource: str) -> list[NodeShape]:
-    ray = _ray()
-    shapes = []
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        count = int(node.get("Resources", {}).get(resource, 0))
-        shapes.append(NodeShape(node["NodeID"], node["NodeManagerAddress"], count))
-    return shapes
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
-
-
-def describe_cluster(nodes: Sequence[NodeShape], resource: str) -> str:
-    """'2 nodes with 4 NPU' or '1 node with 4 NPU, 1 node with 2 NPU'."""
-    if not nodes:
-        return "no alive nodes"
-    counts: dict[int, int] = {}
-    for node in nodes:
-        counts[node.count] = counts.get(node.count, 0) + 1
-    return ", ".join(
-        f"{_plural(n, 'node')} with {count} {resource}"
-        for count, n in sorted(counts.items(), reverse=True)
-    )
-
-
-def cluster_inventory(
-    spec: str | None, platforms: Mapping[str, Platform], address: str | None
-) -> Inventory:
-    """--devices PLATFORM on a Ray cluster: one virtual slot per device the cluster has."""
-    if spec is None or ":" in spec or spec not in platforms:
-        if spec is not None and ":" in spec:
-            raise DevpoolError(
-                "with --devpool-backend ray, --devices names only the platform, e.g. "
-                "--devices sim; the cluster decides the devices"
-            )
-        known = ", ".join(sorted(platforms))
-        raise DevpoolError(
-            f"with --devpool-backend ray, --devices names a platform ({known}), "
-            f"not {spec!r}; the cluster decides the devices"
-        )
-    platform = platforms[spec]
-    where = _connect(address)
-    nodes = _nodes(platform.ray_resource)
-    total = sum(node.count for node in nodes)
-    if total == 0:
-        raise DevpoolError(
-            f"the Ray cluster at {where} has no {platform.ray_resource} resource for platform "
-            f"{platform.name} ({describe_cluster(nodes, platform.ray_resource)}); set "
-            f"ray-resource under [tool.devpool.platforms] {platform.name}"
-        )
-    source = (
-        f"ray cluster at {where}: {_plural(len(nodes), 'node')}, {total} {platform.ray_resource}"
-    )
-    return Inventory(platform, tuple(range(total)), source)
-
-
-# ---- on the node ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """Everything an actor needs to start one rank's worker process on its node."""
-
-    args: tuple[str, ...]
-    cwd: str
-    env: dict[str, str]
-    log: str  # where the worker's output goes on the node ("" = a node-local temp file)
-    platform: str
-    resource: str
-    count: int
-    lock_dir: str
-    ship_code: bool
-    node_total: int
-    peer_service: str | None = None
-    # --devpool-ray-ship-code: the controller's lists the worker reads (env var → lines),
-    # written on the node; module paths relative to the shipped folder.
-    lists: dict[str, list[str]] = field(default_factory=dict)
-
-
-# Files the controller names in a worker's environment and the worker reads at its start:
-# the selected node ids (rootdir-relative) and the modules to collect (paths).
-SELECTION_ENV, MODULES_ENV = worklist.NODEIDS_ENV, "DEVPOOL_COLLECT_ONLY"
-
-
-def shipped_lists(env: Mapping[str, str], cwd: Path) -> dict[str, list[str]]:
-    """The selection and module lists a worker reads, for a node that cannot see the
-    controller's files: modules relative to cwd (the folder shipped as working_dir)."""
-    lists: dict[str, list[str]] = {}
-    for name in (SELECTION_ENV, MODULES_ENV):
-        path = env.get(name)
-        if not path:
-            continue
-        try:
-            lines = [line for line in Path(path).read_text(encoding="utf-8").split("\n") if line]
-        except OSError:
-            continue  # the worker says so in its log
-        if name == MODULES_ENV:
-            lines = [os.path.relpath(line, cwd) for line in lines]
-        lists[name] = lines
-    return lists
-
-
-class RankProcess:
-    """The actor body: one worker process (and maybe a peer service) on this node."""
-
-    def __init__(self) -> None:
-        self.process: subprocess.Popen[bytes] | None = None
-        self.service: subprocess.Popen[bytes] | None = None
-        self.fd_in = -1
-        self.buffer = bytearray()
-        self.eof = False
-        self.cond = threading.Condition()
-        self.leases: list[Lease] = []
-        self.log = ""
-        self.written: list[str] = []  # the shipped lists' files on this node
-
-    def place(self) -> dict[str, Any]:
-        """Where Ray put this actor and what it assigned."""
-        ray = _ray()
-        context = ray.get_runtime_context()
-        ids = context.get_accelerator_ids()
-        return {
-            "node_id": context.get_node_id(),
-            "address": ray.util.get_node_ip_address(),
-            "accelerators": {key: list(value) for key, value in ids.items()},
-        }
-
-    def free_port(self) -> int:
-        """A port free on this node now, for rank 0 to listen on."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            return int(sock.getsockname()[1])
-
-    def _devices(self, spec: RankSpec, node_id: str) -> list[int]:
-        """Ray's ids for known accelerators; node-local flocks for custom resources (sim)."""
-        ray = _ray()
-
-        if spec.count == 0:
-            return []
-        assigned = ray.get_runtime_context().get_accelerator_ids().get(spec.resource) or []
-        if len(assigned) >= spec.count:
-            return sorted(int(i) for i in assigned)[: spec.count]
-        # Several Ray nodes may share one host (and its lock folder): lock per Ray node.
-        locks = LockDir(Path(spec.lock_dir))
-        name = f"{spec.platform}.ray-{node_id[:12]}"
-        holder = Holder.for_this_process(f"ray-{node_id[:12]}", "")
-        got: list[int] = []
-        for device in range(max(spec.node_total, spec.count)):
-            lease = locks.try_acquire(name, [device], holder)
-            if isinstance(lease, Lease):
-                self.leases.append(lease)
-                got.append(device)
-                if len(got) == spec.count:
-                    return got
-        raise RuntimeError(f"no free {spec.platform} id on node {node_id[:12]}: {got}")
-
-    def start(self, spec: RankSpec) -> dict[str, Any]:
-        """Start the worker process; its events are buffered for events()."""
-        ray = _ray()
-
-        node_id = ray.get_runtime_context().get_node_id()
-        devices = self._devices(spec, node_id)
-        env = dict(spec.env)
-        ids = ",".join(str(d) for d in devices)
-        env["DEVPOOL_DEVICES"] = ids
-        env["DEVPOOL_RAY_NODE_ID"] = node_id
-        visible = env.get("DEVPOOL_VISIBLE_ENV", "")
-        env.pop("DEVPOOL_VISIBLE_ENV", None)
-        if visible:
-            env[visible] = ids
-        cwd = os.getcwd() if spec.ship_code else spec.cwd
-        if spec.log:
-            Path(spec.log).parent.mkdir(parents=True, exist_ok=True)
-            self.log = spec.log
-        else:
-            fd, self.log = tempfile.mkstemp(prefix="devpool-worker-", suffix=".log")
-            os.close(fd)
-        env["DEVPOOL_STACKS_FILE"] = str(stacks_file(Path(self.log)))
-        for name, lines in spec.lists.items():
-            if name == MODULES_ENV:  # where this node unpacked the shipped folder
-                lines = [os.path.join(cwd, line) for line in lines]
-            fd, path = tempfile.mkstemp(prefix="devpool-list-", suffix=".txt")
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write("".join(f"{line}\n" for line in lines))
-            self.written.append(path)
-            env[name] = path
-        if spec.peer_service:
-            self._start_service(spec.peer_service, cwd, env)
-        cmd_read, cmd_write = os.pipe()
-        ev_read, ev_write = os.pipe()
-        argv = [
-            sys.executable,
-            "-m",
-            "pytest",
-            *spec.args,
-            "--devpool-worker",
-            f"{cmd_read},{ev_write},{os.getpid()}",
-        ]
-        with open(self.log, "ab") as out:
-            self.process = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                pass_fds=(cmd_read, ev_write),
-                start_new_session=True,
-            )
-        os.close(cmd_read)
-        os.close(ev_write)
-        self.fd_in = cmd_write
-        threading.Thread(target=self._read, args=(ev_read,), daemon=True).start()
-        return {"pid": self.process.pid, "devices": devices, "log": self.log}
-
-    def _start_service(self, command: str, cwd: str, env: Mapping[str, str]) -> None:
-        with open(self.log, "ab") as out:
-            out.write(f"devpool: starting peer service: {command}\n".encode())
-            out.flush()
-            self.service = subprocess.Popen(
-                shlex.split(command),
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def _read(self, fd: int) -> None:
-        while True:
-            try:
-                data = os.read(fd, 1 << 16)
-            except OSError:
-                data = b""
-            with self.cond:
-                if data:
-                    self.buffer += data
-                else:
-                    self.eof = True
-                self.cond.notify_all()
-            if not data:
-                os.close(fd)
-                return
-
-    def events(self, timeout: float) -> tuple[bytes, int | None]:
-        """Output so far (waiting up to timeout for some), and the exit status once it ended."""
-        with self.cond:
-            if not self.buffer and not self.eof:
-                self.cond.wait(timeout)
-            data = bytes(self.buffer)
-            self.buffer.clear()
-            eof = self.eof
-        code = None
-        if eof and self.process is not None:
-            try:
-                code = self.process.wait(timeout=0 if data else timeout)
-            except subprocess.TimeoutExpired:
-                code = None
-        return data, code
-
-    def send(self, data: bytes) -> bool:
-        try:
-            while data:
-                written = os.write(self.fd_in, data)
-                data = data[written:]
-        except OSError:
-            return False
-        return True
-
-    def signal(self, signum: int, group: bool) -> None:
-        """Signal the worker process (group: with everything the test started)."""
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if group:
-                os.killpg(self.process.pid, signum)
-            else:
-                os.kill(self.process.pid, signum)
-
-    def log_text(self) -> tuple[str, str]:
-        """The worker's log and stacks file, for a controller without this node's filesystem."""
-        texts = []
-        for path in (Path(self.log), stacks_file(Path(self.log))):
-            try:
-                texts.append(path.read_text(encoding="utf-8", errors="replace"))
-            except OSError:
-                texts.append("")
-        return texts[0], texts[1]
-
-    def stop(self) -> None:
-        """End the peer service and anything left of the worker; free the node-local ids."""
-        if self.service is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.service.pid, signal.SIGTERM)
-            try:
-                self.service.wait(timeout=STOP_WAIT)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.service.pid, signal.SIGKILL)
-                self.service.wait()
-            self.service = None
-        self.signal(signal.SIGKILL, True)
-        if self.fd_in >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.fd_in)
-            self.fd_in = -1
-        for lease in self.leases:
-            lease.release()
-        self.leases = []
-        for path in self.written:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        self.written = []
-
-
-# ---- merging ranks -------------------------------------------------------------------------
-
-
-def _longrepr_text(data: Mapping[str, Any]) -> str:
-    import pytest
-
-    try:
-        return str(pytest.TestReport._from_json(dict(data)).longreprtext)  # noqa: SLF001
-    except Exception:  # noqa: BLE001 - an odd longrepr still gets shown as it is
-        return json.dumps(data.get("longrepr"), default=str)
-
-
-def _label(rank: int, text: str) -> str:
-    return "\n".join(f"[rank {rank}] {line}" for line in (text.splitlines() or [""]))
-
-
-def merge_phase(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, Any]:
-    """One phase of one test across ranks: failed if any rank failed, passed only if all did."""
-    failed = [(r, d) for r, d in reports if d.get("outcome") == "failed"]
-    skipped = [(r, d) for r, d in reports if d.get("outcome") == "skipped"]
-    base = dict((failed or skipped or list(reports))[0][1])
-    base["duration"] = max(float(d.get("duration", 0.0)) for _, d in reports)
-    if all("start" in d for _, d in reports):
-        base["start"] = min(float(d["start"]) for _, d in reports)
-        base["stop"] = max(float(d.get("stop", d["start"])) for _, d in reports)
-    base["sections"] = [
-        [f"{title} [rank {rank}]", content]
-        for rank, data in reports
-        for title, content in data.get("sections", [])
-    ]
-    if failed:
-        base["outcome"] = "failed"
-        base["longrepr"] = "\n".join(_label(r, _longrepr_text(d)) for r, d in failed)
-    deps = _union_of_ranks(reports)
-    if deps is not None:
-        base[DEPS_ATTR] = deps
-    return base
-
-
-def _union_of_ranks(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, Any] | None:
-    """--devpool-select record: a test depends on what any of its ranks ran or read."""
-    seen = [
-        expand(deps) if isinstance(deps, Mapping) else deps
-        for deps in (data.get(DEPS_ATTR) for _, data in reports)
-    ]
-    if not any(isinstance(deps, Mapping) for deps in seen):
-        return None
-    nodeid = reports[0][1].get("nodeid")
-    lacking = {"nodeid": nodeid, "recorded": False, "why": "a rank sent no dependencies"}
-    return union_deps([deps if isinstance(deps, Mapping) else lacking for deps in seen])
-
-
-class Merge:
-    """n ranks' event streams → one stream with one start, report and finish per test."""
-
-    def __init__(self, world: int) -> None:
-        self.world = world
-        self.reports: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-        self.finished: dict[str, set[int]] = {}
-        self.started: set[str] = set()
-        self.missing: set[str] = set()
-        self.done: dict[int, dict[int, list[str]]] = {}
-
-    def feed(self, rank: int, message: protocol.Message) -> list[protocol.Message]:
-        if self.world == 1:
-            return [message]
-        event = message.get("ev")
-        if event in ("ready", "warning", "renamed"):  # said once, as by one process
-            return [message] if rank == 0 else []
-        if event == "start":
-            nodeid = message["nodeid"]
-            if nodeid in self.started:
-                return []
-            self.started.add(nodeid)
-            return [message]
-        if event == "report":
-            data = message["data"]
-            self.reports.setdefault(data["nodeid"], []).append((rank, data))
-            return []
-        if event == "finish":
-            nodeid = message["nodeid"]
-            ranks = self.finished.setdefault(nodeid, set())
-            ranks.add(rank)
-            if len(ranks) < self.world:
-                return []
-            return [*self._merged(nodeid), message]
-        if event == "missing":
-            if message["nodeid"] in self.missing:
-                return []
-            self.missing.add(message["nodeid"])
-            return [message]
-        if event == "done":
-            job = int(message["job"])
-            ranks_done = self.done.setdefault(job, {})
-            ranks_done[rank] = list(message.get("skipped", ()))
-            if len(ranks_done) < self.world:
-                return []
-            skipped = sorted({n for names in ranks_done.values() for n in names})
-            del self.done[job]
-            return [{"ev": "done", "job": job, "skipped": skipped}]
-        return []
-
-    def _merged(self, nodeid: str) -> list[protocol.Message]:
-        reports = sorted(self.reports.pop(nodeid, []), key=lambda rd: rd[0])
-        self.started.discard(nodeid)
-        self.finished.pop(nodeid, None)
-        out: list[protocol.Message] = []
-        for when in ("setup", "call", "teardown"):
-            phase = [(r, d) for r, d in reports if d.get("when") == when]
-            if not phase:
-                continue
-            merged = merge_phase(phase)
-            out.append({"ev": "report", "data": merged})
-            if when == "setup" and merged.get("outcome") != "passed":
-                # pytest runs no call after a failed or skipped setup: nor does the merge.
-                reports = [(r, d) for r, d in reports if d.get("when") != "call"]
-        return out
-
-
-# ---- on the controller ---------------------------------------------------------------------
-
-
-@dataclass
-class Rank:
-    """One rank of a worker: its actor and what it reported about itself."""
-
-    rank: int
-    actor: Any
-    node_id: str = ""
-    address: str = ""
-    pid: int = 0
-    devices: list[int] = field(default_factory=list)
-    log: Path | None = None  # its log on the controller's side
-    code: int | None = None
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "node": self.address,
-            "node_id": self.node_id,
-            "devices": self.devices,
-            "pid": self.pid,
-            "log": str(self.log) if self.log is not None else "",
-        }
-
-
-@dataclass(eq=False)
-class RayWorker:
-    """A job's ranks on the cluster, seen by the controller as one worker."""
-
-    key: int
-    devices: tuple[int, ...]
-    world: int
-    log: Path
-    fd_out: int
-    lease: Lease | None = None
-    reader: protocol.Reader = field(default_factory=protocol.Reader)
-    exited: bool = False
-    lost: str | None = None
-    ranks: list[Rank] = field(default_factory=list)
-    placement_group: Any = None
-    code: int | None = None
-    finished: threading.Event = field(default_factory=threading.Event)
-    stop_asked: threading.Event = field(default_factory=threading.Event)
-    running: bool = False  # the rank processes are started: send() goes straight to them
-    outbox: list[protocol.Message] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def pid(self) -> int:
-        """Rank 0's worker pid on its node (0 until it started)."""
-        return self.ranks[0].pid if self.ranks else 0
-
-    @property
-    def stacks(self) -> Path:
-        return stacks_file(self.log)
-
-    @property
-    def rank_info(self) -> list[dict[str, Any]]:
-        return [rank.describe() for rank in self.ranks if rank.node_id]
-
-    def send(self, message: protocol.Message) -> bool:
-        """Send a command to every rank; held back until the ranks have started."""
-        if self.finished.is_set():
-            return False
-        with self.lock:
-            if not self.running:
-                self.outbox.append(message)
-                if message.get("op") == "stop":
-                    self.stop_asked.set()
-                return True
-            data = protocol.encode(message)
-            for rank in self.ranks:
-                rank.actor.send.remote(data)
-        return True
-
-    def signal_group(self, signum: int) -> None:
-        """Signal every rank's process group; before the ranks started, a kill stops the start."""
-        if signum in (signal.SIGTERM, signal.SIGKILL):
-            self.stop_asked.set()
-        if self.finished.is_set():
-            return
-        with self.lock:
-            for rank in self.ranks:
-                with contextlib.suppress(Exception):
-                    rank.actor.signal.remote(signum, True)
-
-    def dump_stacks(self) -> None:
-        """Ask every rank's faulthandler for its stacks (SIGUSR1 to the worker process)."""
-        with self.lock:
-            for rank in self.ranks:
-                with contextlib.suppress(Exception):
-                    rank.actor.signal.remote(int(signal.SIGUSR1), False)
-
-    def poll(self) -> int | None:
-        return self.code if self.finished.is_set() else None
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self.finished.wait(timeout):
-            raise subprocess.TimeoutExpired(f"ray worker {self.key}", timeout or 0.0)
-        assert self.code is not None
-        return self.code
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd_out)
 
 
 class RayBackend:
@@ -683,11 +85,11 @@ class RayBackend:
         self.runtime_env: dict[str, Any] | None = None
         if settings.ray_ship_code:
             self.runtime_env = {"working_dir": str(cwd), "excludes": SHIP_EXCLUDES}
-            ray = _ray()
+            ray = import_ray()
             if ray.is_initialized():
                 ray.shutdown()  # the job-wide runtime_env is set when joining the cluster
-        self.address = _connect(settings.ray_address, self.runtime_env)
-        self.nodes = _nodes(self.resource)
+        self.address = connect(settings.ray_address, self.runtime_env)
+        self.nodes = alive_nodes(self.resource)
         self.peer_service = settings.peer_service
 
     # ---- what the cluster can hold --------------------------------------------------------
@@ -700,9 +102,9 @@ class RayBackend:
         fitting = [node for node in self.nodes if node.count >= k]
         if len(fitting) >= n:
             return None
-        need = f"{_plural(n, 'node')} × {k} {self.resource}" if n > 1 else f"{k} {self.resource}"
+        need = f"{plural(n, 'node')} × {k} {self.resource}" if n > 1 else f"{k} {self.resource}"
         if k == 0:
-            need = _plural(n, "node")
+            need = plural(n, "node")
         return f"needs {need}; cluster has {describe_cluster(self.nodes, self.resource)}"
 
     # ---- workers --------------------------------------------------------------------------
@@ -756,12 +158,12 @@ class RayBackend:
             worker.finished.set()
 
     def _actor_class(self) -> Any:
-        ray = _ray()
+        ray = import_ray()
         return ray.remote(RankProcess)
 
     def _place(self, worker: RayWorker, request: Request) -> bool:
         """Placement group and actors, bounded by --devpool-lease-timeout; False when not placed."""
-        ray = _ray()
+        ray = import_ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -798,7 +200,7 @@ class RayBackend:
         return True
 
     def _ready(self, refs: list[Any], worker: RayWorker, deadline: float) -> bool:
-        ray = _ray()
+        ray = import_ray()
         pending = list(refs)
         while pending:
             if worker.stop_asked.is_set():
@@ -815,7 +217,7 @@ class RayBackend:
 
     def _launch(self, worker: RayWorker, request: Request, env: dict[str, str]) -> bool:
         """Start every rank's worker process (rank 0 picks the port the ranks meet on)."""
-        ray = _ray()
+        ray = import_ray()
         n = worker.world
         env = dict(env)
         env["DEVPOOL_VISIBLE_ENV"] = self.platform.visible_env or ""
@@ -866,7 +268,7 @@ class RayBackend:
 
     def _pump(self, worker: RayWorker, write_end: int) -> int:
         """Bridge the ranks' events into the controller's pipe until every rank has exited."""
-        ray = _ray()
+        ray = import_ray()
         merge = Merge(worker.world)
         readers = [protocol.Reader() for _ in worker.ranks]
         calls = {rank.actor.events.remote(EVENTS_WAIT): rank for rank in worker.ranks}
@@ -906,7 +308,7 @@ class RayBackend:
 
     def _cleanup(self, worker: RayWorker) -> None:
         """Stop the ranks' processes and services, then remove the actors and placement group."""
-        ray = _ray()
+        ray = import_ray()
 
         stops = []
         for rank in worker.ranks:
@@ -921,7 +323,7 @@ class RayBackend:
 
     def _fetch_logs(self, worker: RayWorker) -> None:
         """--devpool-ray-ship-code: the nodes' logs come back as text, written here."""
-        ray = _ray()
+        ray = import_ray()
         for rank in worker.ranks:
             if rank.log is None or not rank.node_id:
                 continue
@@ -993,7 +395,7 @@ class RayBackend:
         deadline = time.monotonic() + STOP_WAIT
         for worker in list(self.workers.values()):
             worker.finished.wait(max(0.0, deadline - time.monotonic()))
-        ray = _ray()
+        ray = import_ray()
         for worker in list(self.workers.values()):
             _remove_ray_objects(worker)
         self.workers.clear()
@@ -1011,7 +413,7 @@ def _why_lost(exc: BaseException) -> str:
 
 def _remove_ray_objects(worker: RayWorker) -> None:
     """Kill a worker's actors and remove its placement group; quiet if they are gone already."""
-    ray = _ray()
+    ray = import_ray()
     from ray.util.placement_group import remove_placement_group
 
     for rank in worker.ranks:
