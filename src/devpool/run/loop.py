@@ -25,9 +25,10 @@ from devpool.plan.jobs import Job, Plan
 from devpool.plan.policies import Backfill
 from devpool.plan.scheduler import Scheduler
 from devpool.report import progress
-from devpool.report.terminal import read_log, tail
+from devpool.report.terminal import read_log
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
+from devpool.run.exits import describe_exit, own_output, worker_log_tail
 from devpool.run.health import DeviceHealth, Foreign
 from devpool.run.memory_watch import MemoryWatches
 from devpool.run.placing import Placing
@@ -335,8 +336,8 @@ class Loop:
         """The worker died under a test: its own timeout, a crash, or another's timeout."""
         worker = slot.worker
         duration = time.monotonic() - attempt.started
-        how = _describe_exit(code)
-        own = _own_output(slot, attempt)
+        how = describe_exit(code)
+        own = own_output(slot, attempt)
         captured = crash_output(worker.log)  # what the test wrote under pytest's capture
         if captured:
             own += "\n" + captured
@@ -374,9 +375,9 @@ class Loop:
     def _worker_failed(self, slot: Slot, attempt: Attempt, code: int | None) -> None:
         """A worker died before it ran its test (e.g. a conftest that fails to import)."""
         worker = slot.worker
-        how = slot.stuck or getattr(worker, "lost", None) or _describe_exit(code)
+        how = slot.stuck or getattr(worker, "lost", None) or describe_exit(code)
         reason = f"worker pid {worker.pid} {how} before running the test; see {worker.log}"
-        self._end(attempt, Outcome.INFRA, reason, slot, 0.0, _worker_log_tail(slot))
+        self._end(attempt, Outcome.INFRA, reason, slot, 0.0, worker_log_tail(slot))
 
     # ---- the endings of attempts ----------------------------------------------------------
 
@@ -430,7 +431,7 @@ class Loop:
         ended with this test next and nothing else sent), the ending was its own."""
         if attempt.job.runs_alone and attempt.requeues >= ALONE_AFTER:
             detail = f"it was next, alone in its worker, and {why}; see {slot.worker.log}"
-            self._end(attempt, Outcome.INFRA, detail, slot, 0.0, _worker_log_tail(slot))
+            self._end(attempt, Outcome.INFRA, detail, slot, 0.0, worker_log_tail(slot))
             return
         attempt.requeue(self.ctx.emit, why)
         attempt.job.setbacks.append(f"sent back: {why}")
@@ -451,7 +452,7 @@ class Loop:
     def _check_fatal(self, attempt: Attempt, slot: Slot, extra: str = "") -> None:
         """A fatal error in this attempt's own output: the worker goes, the device maybe too."""
         text = "\n".join(report_text(r) for r in attempt.phases)
-        text += "\n" + (extra or _own_output(slot, attempt))
+        text += "\n" + (extra or own_output(slot, attempt))
         if self.health.judge(attempt.devices, text, attempt.display) is not None:
             slot.dirty = True
             if slot.key in self.pool.slots:
@@ -507,34 +508,3 @@ class Loop:
 
     def say(self, text: str) -> None:
         self.replay.say(text)
-
-
-def _own_output(slot: Slot, attempt: Attempt) -> str:
-    """What the worker wrote to its log since this attempt started: its output, no other's."""
-    try:
-        with open(slot.worker.log, "rb") as log:
-            log.seek(attempt.output_from)
-            data = log.read()
-    except OSError:
-        return ""
-    lines = data.decode("utf-8", "replace").splitlines()[-60:]
-    return "---- worker output during this test (tail) ----\n" + "\n".join(lines)
-
-
-def _describe_exit(code: int | None) -> str:
-    import signal
-
-    if code is None:
-        return "vanished"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name} (signal {-code})"
-    return f"exited with code {code}"
-
-
-def _worker_log_tail(slot: Slot) -> str:
-    """The end of a worker's own output, for the log of a test it died before."""
-    return "---- worker log (tail) ----\n" + "\n".join(tail(slot.worker.log, 60))
