@@ -15,9 +15,9 @@ import devpool
 
 SRC = Path(devpool.__file__).resolve().parent
 MAX_TOP_LEVEL = 12
-MAX_LINES = 700
+MAX_LINES = 600
 # Over the limit today, to be split by concern (issue 20): each may shrink, never grow.
-OVER_FOR_NOW: dict[str, int] = {}
+OVER_FOR_NOW = {"capacity/report.py": 619}
 
 
 def _modules() -> dict[str, Path]:
