@@ -15,9 +15,9 @@ import devpool
 
 SRC = Path(devpool.__file__).resolve().parent
 MAX_TOP_LEVEL = 12
-MAX_LINES = 700
+MAX_LINES = 600
 # Over the limit today, to be split by concern (issue 20): each may shrink, never grow.
-OVER_FOR_NOW = {"backends/ray.py": 1023}
+OVER_FOR_NOW = {"capacity/report.py": 619}
 
 
 def _modules() -> dict[str, Path]:
@@ -97,7 +97,7 @@ def _room(module: str) -> str:
 def test_the_graph_sees_a_deferred_import() -> None:
     graph = _graph()
     assert "devpool.devices.shares" in graph["devpool.devices.lockdir"]
-    assert "devpool.backends.ray" in graph["devpool.plugin"]  # deferred, in a function
+    assert "devpool.backends.ray.cluster" in graph["devpool.plugin"]  # deferred, in a function
 
 
 def test_a_circle_is_found_wherever_it_closes() -> None:

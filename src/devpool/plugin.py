@@ -100,7 +100,7 @@ def _configure_controller(config: pytest.Config) -> None:
         raise DevpoolError("--devices and -n (pytest-xdist) both start workers; drop -n")
     compat.configure_controller(config)
     if settings.backend == "ray":
-        from devpool.backends.ray import cluster_inventory
+        from devpool.backends.ray.cluster import cluster_inventory
 
         inventory = cluster_inventory(settings.devices, settings.platforms, settings.ray_address)
     else:

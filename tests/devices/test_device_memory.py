@@ -158,22 +158,22 @@ def test_a_bad_platform_memory_is_one_sentence() -> None:
 
 
 def test_cuda_capacity_from_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
-    from devpool.devices import inventory
+    from devpool.devices.detection import cuda
 
-    monkeypatch.setattr(inventory.importlib, "import_module", _no_module)
-    monkeypatch.setattr(inventory, "_run_tool", lambda argv, timeout: "0, 81559\n1, 81559\n")
+    monkeypatch.setattr(cuda.importlib, "import_module", _no_module)
+    monkeypatch.setattr(cuda, "run_tool", lambda argv, timeout: "0, 81559\n1, 81559\n")
     cuda = load_platforms(None)["cuda"]
     assert device_memory(cuda, (1,)) == {1: 81559 * 2**20}
 
 
 def test_ascend_capacity_from_npu_smi(monkeypatch: pytest.MonkeyPatch) -> None:
-    from devpool.devices import inventory
+    from devpool.devices.detection import ascend
 
     answers = {
         "0": "NPU ID : 0\n DDR Capacity(MB) : 15171\n HBM Capacity(MB) : 65536\n",
         "1": "NPU ID : 1\n DDR Capacity(MB) : 8192\n",
     }
-    monkeypatch.setattr(inventory, "_run_tool", lambda argv, timeout: answers.get(argv[-1]))
+    monkeypatch.setattr(ascend, "run_tool", lambda argv, timeout: answers.get(argv[-1]))
     ascend = load_platforms(None)["ascend"]
     assert device_memory(ascend, (0, 1, 2)) == {0: 65536 * 2**20, 1: 8192 * 2**20}
 

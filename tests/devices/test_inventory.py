@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from devpool.devices import inventory
+from devpool.devices.detection import rocm
 from devpool.devices.inventory import (
     BUILTIN_PLATFORMS,
     KINDS,
@@ -480,7 +481,7 @@ def test_cuda_uuids_against_explicit_ids_are_an_error() -> None:
 def test_detect_returns_none_when_the_tool_is_absent(
     kind: str, tool_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(inventory, "_KFD", tmp_path / "no-kfd")
+    monkeypatch.setattr(rocm, "_KFD", tmp_path / "no-kfd")
     assert detect(kind, timeout=5) is None
 
 
@@ -599,8 +600,8 @@ def test_detect_rocm_counts_amd_render_nodes_without_rocm_smi(
     ]:
         (drm / node / "device").mkdir(parents=True)
         (drm / node / "device" / "vendor").write_text(vendor + "\n")
-    monkeypatch.setattr(inventory, "_KFD", kfd)
-    monkeypatch.setattr(inventory, "_DRM_SYS", drm)
+    monkeypatch.setattr(rocm, "_KFD", kfd)
+    monkeypatch.setattr(rocm, "_DRM_SYS", drm)
     assert detect("rocm", timeout=5) == [0, 1]
     os.remove(kfd)
     assert detect("rocm", timeout=5) is None

@@ -20,6 +20,8 @@ import pytest
 # Workers get the controller's arguments and environment: without plugin autoload (and
 # hypothesis's plugin off) each worker start costs a fraction of a second.
 FAST = ("-p", "devpool.plugin", "-p", "no:hypothesispytest", "-p", "no:cacheprovider")
+# The same start, with pytest-randomly off: the target's tests start in the order written.
+IN_ORDER = ("-p", "devpool.plugin", "-p", "no:cacheprovider", "-p", "no:randomly")
 
 # Put at the top of every generated test module: lets a test record what it saw.
 PRELUDE = """

@@ -14,11 +14,9 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
-
-FAST = ("-p", "devpool.plugin", "-p", "no:cacheprovider", "-p", "no:randomly")
+from sessions import IN_ORDER, events
 
 POISON = """
 import atexit, os, signal, sys, time
@@ -52,7 +50,7 @@ def run(pytester: pytest.Pytester, body: str, *args: str) -> tuple[pytest.RunRes
     lock = pytester.path / "locks"
     lock.mkdir(exist_ok=True)
     result = pytester.runpytest_subprocess(
-        *FAST,
+        *IN_ORDER,
         f"--devpool-lock-dir={lock}",
         f"--devpool-run-record={record}",
         "--devpool-timeout-grace=0.5",
@@ -60,11 +58,6 @@ def run(pytester: pytest.Pytester, body: str, *args: str) -> tuple[pytest.RunRes
         timeout=120,
     )
     return result, record
-
-
-def events(record: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for line in record.read_text().splitlines()]
-    return [e for e in lines if kind is None or e["type"] == kind]
 
 
 def finals(record: Path) -> dict[str, str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from devpool.session.controller import RUN_ID
+from devpool.session.run_folder import RUN_ID
 
 PYTEST = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:rerunfailures")
 PLATFORMS = """

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sessions import IN_ORDER
 
-FAST = ("-p", "devpool.plugin", "-p", "no:cacheprovider", "-p", "no:randomly")
-
-PRELUDE = """
+HOLD = """
 import json, os, time
 from pathlib import Path
 import pytest
@@ -53,13 +52,13 @@ def run(pytester: pytest.Pytester, body: str, *args: str) -> tuple[pytest.RunRes
         """
     )
     pytester.makepyfile(
-        test_share=PRELUDE.format(spans=str(spans)) + textwrap.dedent(body),
+        test_share=HOLD.format(spans=str(spans)) + textwrap.dedent(body),
     )
     record = pytester.path / "record.jsonl"
     lock = pytester.path / "locks"
     lock.mkdir()
     result = pytester.runpytest_subprocess(
-        *FAST,
+        *IN_ORDER,
         f"--devpool-lock-dir={lock}",
         f"--devpool-run-record={record}",
         "--devpool-memory-reserve=0",
@@ -226,12 +225,12 @@ def test_concurrent_sessions_share_capacity_and_a_killed_holder_frees_its_share(
         folder = pytester.path / name
         folder.mkdir()
         (folder / f"test_{name}.py").write_text(
-            PRELUDE.format(spans=str(spans)) + textwrap.dedent(body)
+            HOLD.format(spans=str(spans)) + textwrap.dedent(body)
         )
     env = dict(os.environ, KILL_ME=str(tmp_path / "holding"))
 
     def start(name: str) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-m", "pytest", *FAST, "--devices", "sim:0-1", name]
+        argv = [sys.executable, "-m", "pytest", *IN_ORDER, "--devices", "sim:0-1", name]
         argv += [f"--devpool-lock-dir={lock}", "--devpool-memory-reserve=0", "-q"]
         return subprocess.Popen(argv, cwd=pytester.path, env=env, start_new_session=True)
 

@@ -7,7 +7,6 @@ Nothing here sleeps to wait for something: each wait polls a condition under a d
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from sessions import records
 
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import LockDir
@@ -84,13 +84,9 @@ def alive(pid: int) -> bool:
     return text.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def held(lock_dir: Path) -> dict[int, Holder | None]:
+def held(lock: Path) -> dict[int, Holder | None]:
     """Device → holder, for every device of the lock folder that someone holds now."""
-    return {state.device: state.holder for state in LockDir(lock_dir).status() if state.held}
-
-
-def records(out: Path) -> dict[str, dict[str, Any]]:
-    return {path.stem: json.loads(path.read_text()) for path in sorted(out.glob("*.json"))}
+    return {state.device: state.holder for state in LockDir(lock).status() if state.held}
 
 
 def suite(pytester: pytest.Pytester, out: Path, name: str, body: str) -> Path:
@@ -98,10 +94,10 @@ def suite(pytester: pytest.Pytester, out: Path, name: str, body: str) -> Path:
 
 
 def run_session(
-    pytester: pytest.Pytester, lock_dir: Path, *args: str, autoload: bool = False
+    pytester: pytest.Pytester, lock: Path, *args: str, autoload: bool = False
 ) -> pytest.RunResult:
     """Run a session to its end; autoload=True loads devpool (and all) from entry points."""
-    args = (f"--devpool-lock-dir={lock_dir}", "-p", "no:cacheprovider", *args)
+    args = (f"--devpool-lock-dir={lock}", "-p", "no:cacheprovider", *args)
     if not autoload:
         return pytester.runpytest_subprocess(*PLUGIN_ARGS, *args, timeout=60)
     with pytest.MonkeyPatch.context() as patch:
@@ -120,11 +116,11 @@ def _default_sigint() -> None:
 class Session:
     """A controller we start ourselves, to signal it or watch it while it runs."""
 
-    def __init__(self, cwd: Path, lock_dir: Path, args: tuple[str, ...], log: Path) -> None:
+    def __init__(self, cwd: Path, lock: Path, args: tuple[str, ...], log: Path) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("PYTEST_ADDOPTS", None)
         self.log = log
-        argv = [sys.executable, "-m", "pytest", *PLUGIN_ARGS, f"--devpool-lock-dir={lock_dir}"]
+        argv = [sys.executable, "-m", "pytest", *PLUGIN_ARGS, f"--devpool-lock-dir={lock}"]
         argv += ["-p", "no:cacheprovider", *args]
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
@@ -170,27 +166,13 @@ def _no_plugin_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def lock_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "locks"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def out(tmp_path: Path) -> Path:
-    path = tmp_path / "out"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def launch(tmp_path: Path, lock_dir: Path) -> Iterator[Callable[..., Session]]:
+def launch(tmp_path: Path, lock: Path) -> Iterator[Callable[..., Session]]:
     """Start sessions with Popen; any still running at the end is killed by its own pgid."""
     started: list[Session] = []
 
     def start(*args: str, cwd: Path | None = None) -> Session:
         log = tmp_path / f"session-{len(started)}.log"
-        session = Session(cwd or Path.cwd(), lock_dir, args, log)
+        session = Session(cwd or Path.cwd(), lock, args, log)
         started.append(session)
         return session
 
@@ -215,7 +197,7 @@ def _no_device_shared_in_time(runs: list[dict[str, Any]]) -> None:
 
 
 def test_one_device_tests_are_packed_in_parallel_without_sharing(
-    pytester: pytest.Pytester, lock_dir: Path, out: Path
+    pytester: pytest.Pytester, lock: Path, out: Path
 ) -> None:
     suite(
         pytester,
@@ -232,7 +214,7 @@ def test_one_device_tests_are_packed_in_parallel_without_sharing(
         """,
     )
     # This one loads devpool from its entry point, as users get it.
-    result = run_session(pytester, lock_dir, "--devices", "sim:0-3", autoload=True)
+    result = run_session(pytester, lock, "--devices", "sim:0-3", autoload=True)
     assert result.ret == 0, result.stdout.str()
     result.assert_outcomes(passed=8)
     runs = list(records(out).values())
@@ -253,7 +235,7 @@ def test_one_device_tests_are_packed_in_parallel_without_sharing(
 
 
 def test_mixed_sizes_get_the_right_number_of_distinct_devices(
-    pytester: pytest.Pytester, lock_dir: Path, out: Path
+    pytester: pytest.Pytester, lock: Path, out: Path
 ) -> None:
     suite(
         pytester,
@@ -284,7 +266,7 @@ def test_mixed_sizes_get_the_right_number_of_distinct_devices(
             _run(f"cpu{i}", devpool_devices)
         """,
     )
-    result = run_session(pytester, lock_dir, "--devices", "sim:0-3")
+    result = run_session(pytester, lock, "--devices", "sim:0-3")
     assert result.ret == 0, result.stdout.str()
     result.assert_outcomes(passed=8)
     runs = records(out)
@@ -306,7 +288,7 @@ def test_mixed_sizes_get_the_right_number_of_distinct_devices(
 
 
 def test_two_concurrent_sessions_never_hold_the_same_device(
-    tmp_path: Path, lock_dir: Path, launch: Callable[..., Session]
+    tmp_path: Path, lock: Path, launch: Callable[..., Session]
 ) -> None:
     shared = tmp_path / "guards"
     shared.mkdir()
@@ -349,7 +331,7 @@ def test_guard(i, devpool_devices):
         assert code == 0, text
         assert "100 passed" in text.splitlines()[-1], text
     assert not list(shared.iterdir())
-    assert not held(lock_dir)
+    assert not held(lock)
     # The two runs must really have competed for the devices, or this proves nothing.
     windows = []
     for name in ("a", "b"):
@@ -367,7 +349,7 @@ def test_guard(i, devpool_devices):
 
 
 def test_sigkilled_worker_is_crashed_and_its_lease_freed_at_once(
-    pytester: pytest.Pytester, lock_dir: Path, out: Path, launch: Callable[..., Session]
+    pytester: pytest.Pytester, lock: Path, out: Path, launch: Callable[..., Session]
 ) -> None:
     go = out / "go"
     suite(
@@ -401,7 +383,7 @@ def test_sigkilled_worker_is_crashed_and_its_lease_freed_at_once(
     device, killed_pid = int(marker["devices"]), marker["pid"]
 
     def lease_gone() -> bool:
-        holder = held(lock_dir).get(device, "free")
+        holder = held(lock).get(device, "free")
         if holder == "free":
             return True
         # Another worker of this run (a rerun, say) may hold it now: the dead one let go.
@@ -421,11 +403,11 @@ def test_sigkilled_worker_is_crashed_and_its_lease_freed_at_once(
     killed = [run["pid"] for key, run in records(out).items() if key.startswith("killed-")]
     assert any(f"worker pid {pid} was killed by SIGKILL" in text for pid in killed), text
     assert not any(alive(pid) for pid in killed)
-    assert not held(lock_dir)
+    assert not held(lock)
 
 
 def test_exit_code_crash_then_the_next_test_runs_in_a_fresh_worker(
-    pytester: pytest.Pytester, lock_dir: Path, out: Path
+    pytester: pytest.Pytester, lock: Path, out: Path
 ) -> None:
     suite(
         pytester,
@@ -442,21 +424,21 @@ def test_exit_code_crash_then_the_next_test_runs_in_a_fresh_worker(
             record("after")
         """,
     )
-    result = run_session(pytester, lock_dir, "--devices", "sim:0")
+    result = run_session(pytester, lock, "--devices", "sim:0")
     text = result.stdout.str()
     assert result.ret == 1, text
     assert "1 crashed" in closing_line(result) and "1 passed" in closing_line(result), text
     assert "exited with code 3" in text, text
     runs = records(out)
     assert runs["exits"]["pid"] != runs["after"]["pid"]
-    assert not held(lock_dir)
+    assert not held(lock)
 
 
 # ---- 6: timeouts ----------------------------------------------------------------------------
 
 
 def test_timeout_dumps_stacks_and_kills_the_whole_process_group(
-    pytester: pytest.Pytester, lock_dir: Path, out: Path
+    pytester: pytest.Pytester, lock: Path, out: Path
 ) -> None:
     suite(
         pytester,
@@ -486,7 +468,7 @@ def test_timeout_dumps_stacks_and_kills_the_whole_process_group(
     started = time.monotonic()
     result = run_session(
         pytester,
-        lock_dir,
+        lock,
         "--devices",
         "sim:0-1",
         "--devpool-test-timeout=1",
@@ -504,23 +486,23 @@ def test_timeout_dumps_stacks_and_kills_the_whole_process_group(
     for name in ("marker", "default"):
         child = runs[name]["child"]
         wait_until(lambda child=child: not alive(child), 5, f"the test's child pid {child} to end")
-    assert not held(lock_dir)
+    assert not held(lock)
 
 
 # ---- 7: devices held by another run ---------------------------------------------------------
 
 
 @pytest.fixture
-def foreign_lease(lock_dir: Path) -> Iterator[Lease]:
+def foreign_lease(lock: Path) -> Iterator[Lease]:
     holder = Holder.for_this_process("other-session", "tests/other.py::t")
-    got = LockDir(lock_dir).try_acquire("sim", [0], holder)
+    got = LockDir(lock).try_acquire("sim", [0], holder)
     assert isinstance(got, Lease), got
     yield got
     got.release()
 
 
 def test_lease_held_elsewhere_ends_infra_naming_the_holder(
-    pytester: pytest.Pytester, lock_dir: Path, out: Path, foreign_lease: Lease
+    pytester: pytest.Pytester, lock: Path, out: Path, foreign_lease: Lease
 ) -> None:
     suite(
         pytester,
@@ -533,7 +515,7 @@ def test_lease_held_elsewhere_ends_infra_naming_the_holder(
         """,
     )
     started = time.monotonic()
-    result = run_session(pytester, lock_dir, "--devices", "sim:0", "--devpool-lease-timeout", "2")
+    result = run_session(pytester, lock, "--devices", "sim:0", "--devpool-lease-timeout", "2")
     elapsed = time.monotonic() - started
     text = result.stdout.str()
     assert result.ret == 1, text
@@ -542,12 +524,12 @@ def test_lease_held_elsewhere_ends_infra_naming_the_holder(
     assert "other-session" in text and "tests/other.py::t" in text, text
     assert not records(out), "the test must not run on a device another run holds"
     assert 2 <= elapsed < 20, f"took {elapsed:.1f}s with --devpool-lease-timeout 2"
-    assert list(held(lock_dir)) == [0]  # still ours, untouched
+    assert list(held(lock)) == [0]  # still ours, untouched
 
 
 def test_lease_released_by_the_other_run_lets_the_test_pass(
     pytester: pytest.Pytester,
-    lock_dir: Path,
+    lock: Path,
     out: Path,
     foreign_lease: Lease,
     launch: Callable[..., Session],
@@ -574,7 +556,7 @@ def test_lease_released_by_the_other_run_lets_the_test_pass(
     assert "1 passed" in text.strip().splitlines()[-1], text
     assert f"pid {os.getpid()}" in text and "other-session" in text, text
     assert records(out)["ran"]["at"] > released_at
-    assert not held(lock_dir)
+    assert not held(lock)
 
 
 # ---- 8, 9: interrupting the controller ------------------------------------------------------
@@ -604,23 +586,23 @@ def _workers_running(out: Path, launch: Callable[..., Session], pytester: pytest
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupt_ends_workers_and_frees_devices(
     pytester: pytest.Pytester,
-    lock_dir: Path,
+    lock: Path,
     out: Path,
     launch: Callable[..., Session],
     signum: int,
 ) -> None:
     session, pids = _workers_running(out, launch, pytester)
-    assert set(held(lock_dir)) == {0, 1}
+    assert set(held(lock)) == {0, 1}
     os.kill(session.pid, signum)
     code = session.wait(20)
     assert code == 2, session.output()
     wait_until(lambda: not any(alive(pid) for pid in pids), 5, f"workers {pids} to end")
-    assert not held(lock_dir)
+    assert not held(lock)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupt_while_the_results_are_written_waits_for_them_and_exits_2(
-    pytester: pytest.Pytester, lock_dir: Path, out: Path, signum: int
+    pytester: pytest.Pytester, lock: Path, out: Path, signum: int
 ) -> None:
     # The signal comes inside pytest_sessionfinish, as a Ctrl-C right at the end of a run can.
     pytester.makeconftest(
@@ -634,7 +616,7 @@ def test_an_interrupt_while_the_results_are_written_waits_for_them_and_exits_2(
         """
     )
     suite(pytester, out, "test_end", "def test_one():\n    record('one')\n")
-    result = run_session(pytester, lock_dir, "--devices", "sim:0")
+    result = run_session(pytester, lock, "--devices", "sim:0")
     output = result.stdout.str() + result.stderr.str()
     assert result.ret == 2, output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
@@ -645,20 +627,20 @@ def test_an_interrupt_while_the_results_are_written_waits_for_them_and_exits_2(
 
 
 def test_sigkilled_controller_takes_its_workers_and_leases_with_it(
-    pytester: pytest.Pytester, lock_dir: Path, out: Path, launch: Callable[..., Session]
+    pytester: pytest.Pytester, lock: Path, out: Path, launch: Callable[..., Session]
 ) -> None:
     session, pids = _workers_running(out, launch, pytester)
     os.kill(session.pid, signal.SIGKILL)
     session.wait(5)
     wait_until(lambda: not any(alive(pid) for pid in pids), 5, f"workers {pids} to end")
-    wait_until(lambda: not held(lock_dir), 5, "every device to be free")
+    wait_until(lambda: not held(lock), 5, "every device to be free")
 
 
 # ---- 10: isolation ----------------------------------------------------------------------------
 
 
 def test_isolation_gives_fresh_processes_and_warm_reuse_shares_one(
-    pytester: pytest.Pytester, lock_dir: Path, out: Path
+    pytester: pytest.Pytester, lock: Path, out: Path
 ) -> None:
     suite(
         pytester,
@@ -682,14 +664,14 @@ def test_isolation_gives_fresh_processes_and_warm_reuse_shares_one(
             record(f"after{i}")
         """,
     )
-    result = run_session(pytester, lock_dir, "--devices", "sim:0", "--devpool-isolation", "job")
+    result = run_session(pytester, lock, "--devices", "sim:0", "--devpool-isolation", "job")
     assert result.ret == 0, result.stdout.str()
     pids = [run["pid"] for run in records(out).values()]
     assert len(pids) == 5 and len(set(pids)) == 5, pids
 
     for path in out.glob("*.json"):
         path.unlink()
-    result = run_session(pytester, lock_dir, "--devices", "sim:0")
+    result = run_session(pytester, lock, "--devices", "sim:0")
     assert result.ret == 0, result.stdout.str()
     pid = {name: run["pid"] for name, run in records(out).items()}
     assert pid["before0"] == pid["before1"], f"warm reuse: one worker for both {pid}"
@@ -701,9 +683,9 @@ def test_isolation_gives_fresh_processes_and_warm_reuse_shares_one(
 # ---- 11: devpool locks ------------------------------------------------------------------------
 
 
-def _locks(lock_dir: Path) -> str:
+def _locks(lock: Path) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "devpool.cli", "locks", "--lock-dir", str(lock_dir)],
+        [sys.executable, "-m", "devpool.cli", "locks", "--lock-dir", str(lock)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -713,7 +695,7 @@ def _locks(lock_dir: Path) -> str:
 
 
 def test_devpool_locks_shows_the_running_test_then_free(
-    pytester: pytest.Pytester, lock_dir: Path, out: Path, launch: Callable[..., Session]
+    pytester: pytest.Pytester, lock: Path, out: Path, launch: Callable[..., Session]
 ) -> None:
     go = out / "go"
     suite(
@@ -730,14 +712,14 @@ def test_devpool_locks_shows_the_running_test_then_free(
     session = launch("--devices", "sim:0")
     wait_until(lambda: records(out).get("holds"), 30, "the test to start")
     try:
-        listing = _locks(lock_dir)
+        listing = _locks(lock)
     finally:
         go.touch()
     line = next((row for row in listing.splitlines() if "sim:0 " in row), "")
     assert f"held by pid {session.pid}" in line, listing
     assert "test_hold.py::test_holds" in line, listing
     assert session.wait(30) == 0, session.output()
-    line = next((row for row in _locks(lock_dir).splitlines() if "sim:0 " in row), "")
+    line = next((row for row in _locks(lock).splitlines() if "sim:0 " in row), "")
     assert line.split() == ["sim:0", "free"], line
 
 
@@ -745,7 +727,7 @@ def test_devpool_locks_shows_the_running_test_then_free(
 
 
 def test_a_worker_hanging_in_collection_ends_infra_instead_of_hanging_the_run(
-    pytester: pytest.Pytester, lock_dir: Path
+    pytester: pytest.Pytester, lock: Path
 ) -> None:
     # Workers see DEVPOOL_DEVICES; the controller does not: only workers hang here.
     pytester.makeconftest(
@@ -760,7 +742,7 @@ def test_a_worker_hanging_in_collection_ends_infra_instead_of_hanging_the_run(
     pytester.makepyfile(test_hang_collect="def test_never_reached():\n    pass\n")
     started = time.monotonic()
     result = run_session(
-        pytester, lock_dir, "--devices", "sim:0", "--devpool-worker-start-timeout", "2"
+        pytester, lock, "--devices", "sim:0", "--devpool-worker-start-timeout", "2"
     )
     took = time.monotonic() - started
     output = result.stdout.str()

@@ -70,7 +70,7 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str) -> T:
         time.sleep(0.01)
 
 
-def events(record: Path) -> list[dict[str, Any]]:
+def events_so_far(record: Path) -> list[dict[str, Any]]:
     """The complete JSON lines of a record (a line being written or cut off is left out)."""
     try:
         raw = record.read_bytes()
@@ -106,7 +106,7 @@ def kill_if_alive(pids: set[int]) -> None:
 def worker_pids(record: Path) -> set[int]:
     return {
         int(e["worker_pid"])
-        for e in events(record)
+        for e in events_so_far(record)
         if e.get("type") == "job_start" and e.get("worker_pid")
     }
 
@@ -172,7 +172,7 @@ def test_controller_sigkilled_mid_run_leaves_a_readable_record(tmp_path: Path) -
     try:
         wait_for(
             lambda: (
-                sum(e.get("type") == "job_end" for e in events(record)) >= 50
+                sum(e.get("type") == "job_end" for e in events_so_far(record)) >= 50
                 or controller.poll() is not None
             ),
             60,
@@ -184,7 +184,7 @@ def test_controller_sigkilled_mid_run_leaves_a_readable_record(tmp_path: Path) -
         workers = worker_pids(record)
         assert workers, "the record names no worker pid"
 
-        lines = events(record)
+        lines = events_so_far(record)
         assert not [e for e in lines if e.get("type") == "session_end"]
         ended = {e["nodeid"] for e in lines if e.get("type") == "job_end"}
         assert len(ended) >= 50 and all(

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from sessions import IN_ORDER
 
 from devpool.history.durations import History, default_history_path
 
-FAST = ("-p", "devpool.plugin", "-p", "no:cacheprovider", "-p", "no:randomly")
 GiB = 2**30
 
 
@@ -55,7 +55,7 @@ def test_watched_peaks_reach_the_history_and_a_suggestion(pytester: pytest.Pytes
     lock = pytester.path / "locks"
     lock.mkdir()
     result = pytester.runpytest_subprocess(
-        *FAST, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=120
+        *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=120
     )
     assert result.ret == 0, "\n".join(result.outlines)
     with History(default_history_path(pytester.path)) as history:
@@ -65,7 +65,7 @@ def test_watched_peaks_reach_the_history_and_a_suggestion(pytester: pytest.Pytes
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "DEVPOOL_"))}
     command = [sys.executable, "-m", "devpool.cli", "capacity", "--suggest-memory"]
     command += ["--platform", "sim"]
-    collect = ["--", "test_peaks.py", *FAST[2:]]
+    collect = ["--", "test_peaks.py", *IN_ORDER[2:]]
     done = subprocess.run(
         [*command, "--format", "json", *collect],
         cwd=pytester.path,

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import re
-import shutil
-import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
 
+from devpool.devices.detection import ascend, cuda, rocm
 from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError
-
-T = TypeVar("T")
 
 __all__ = [
     "BUILTIN_PLATFORMS",
@@ -46,11 +40,6 @@ _IDS_RE = re.compile(r"\d+(?:-\d+)?(?:\s*,\s*\d+(?:-\d+)?)*")
 _TABLE = "[tool.devpool.platforms]"
 _TABLE_KEYS = ("kind", "visible-env", "ray-resource", "memory")
 _DETECTED_BY = {"cuda": "nvml/nvidia-smi", "ascend": "npu-smi", "rocm": "rocm-smi"}
-
-# Module-level so tests can point them at a temporary tree.
-_KFD = Path("/dev/kfd")
-_DRM_SYS = Path("/sys/class/drm")
-_AMD_PCI_VENDOR = "0x1002"
 
 
 @dataclass(frozen=True)
@@ -247,143 +236,17 @@ def parse_ids(text: str) -> list[int]:
 # --- detection -----------------------------------------------------------------------------
 
 
-def _run_tool(argv: list[str], timeout: float) -> str | None:
-    """Stdout of a command, or None when it is absent, fails or outlives timeout."""
-    if shutil.which(argv[0]) is None:
-        return None
-    try:
-        done = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def _int_lines(text: str) -> list[int] | None:
-    ids: list[int] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        if not line.isdecimal():
-            return None
-        ids.append(int(line))
-    return sorted(set(ids)) or None
-
-
-def _nvml(ask: Callable[[Any], T]) -> T | None:
-    """One NVML question, or None when pynvml is missing or NVML does not answer."""
-    try:
-        nvml = importlib.import_module("pynvml")
-    except ImportError:
-        return None
-    try:
-        nvml.nvmlInit()
-        try:
-            return ask(nvml)
-        finally:
-            nvml.nvmlShutdown()
-    except Exception:  # NVMLError has many subclasses; nvidia-smi may still answer
-        return None
-
-
-def _detect_cuda(timeout: float) -> list[int] | None:
-    count = _nvml(lambda nvml: int(nvml.nvmlDeviceGetCount()))
-    if count is not None:
-        return list(range(count)) or None
-    out = _run_tool(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], timeout)
-    return None if out is None else _int_lines(out)
-
-
-def _detect_ascend(timeout: float) -> list[int] | None:
-    out = _run_tool(["npu-smi", "info", "-l"], timeout)
-    if out is None:
-        return None
-    ids = re.findall(r"^\s*NPU ID\s*:\s*(\d+)\s*$", out, flags=re.MULTILINE)
-    return sorted({int(i) for i in ids}) or None
-
-
-def _detect_rocm(timeout: float) -> list[int] | None:
-    out = _run_tool(["rocm-smi", "--showid", "--csv"], timeout)
-    if out is not None:
-        ids = re.findall(r"^card(\d+),", out, flags=re.MULTILINE)
-        if ids:
-            return sorted({int(i) for i in ids})
-    # Without rocm-smi, count AMD render nodes; /dev/kfd means the ROCm driver is loaded.
-    if not _KFD.exists():
-        return None
-    count = 0
-    for node in sorted(_DRM_SYS.glob("renderD*")):
-        try:
-            vendor = (node / "device" / "vendor").read_text().strip()
-        except OSError:
-            continue
-        if vendor == _AMD_PCI_VENDOR:
-            count += 1
-    return list(range(count)) or None
-
-
 def detect(kind: str, timeout: float = 10.0) -> list[int] | None:
     """Physical device ids of one kind on this host, None when none can be seen."""
     if kind == "cuda":
-        return _detect_cuda(timeout)
+        return cuda.detect(timeout)
     if kind == "ascend":
-        return _detect_ascend(timeout)
+        return ascend.detect(timeout)
     if kind == "rocm":
-        return _detect_rocm(timeout)
+        return rocm.detect(timeout)
     if kind == "sim":
         return None
     raise ValueError(f"unknown device kind {kind!r}; expected one of {', '.join(KINDS)}")
-
-
-def _cuda_memory(devices: Iterable[int], timeout: float) -> dict[int, int]:
-    """Total memory per cuda device in bytes: NVML when pynvml is there, else nvidia-smi."""
-    wanted = set(devices)
-    totals = _nvml(
-        lambda nvml: {
-            d: int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(d)).total)
-            for d in sorted(wanted)
-        }
-    )
-    if totals is not None:
-        return totals
-    argv = ["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"]
-    out = _run_tool(argv, timeout)
-    found: dict[int, int] = {}
-    for line in (out or "").splitlines():
-        index, _, mib = line.partition(",")
-        if index.strip().isdecimal() and mib.strip().isdecimal() and int(index) in wanted:
-            found[int(index)] = int(mib) * 2**20
-    return found
-
-
-def _rocm_memory(devices: Iterable[int], timeout: float) -> dict[int, int]:
-    out = _run_tool(["rocm-smi", "--showmeminfo", "vram", "--csv"], timeout)
-    wanted = set(devices)
-    found: dict[int, int] = {}
-    for match in re.finditer(r"^card(\d+),(\d+),", out or "", flags=re.MULTILINE):
-        if int(match[1]) in wanted:
-            found[int(match[1])] = int(match[2])
-    return found
-
-
-def _ascend_memory(devices: Iterable[int], timeout: float) -> dict[int, int]:
-    found: dict[int, int] = {}
-    for device in devices:
-        out = _run_tool(["npu-smi", "info", "-t", "memory", "-i", str(device)], timeout)
-        # "HBM Capacity(MB) : 65536" (the NPU's own memory); older cards list DDR only.
-        match = re.search(r"HBM Capacity\(MB\)\s*:\s*(\d+)", out or "") or re.search(
-            r"DDR Capacity\(MB\)\s*:\s*(\d+)", out or ""
-        )
-        if match:
-            found[device] = int(match[1]) * 2**20
-    return found
 
 
 def device_memory(
@@ -398,27 +261,12 @@ def device_memory(
     if platform.memory is not None:
         return dict.fromkeys(ids, platform.memory)
     if platform.kind == "cuda":
-        return _cuda_memory(ids, timeout)
+        return cuda.memory(ids, timeout)
     if platform.kind == "rocm":
-        return _rocm_memory(ids, timeout)
+        return rocm.memory(ids, timeout)
     if platform.kind == "ascend":
-        return _ascend_memory(ids, timeout)
+        return ascend.memory(ids, timeout)
     return {}
-
-
-def _cuda_uuid_indexes(timeout: float = 10.0) -> dict[str, int] | None:
-    out = _run_tool(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], timeout)
-    if out is None:
-        return None
-    table: dict[str, int] = {}
-    for line in out.splitlines():
-        if not line.strip():
-            continue
-        index, comma, uuid = line.partition(",")
-        if not comma or not index.strip().isdecimal() or not uuid.strip():
-            return None
-        table[uuid.strip()] = int(index.strip())
-    return table or None
 
 
 # --- resolution ----------------------------------------------------------------------------
@@ -454,7 +302,7 @@ def _visible_ids(
             f"{shown} names devices by UUID, which explicit --devices ids cannot be checked "
             f"against; use --devices auto or --devices {platform.name}, or set {var} to indexes"
         )
-    table = _cuda_uuid_indexes()
+    table = cuda.uuid_indexes()
     if table is None:
         raise DevpoolError(
             f"could not map the UUIDs in {shown} to device indexes: "

@@ -1,8 +1,10 @@
 """The dispatch loop: ties the scheduler, the worker pool, device health and the replay.
 
-It only routes events. Placements from the scheduler become leases and batches for the
-pool; worker events move attempts through their states (attempts.py); endings are told to
-pytest by the replay (replay.py); fatal errors go to device health (health.py). Every job
+It only routes events between the parts it holds, each owning its own state: placements
+from the scheduler become leases and batches for the pool (placing.py); worker events move
+attempts through their states (attempts.py); running tests' memory is watched
+(memory_watch.py); endings are told to pytest by the replay (replay.py); fatal errors go to
+device health (health.py). Every job
 ends with exactly one final outcome, and the loop always ends: when nothing runs and
 nothing left can be placed, the jobs that are left end `infra` with the reason.
 """
@@ -18,19 +20,18 @@ import pytest
 
 from devpool import compat
 from devpool.backends import Backend
-from devpool.devices.fairshare import WaitingRoom
-from devpool.devices.memory import MemoryWatch
 from devpool.devices.probes import report_text
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job, Plan
 from devpool.plan.policies import Backfill
 from devpool.plan.scheduler import Scheduler
 from devpool.report import progress
-from devpool.report.terminal import read_log, tail
+from devpool.report.terminal import read_log
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
+from devpool.run.exits import describe_exit, own_output, worker_log_tail
 from devpool.run.health import DeviceHealth, Foreign
-from devpool.run.memory_watch import MemoryGuard
+from devpool.run.memory_watch import MemoryWatches
 from devpool.run.placing import Placing
 from devpool.run.pool import Slot, WorkerPool
 from devpool.run.replay import Replay
@@ -42,7 +43,7 @@ CHECK_POLL = 0.2  # seconds between looks at running device health checks
 ALONE_AFTER = 3  # an attempt sent back untouched this often runs next in a worker of its own
 
 
-class Loop(Placing, MemoryGuard):
+class Loop:
     """One run of the dispatch loop: schedule, start, watch, replay, until every job ended."""
 
     def __init__(
@@ -71,14 +72,17 @@ class Loop(Placing, MemoryGuard):
         self.dropped: set[int] = set()  # jobs -x / --maxfail left unrun, as pytest does
         self.stopped = False
         self.live: progress.LiveProgress | None = None
-        self.room = WaitingRoom(ctx.lock_dir.path, ctx.run_id)
-        self.limit: int | None = None  # most devices we may hold while other runs wait
-        self.shared_at = 0.0
-        self.waiting_since: float | None = None  # wall clock, while other runs block us
-        self.blocked_since: dict[int, float] = {}
-        self.delayed: list[tuple[float, Job]] = []  # reruns waiting out their delay
-        self.watches: dict[int, MemoryWatch] = {}  # worker key → its running test's watch
-        self.alone: set[int] = set()  # jobs run again alone after running out of memory
+        self.placing = Placing(
+            ctx,
+            self.scheduler,
+            backend,
+            self.pool,
+            self.replay,
+            self.foreign,
+            self.health,
+            self.attempts,
+        )
+        self.memory = MemoryWatches(ctx, self.replay.where, self.say)
         self.renamed: set[str] = set()  # tests a worker collected under another parametrize id
 
     @property
@@ -105,15 +109,17 @@ class Loop(Placing, MemoryGuard):
             while self._busy():
                 now = time.monotonic()
                 self.pool.escalate(now, self.ctx.settings.timeout_grace)
-                if self.watches:
-                    self._watch_running()
+                if self.memory.watching:
+                    # Running tests that use more memory than they declared end now, `failed`.
+                    for overrun in self.memory.overrunning(list(self.pool.slots.values())):
+                        self.pool.kill(overrun)  # its exit ends the attempt with the overrun
                 self._tend_health(now)
                 placed = False
                 if not self.stopped:
                     self.foreign.recheck(now)
-                    self._share(now)
-                    placed = self._start(now)
-                    self._expire_lease_waits(now)
+                    self.placing.share(now)
+                    placed = self.placing.start(now)
+                    self.placing.expire_lease_waits(now)
                 for worker, messages, eof in self.backend.poll(self._sleep(now)):
                     slot = self.pool.slots.get(worker.key)
                     if slot is None:
@@ -129,11 +135,11 @@ class Loop(Placing, MemoryGuard):
                 if self.stopped or (not self.scheduler.queue and not self.pool.starting):
                     self.pool.retire_idle(time.monotonic())
                 if not placed:
-                    self._end_stall()
+                    self.placing.end_stall()
                 if self.live is not None:
                     self.live.update(self._snapshot())
         finally:
-            self.room.wait(None)
+            self.placing.leave()
             self.health.close()
             self.pool.shutdown()
             # Back in the collector's sight before plugins' summaries run: frozen objects
@@ -143,7 +149,7 @@ class Loop(Placing, MemoryGuard):
         self._account()
 
     def _busy(self) -> bool:
-        queued = bool(len(self.scheduler.queue) or self.delayed) and not self.stopped
+        queued = bool(len(self.scheduler.queue) or self.placing.delayed) and not self.stopped
         return bool(self.pool.slots or self.pool.starting or self.health.pending or queued)
 
     def _sleep(self, now: float) -> float:
@@ -153,7 +159,7 @@ class Loop(Placing, MemoryGuard):
             due.append(self.foreign.next_retry(now))
         if self.health.checks:
             due.append(now + CHECK_POLL)
-        due += [at for at, _ in self.delayed]
+        due += [at for at, _ in self.placing.delayed]
         return max(0.0, min(due) - now)
 
     def _snapshot(self) -> progress.Snapshot:
@@ -186,18 +192,20 @@ class Loop(Placing, MemoryGuard):
             if attempt is None:
                 return
             if attempt.job is not slot.head:
-                self._job_started(slot, attempt.job, time.monotonic())
+                self.placing.job_started(slot, attempt.job, time.monotonic())
             attempt.start(self.ctx.emit, slot.log_size())
-            self._watch(slot, attempt)
+            self.memory.watch(slot, attempt)
             self.replay.logstart(attempt.display, tuple(message["location"]))
-            self._stream(slot)
+            self.placing.stream(slot)
         elif event == "report":
             attempt = slot.current
             if attempt is not None:
                 data = message["data"]
-                if data.get("when") == "call" and self._overran(slot, attempt):
+                if data.get("when") == "call" and self.memory.overran(slot, attempt):
                     data.update(outcome="failed", longrepr=f"[devpool] {attempt.overrun}")
-                elif data.get("outcome") == "failed" and self._out_of_memory_beside(attempt, data):
+                elif data.get("outcome") == "failed" and self.memory.out_of_memory_beside(
+                    attempt, data
+                ):
                     attempt.retry = attempt.alone_next = True
                 self.replay.replay(attempt, data, slot.worker)
         elif event == "finish":
@@ -277,7 +285,7 @@ class Loop(Placing, MemoryGuard):
         self._release_head(slot)
         now = time.monotonic()
         isolate = head is not None and head.fresh
-        over_share = self.limit is not None and len(self.pool.held()) > self.limit
+        over_share = self.placing.over_share()
         if (
             slot.stopping
             or isolate
@@ -327,14 +335,14 @@ class Loop(Placing, MemoryGuard):
         self._release_head(slot)
         self._stop_if_asked()  # a crash that reached --maxfail starts nothing that waited
         for placement in self.pool.freed(worker.key):
-            self._spawn(placement, time.monotonic())
+            self.placing.spawn(placement, time.monotonic())
 
     def _lost_test(self, slot: Slot, attempt: Attempt, code: int | None) -> None:
         """The worker died under a test: its own timeout, a crash, or another's timeout."""
         worker = slot.worker
         duration = time.monotonic() - attempt.started
-        how = _describe_exit(code)
-        own = _own_output(slot, attempt)
+        how = describe_exit(code)
+        own = own_output(slot, attempt)
         captured = crash_output(worker.log)  # what the test wrote under pytest's capture
         if captured:
             own += "\n" + captured
@@ -372,9 +380,9 @@ class Loop(Placing, MemoryGuard):
     def _worker_failed(self, slot: Slot, attempt: Attempt, code: int | None) -> None:
         """A worker died before it ran its test (e.g. a conftest that fails to import)."""
         worker = slot.worker
-        how = slot.stuck or getattr(worker, "lost", None) or _describe_exit(code)
+        how = slot.stuck or getattr(worker, "lost", None) or describe_exit(code)
         reason = f"worker pid {worker.pid} {how} before running the test; see {worker.log}"
-        self._end(attempt, Outcome.INFRA, reason, slot, 0.0, _worker_log_tail(slot))
+        self._end(attempt, Outcome.INFRA, reason, slot, 0.0, worker_log_tail(slot))
 
     # ---- the endings of attempts ----------------------------------------------------------
 
@@ -402,7 +410,7 @@ class Loop(Placing, MemoryGuard):
         job.chain = None  # a rerun runs alone, as any rerun
         if attempt.alone_next:  # not its doing: once more, alone on a whole device
             job.request = replace(job.request, device_memory=None, device_exclusive=True)
-            self.alone.add(job.id)
+            self.memory.run_alone(job.id)
         elif outcome in (Outcome.CRASHED, Outcome.INFRA):
             job.retries_infra += 1
         else:
@@ -416,7 +424,7 @@ class Loop(Placing, MemoryGuard):
         if delay is None:
             delay = self.ctx.settings.reruns_delay
         if delay > 0 and outcome not in (Outcome.CRASHED, Outcome.INFRA):
-            self.delayed.append((job.queued_at + delay, job))  # --reruns-delay: wait, then run
+            self.placing.delay(job.queued_at + delay, job)  # --reruns-delay: wait, then run
             return
         self._queue_later(slot, job)
 
@@ -428,7 +436,7 @@ class Loop(Placing, MemoryGuard):
         ended with this test next and nothing else sent), the ending was its own."""
         if attempt.job.runs_alone and attempt.requeues >= ALONE_AFTER:
             detail = f"it was next, alone in its worker, and {why}; see {slot.worker.log}"
-            self._end(attempt, Outcome.INFRA, detail, slot, 0.0, _worker_log_tail(slot))
+            self._end(attempt, Outcome.INFRA, detail, slot, 0.0, worker_log_tail(slot))
             return
         attempt.requeue(self.ctx.emit, why)
         attempt.job.setbacks.append(f"sent back: {why}")
@@ -449,7 +457,7 @@ class Loop(Placing, MemoryGuard):
     def _check_fatal(self, attempt: Attempt, slot: Slot, extra: str = "") -> None:
         """A fatal error in this attempt's own output: the worker goes, the device maybe too."""
         text = "\n".join(report_text(r) for r in attempt.phases)
-        text += "\n" + (extra or _own_output(slot, attempt))
+        text += "\n" + (extra or own_output(slot, attempt))
         if self.health.judge(attempt.devices, text, attempt.display) is not None:
             slot.dirty = True
             if slot.key in self.pool.slots:
@@ -462,7 +470,7 @@ class Loop(Placing, MemoryGuard):
             for device in self.health.retired:
                 self.scheduler.retire_device(device)
             self.health.retired = []
-            self._fail_unplaceable()
+            self.placing.fail_unplaceable()
 
     # ---- stopping -------------------------------------------------------------------------
 
@@ -480,8 +488,7 @@ class Loop(Placing, MemoryGuard):
         for job in self.scheduler.queue.take_all():
             self.dropped.add(job.id)
             self.dropped.update(member.id for member in job.chain or ())
-        self.dropped.update(job.id for _, job in self.delayed)
-        self.delayed = []
+        self.dropped.update(job.id for job in self.placing.stop())
         for job_id, (placement, _) in list(self.pool.starting.items()):
             self.scheduler.finish(placement.job)
             self.dropped.add(placement.job.id)
@@ -504,34 +511,3 @@ class Loop(Placing, MemoryGuard):
 
     def say(self, text: str) -> None:
         self.replay.say(text)
-
-
-def _own_output(slot: Slot, attempt: Attempt) -> str:
-    """What the worker wrote to its log since this attempt started: its output, no other's."""
-    try:
-        with open(slot.worker.log, "rb") as log:
-            log.seek(attempt.output_from)
-            data = log.read()
-    except OSError:
-        return ""
-    lines = data.decode("utf-8", "replace").splitlines()[-60:]
-    return "---- worker output during this test (tail) ----\n" + "\n".join(lines)
-
-
-def _describe_exit(code: int | None) -> str:
-    import signal
-
-    if code is None:
-        return "vanished"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name} (signal {-code})"
-    return f"exited with code {code}"
-
-
-def _worker_log_tail(slot: Slot) -> str:
-    """The end of a worker's own output, for the log of a test it died before."""
-    return "---- worker log (tail) ----\n" + "\n".join(tail(slot.worker.log, 60))

@@ -3,36 +3,48 @@
 A test of a memory lease is watched while it runs (NVML per process for cuda, the file a
 sim test writes): one that uses more than it declared ends `failed`, saying by how much.
 One that ran out of memory within its own declaration was crowded out by a neighbour: it
-runs once more, alone on a whole device, and is not blamed. Loop (loop.py) mixes it in.
+runs once more, alone on a whole device, and is not blamed. The loop (loop.py) holds one
+MemoryWatches and tells it which tests start, report and run again alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from devpool.devices import memory
-from devpool.devices.inventory import Platform
 from devpool.devices.memory import MemoryWatch
 from devpool.run.attempts import Attempt
 from devpool.run.context import RunContext
-from devpool.run.pool import Slot, WorkerPool
-from devpool.run.replay import Replay
+from devpool.run.pool import Slot
 
 
-class MemoryGuard:
-    """The memory watches of running tests; mixed into the loop."""
+class MemoryWatches:
+    """The memory watches of running tests, and the jobs that ran again alone."""
 
-    ctx: RunContext
-    platform: Platform
-    pool: WorkerPool
-    replay: Replay
-    watches: dict[int, MemoryWatch]
-    alone: set[int]
+    def __init__(
+        self,
+        ctx: RunContext,
+        where: Callable[[tuple[int, ...]], str],
+        say: Callable[[str], None],
+    ) -> None:
+        self.ctx = ctx
+        self.platform = ctx.inventory.platform
+        self.where = where  # 'sim:0,1' for a tuple of devices (the replay's)
+        self.say = say
+        self.watches: dict[int, MemoryWatch] = {}  # worker key → its running test's watch
+        self.alone: set[int] = set()  # jobs run again alone after running out of memory
 
-    def say(self, text: str) -> None:
-        raise NotImplementedError  # the loop's
+    @property
+    def watching(self) -> bool:
+        """Any running test is watched."""
+        return bool(self.watches)
 
-    def _watch(self, slot: Slot, attempt: Attempt) -> None:
+    def run_alone(self, job_id: int) -> None:
+        """The job runs again alone on a whole device: out of memory again is its own."""
+        self.alone.add(job_id)
+
+    def watch(self, slot: Slot, attempt: Attempt) -> None:
         """A test of a memory lease started: watch what it uses on its devices."""
         declared = attempt.job.memory_needed
         if not self.ctx.memory or not declared:
@@ -46,7 +58,7 @@ class MemoryGuard:
             pids=[slot.worker.pid],
         )
 
-    def _overran(self, slot: Slot, attempt: Attempt) -> bool:
+    def overran(self, slot: Slot, attempt: Attempt) -> bool:
         """Look at a watched test's memory once; an overrun fails it (said in attempt.overrun)."""
         watch = self.watches.get(slot.key)
         if watch is None or attempt.overrun:
@@ -58,7 +70,7 @@ class MemoryGuard:
             slot.dirty = True
         return found is not None
 
-    def _out_of_memory_beside(self, attempt: Attempt, data: dict[str, Any]) -> bool:
+    def out_of_memory_beside(self, attempt: Attempt, data: dict[str, Any]) -> bool:
         """A test of a shared device ran out of memory within its own declaration: a
         neighbour took the rest. It runs once more, alone, and is not blamed for it."""
         job = attempt.job
@@ -70,7 +82,7 @@ class MemoryGuard:
         if not memory.ran_out(text):
             return False
         note = (
-            f"{self.replay.where(attempt.devices)}: {attempt.display} ran out of memory beside "
+            f"{self.where(attempt.devices)}: {attempt.display} ran out of memory beside "
             "other tests, within what it declared; retried alone on a whole device"
         )
         self.ctx.device_notes.append(note)
@@ -78,11 +90,12 @@ class MemoryGuard:
         self.say(note)
         return True
 
-    def _watch_running(self) -> None:
-        """Running tests that use more memory than they declared end now, `failed`."""
-        for slot in list(self.pool.slots.values()):
+    def overrunning(self, slots: Iterable[Slot]) -> Iterator[Slot]:
+        """Of the workers' slots, those whose running test now uses more memory than it
+        declared: the loop ends each as it comes (its exit ends the attempt, `failed`)."""
+        for slot in slots:
             attempt = slot.current
             if attempt is None:
                 self.watches.pop(slot.key, None)
-            elif not attempt.overrun and self._overran(slot, attempt):
-                self.pool.kill(slot)  # its exit ends the attempt with the overrun
+            elif not attempt.overrun and self.overran(slot, attempt):
+                yield slot

@@ -3,17 +3,19 @@
 The half of the dispatch loop that turns the scheduler's placements into leased devices
 and batches of attempts sent to workers, and that ends the jobs that can never be placed:
 no other run let them through in time, too few healthy devices are left, or nothing runs
-and nothing fits. Loop (loop.py) mixes it in; the state it uses is the loop's, named below.
+and nothing fits. The loop (loop.py) holds one and routes events to it: what it reads of
+the loop's, it is given at its construction; the fair share, the lease waits and the reruns
+waiting out their delay are its own.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 
 from devpool.backends import Backend
 from devpool.devices.fairshare import Waiter, WaitingRoom, fair_limit
-from devpool.devices.inventory import Platform
 from devpool.devices.leases import Holder, Lease
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
@@ -32,24 +34,58 @@ UNKNOWN_SMALL = 0.1  # seconds assumed, for batching only, of a test with no his
 class Placing:
     """Scheduler placements → leases, workers and batches; the loop's starting half."""
 
-    ctx: RunContext
-    platform: Platform
-    scheduler: Scheduler
-    backend: Backend
-    pool: WorkerPool
-    replay: Replay
-    foreign: Foreign
-    health: DeviceHealth
-    attempts: dict[int, Attempt]
-    delayed: list[tuple[float, Job]]
-    stopped: bool
-    room: WaitingRoom
-    limit: int | None
-    shared_at: float
-    waiting_since: float | None
-    blocked_since: dict[int, float]
+    def __init__(
+        self,
+        ctx: RunContext,
+        scheduler: Scheduler,
+        backend: Backend,
+        pool: WorkerPool,
+        replay: Replay,
+        foreign: Foreign,
+        health: DeviceHealth,
+        attempts: Mapping[int, Attempt],
+    ) -> None:
+        self.ctx = ctx
+        self.platform = ctx.inventory.platform
+        self.scheduler = scheduler
+        self.backend = backend
+        self.pool = pool
+        self.replay = replay
+        self.foreign = foreign
+        self.health = health
+        self.attempts = attempts  # the loop's: job id → its current attempt
+        self.stopped = False  # -x / --maxfail: the loop said stop
+        self.room = WaitingRoom(ctx.lock_dir.path, ctx.run_id)
+        self.limit: int | None = None  # most devices we may hold while other runs wait
+        self.shared_at = 0.0
+        self.waiting_since: float | None = None  # wall clock, while other runs block us
+        self.blocked_since: dict[int, float] = {}
+        self.delayed: list[tuple[float, Job]] = []  # reruns waiting out their delay
 
-    def _share(self, now: float) -> None:
+    # ---- what the loop tells it ------------------------------------------------------------
+
+    def delay(self, at: float, job: Job) -> None:
+        """--reruns-delay: the job goes back to the scheduler at `at` (monotonic)."""
+        self.delayed.append((at, job))
+
+    def stop(self) -> list[Job]:
+        """-x / --maxfail reached: place nothing new; the delayed reruns, dropped."""
+        self.stopped = True
+        dropped = [job for _, job in self.delayed]
+        self.delayed = []
+        return dropped
+
+    def over_share(self) -> bool:
+        """We hold more devices than our fair share while other runs wait."""
+        return self.limit is not None and len(self.pool.held()) > self.limit
+
+    def leave(self) -> None:
+        """The run ends: out of the waiting room of the runs sharing the devices."""
+        self.room.wait(None)
+
+    # ---- placing ---------------------------------------------------------------------------
+
+    def share(self, now: float) -> None:
         """Hold no more than a fair share of the pool while other runs wait for it."""
         newly_blocked = bool(self.blocked_since) and self.waiting_since is None
         if now - self.shared_at < FOREIGN_RETRY and not newly_blocked:
@@ -82,7 +118,7 @@ class Placing:
             held -= len(slot.worker.devices)
             self.pool.retire(slot, now)
 
-    def _start(self, now: float) -> bool:
+    def start(self, now: float) -> bool:
         """Place and start what fits now; True when anything was placed."""
         placed = False
         for at, job in [
@@ -125,9 +161,9 @@ class Placing:
                 self.pool.retire(self.pool.slots[key], now)
             self.pool.starting[job.id] = (placement, set(placement.retire))
             return True
-        return self._spawn(placement, now)
+        return self.spawn(placement, now)
 
-    def _spawn(self, placement: Placement, now: float) -> bool:
+    def spawn(self, placement: Placement, now: float) -> bool:
         job = placement.job
         lease: Lease | None = None
         if placement.devices and self.backend.local_leases:
@@ -173,19 +209,19 @@ class Placing:
             attempt.worker = slot.key
             attempt.devices = slot.worker.devices
             attempt.move(State.SENT, self.ctx.emit, worker_pid=slot.worker.pid)
-        self._job_started(slot, job, now)
+        self.job_started(slot, job, now)
         self.blocked_since.pop(job.devices_needed, None)
         if not self.pool.send(slot, job, attempts):
             self.pool.kill(slot)  # its exit is handled as usual
 
-    def _stream(self, slot: Slot) -> None:
+    def stream(self, slot: Slot) -> None:
         """Send a batch's next part while the worker still has tests of it to run: batches
         stream, with no round trip to the controller between two parts."""
         head = slot.head
         if head is None or slot.stopping or slot.dirty or slot.killed_for is not None:
             return
         if head.request.nodes > 1:
-            return  # the ranks of a multi-node worker end a batch together (ray.Merge)
+            return  # the ranks of a multi-node worker end a batch together (ray/merge.py)
         unstarted = [a.job for a in slot.sent if a.state is State.SENT]
         if len(unstarted) * 2 > BATCH_MAX or sum(map(_small, unstarted)) * 2 > BATCH_SECONDS:
             return  # enough left that the worker cannot run dry before the next look
@@ -200,7 +236,7 @@ class Placing:
         if not self.pool.extend(slot, attempts):
             self.pool.kill(slot)  # its exit is handled as usual
 
-    def _job_started(self, slot: Slot, job: Job, now: float) -> None:
+    def job_started(self, slot: Slot, job: Job, now: float) -> None:
         job.waited = now - job.queued_at
         for device in slot.worker.devices:
             job.device_uses[device] = job.device_uses.get(device, 0) + 1
@@ -251,7 +287,7 @@ class Placing:
             budget -= _small(following)
         return batch
 
-    def _expire_lease_waits(self, now: float) -> None:
+    def expire_lease_waits(self, now: float) -> None:
         """Jobs blocked by other runs' leases end `infra` after --devpool-lease-timeout."""
         busy = {d for run in self.scheduler.running.values() for d in run.devices}
         busy.update(self.pool.retiring())
@@ -276,7 +312,7 @@ class Placing:
             )
             self.replay.synthesize(self.attempts[head.id], Outcome.INFRA, reason, 0.0)
 
-    def _fail_unplaceable(self) -> None:
+    def fail_unplaceable(self) -> None:
         """Tests needing more devices than remain healthy end `infra`, never silently skipped."""
         healthy = len(self.scheduler.devices)
         for size in [k for k in self.scheduler.queue.sizes() if k > healthy]:
@@ -291,7 +327,7 @@ class Placing:
                 )
                 self.replay.synthesize(self.attempts[job.id], Outcome.INFRA, reason, 0.0)
 
-    def _end_stall(self) -> None:
+    def end_stall(self) -> None:
         """Nothing runs, nothing waits on anyone, and nothing was placed: end what is left."""
         if self.stopped or not len(self.scheduler.queue) or self.delayed:
             return
@@ -299,7 +335,7 @@ class Placing:
             return
         if self.limit == 0:
             return  # other runs' turn: they hold what we wait for
-        if self._start(time.monotonic()):
+        if self.start(time.monotonic()):
             return  # jobs that came back to the queue after this turn's placing
         healthy = self.scheduler.devices
         for job in self.scheduler.queue.take_all():

@@ -84,7 +84,7 @@ def run_pytest(args: Sequence[str], record: Path | None) -> int:
 def _prune(runs: Path, keep: int) -> None:
     """Keep the newest `keep` run folders devpool made, as a run does for its own folder
     (a run given --devpool-run-dir, as here, leaves pruning to whoever chose the folder)."""
-    from devpool.session.controller import RUN_ID
+    from devpool.session.run_folder import RUN_ID
 
     old = sorted(p for p in runs.iterdir() if p.is_dir() and RUN_ID.fullmatch(p.name))
     for folder in old[: max(0, len(old) - keep)]:

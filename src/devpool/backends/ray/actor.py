@@ -1,0 +1,286 @@
+"""The rank actor: on its node, one rank's worker process (and maybe a peer service).
+
+The actor starts the same `python -m pytest ... --devpool-worker` process as the local
+backend and buffers its event lines until the controller pulls them with events().
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devpool.backends.ray.cluster import import_ray
+from devpool.devices.leases import Holder, Lease
+from devpool.devices.lockdir import LockDir
+from devpool.worker import worklist
+from devpool.worker.session import stacks_file
+
+STOP_WAIT = 5.0  # seconds a peer service gets between SIGTERM and SIGKILL
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything an actor needs to start one rank's worker process on its node."""
+
+    args: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+    log: str  # where the worker's output goes on the node ("" = a node-local temp file)
+    platform: str
+    resource: str
+    count: int
+    lock_dir: str
+    ship_code: bool
+    node_total: int
+    peer_service: str | None = None
+    # --devpool-ray-ship-code: the controller's lists the worker reads (env var → lines),
+    # written on the node; module paths relative to the shipped folder.
+    lists: dict[str, list[str]] = field(default_factory=dict)
+
+
+# Files the controller names in a worker's environment and the worker reads at its start:
+# the selected node ids (rootdir-relative) and the modules to collect (paths).
+SELECTION_ENV, MODULES_ENV = worklist.NODEIDS_ENV, "DEVPOOL_COLLECT_ONLY"
+
+
+def shipped_lists(env: Mapping[str, str], cwd: Path) -> dict[str, list[str]]:
+    """The selection and module lists a worker reads, for a node that cannot see the
+    controller's files: modules relative to cwd (the folder shipped as working_dir)."""
+    lists: dict[str, list[str]] = {}
+    for name in (SELECTION_ENV, MODULES_ENV):
+        path = env.get(name)
+        if not path:
+            continue
+        try:
+            lines = [line for line in Path(path).read_text(encoding="utf-8").split("\n") if line]
+        except OSError:
+            continue  # the worker says so in its log
+        if name == MODULES_ENV:
+            lines = [os.path.relpath(line, cwd) for line in lines]
+        lists[name] = lines
+    return lists
+
+
+class RankProcess:
+    """The actor body: one worker process (and maybe a peer service) on this node."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.service: subprocess.Popen[bytes] | None = None
+        self.fd_in = -1
+        self.buffer = bytearray()
+        self.eof = False
+        self.cond = threading.Condition()
+        self.leases: list[Lease] = []
+        self.log = ""
+        self.written: list[str] = []  # the shipped lists' files on this node
+
+    def place(self) -> dict[str, Any]:
+        """Where Ray put this actor and what it assigned."""
+        ray = import_ray()
+        context = ray.get_runtime_context()
+        ids = context.get_accelerator_ids()
+        return {
+            "node_id": context.get_node_id(),
+            "address": ray.util.get_node_ip_address(),
+            "accelerators": {key: list(value) for key, value in ids.items()},
+        }
+
+    def free_port(self) -> int:
+        """A port free on this node now, for rank 0 to listen on."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
+
+    def _devices(self, spec: RankSpec, node_id: str) -> list[int]:
+        """Ray's ids for known accelerators; node-local flocks for custom resources (sim)."""
+        ray = import_ray()
+
+        if spec.count == 0:
+            return []
+        assigned = ray.get_runtime_context().get_accelerator_ids().get(spec.resource) or []
+        if len(assigned) >= spec.count:
+            return sorted(int(i) for i in assigned)[: spec.count]
+        # Several Ray nodes may share one host (and its lock folder): lock per Ray node.
+        locks = LockDir(Path(spec.lock_dir))
+        name = f"{spec.platform}.ray-{node_id[:12]}"
+        holder = Holder.for_this_process(f"ray-{node_id[:12]}", "")
+        got: list[int] = []
+        for device in range(max(spec.node_total, spec.count)):
+            lease = locks.try_acquire(name, [device], holder)
+            if isinstance(lease, Lease):
+                self.leases.append(lease)
+                got.append(device)
+                if len(got) == spec.count:
+                    return got
+        raise RuntimeError(f"no free {spec.platform} id on node {node_id[:12]}: {got}")
+
+    def start(self, spec: RankSpec) -> dict[str, Any]:
+        """Start the worker process; its events are buffered for events()."""
+        ray = import_ray()
+
+        node_id = ray.get_runtime_context().get_node_id()
+        devices = self._devices(spec, node_id)
+        env = dict(spec.env)
+        ids = ",".join(str(d) for d in devices)
+        env["DEVPOOL_DEVICES"] = ids
+        env["DEVPOOL_RAY_NODE_ID"] = node_id
+        visible = env.get("DEVPOOL_VISIBLE_ENV", "")
+        env.pop("DEVPOOL_VISIBLE_ENV", None)
+        if visible:
+            env[visible] = ids
+        cwd = os.getcwd() if spec.ship_code else spec.cwd
+        if spec.log:
+            Path(spec.log).parent.mkdir(parents=True, exist_ok=True)
+            self.log = spec.log
+        else:
+            fd, self.log = tempfile.mkstemp(prefix="devpool-worker-", suffix=".log")
+            os.close(fd)
+        env["DEVPOOL_STACKS_FILE"] = str(stacks_file(Path(self.log)))
+        for name, lines in spec.lists.items():
+            if name == MODULES_ENV:  # where this node unpacked the shipped folder
+                lines = [os.path.join(cwd, line) for line in lines]
+            fd, path = tempfile.mkstemp(prefix="devpool-list-", suffix=".txt")
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write("".join(f"{line}\n" for line in lines))
+            self.written.append(path)
+            env[name] = path
+        if spec.peer_service:
+            self._start_service(spec.peer_service, cwd, env)
+        cmd_read, cmd_write = os.pipe()
+        ev_read, ev_write = os.pipe()
+        argv = [
+            sys.executable,
+            "-m",
+            "pytest",
+            *spec.args,
+            "--devpool-worker",
+            f"{cmd_read},{ev_write},{os.getpid()}",
+        ]
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=(cmd_read, ev_write),
+                start_new_session=True,
+            )
+        os.close(cmd_read)
+        os.close(ev_write)
+        self.fd_in = cmd_write
+        threading.Thread(target=self._read, args=(ev_read,), daemon=True).start()
+        return {"pid": self.process.pid, "devices": devices, "log": self.log}
+
+    def _start_service(self, command: str, cwd: str, env: Mapping[str, str]) -> None:
+        with open(self.log, "ab") as out:
+            out.write(f"devpool: starting peer service: {command}\n".encode())
+            out.flush()
+            self.service = subprocess.Popen(
+                shlex.split(command),
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def _read(self, fd: int) -> None:
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except OSError:
+                data = b""
+            with self.cond:
+                if data:
+                    self.buffer += data
+                else:
+                    self.eof = True
+                self.cond.notify_all()
+            if not data:
+                os.close(fd)
+                return
+
+    def events(self, timeout: float) -> tuple[bytes, int | None]:
+        """Output so far (waiting up to timeout for some), and the exit status once it ended."""
+        with self.cond:
+            if not self.buffer and not self.eof:
+                self.cond.wait(timeout)
+            data = bytes(self.buffer)
+            self.buffer.clear()
+            eof = self.eof
+        code = None
+        if eof and self.process is not None:
+            try:
+                code = self.process.wait(timeout=0 if data else timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+        return data, code
+
+    def send(self, data: bytes) -> bool:
+        try:
+            while data:
+                written = os.write(self.fd_in, data)
+                data = data[written:]
+        except OSError:
+            return False
+        return True
+
+    def signal(self, signum: int, group: bool) -> None:
+        """Signal the worker process (group: with everything the test started)."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(self.process.pid, signum)
+            else:
+                os.kill(self.process.pid, signum)
+
+    def log_text(self) -> tuple[str, str]:
+        """The worker's log and stacks file, for a controller without this node's filesystem."""
+        texts = []
+        for path in (Path(self.log), stacks_file(Path(self.log))):
+            try:
+                texts.append(path.read_text(encoding="utf-8", errors="replace"))
+            except OSError:
+                texts.append("")
+        return texts[0], texts[1]
+
+    def stop(self) -> None:
+        """End the peer service and anything left of the worker; free the node-local ids."""
+        if self.service is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.service.pid, signal.SIGTERM)
+            try:
+                self.service.wait(timeout=STOP_WAIT)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.service.pid, signal.SIGKILL)
+                self.service.wait()
+            self.service = None
+        self.signal(signal.SIGKILL, True)
+        if self.fd_in >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd_in)
+            self.fd_in = -1
+        for lease in self.leases:
+            lease.release()
+        self.leases = []
+        for path in self.written:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self.written = []

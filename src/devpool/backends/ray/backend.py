@@ -1,0 +1,425 @@
+"""Ray backend: workers are Ray actors on cluster nodes, each running the local worker process.
+
+A worker handle here is one job's ranks: a single actor for an ordinary test, n actors in a
+STRICT_SPREAD placement group for `@pytest.mark.nodes(n)`. On its node every actor starts the
+same `python -m pytest ... --devpool-worker` process as the local backend. A thread per handle
+pulls the ranks' event lines from their actors, merges the ranks into one stream (one start,
+report and finish per test) and writes it into a local pipe, so the controller's event loop
+reads Ray workers exactly as it reads local ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from devpool.backends import WorkerHandle
+from devpool.backends.pipes import EventPipes
+from devpool.backends.ray.actor import STOP_WAIT, RankProcess, RankSpec, shipped_lists
+from devpool.backends.ray.cluster import alive_nodes, connect, describe_cluster, import_ray, plural
+from devpool.backends.ray.handle import Rank, RayWorker
+from devpool.backends.ray.merge import Merge
+from devpool.config import Settings
+from devpool.devices.inventory import Inventory
+from devpool.devices.leases import Lease
+from devpool.plan.markers import Request
+from devpool.report.terminal import read_log
+from devpool.worker import protocol
+from devpool.worker.session import stacks_file
+
+EVENTS_WAIT = 0.5  # seconds an actor holds an events() call open waiting for output
+LOST_EXIT = -int(signal.SIGKILL)  # the exit status reported for a worker whose node went away
+CPU_BUNDLE = 0.01  # a multi-node CPU-only test still needs one bundle per node
+SHIP_EXCLUDES = [
+    ".git",
+    ".devpool",
+    "node_modules",
+    "*.sqlite",
+    ".venv",
+    "venv",
+    ".tox",
+    ".nox",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    "__pycache__",
+    "build",
+    "dist",
+    "*.egg-info",
+]
+
+
+class RayBackend:
+    """Starts workers as Ray actors and multiplexes their bridged event pipes."""
+
+    local_leases = False
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        cwd: Path,
+        log_dir: Path,
+        settings: Settings,
+        inventory: Inventory,
+        worker_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.args = list(args)  # a worker's pytest arguments: see worklist.worker_args
+        self.cwd = cwd
+        # The same for every worker; a path in it is the controller's, so with shipped
+        # code a worker that cannot read it says so in its log (see worker/session.py).
+        self.worker_env = dict(worker_env or {})
+        self.log_dir = log_dir
+        self.settings = settings
+        self.platform = inventory.platform
+        self.resource = inventory.platform.ray_resource
+        self.pipes = EventPipes()
+        self.workers: dict[int, RayWorker] = {}
+        self._next_key = 0
+        self.runtime_env: dict[str, Any] | None = None
+        if settings.ray_ship_code:
+            self.runtime_env = {"working_dir": str(cwd), "excludes": SHIP_EXCLUDES}
+            ray = import_ray()
+            if ray.is_initialized():
+                ray.shutdown()  # the job-wide runtime_env is set when joining the cluster
+        self.address = connect(settings.ray_address, self.runtime_env)
+        self.nodes = alive_nodes(self.resource)
+        self.peer_service = settings.peer_service
+
+    # ---- what the cluster can hold --------------------------------------------------------
+
+    def unsatisfiable(self, request: Request) -> str | None:
+        """Why the cluster can never place this request (so it fails now instead of hanging)."""
+        k, n = request.device_count, request.nodes
+        if k == 0 and n == 1:
+            return None
+        fitting = [node for node in self.nodes if node.count >= k]
+        if len(fitting) >= n:
+            return None
+        need = f"{plural(n, 'node')} × {k} {self.resource}" if n > 1 else f"{k} {self.resource}"
+        if k == 0:
+            need = plural(n, "node")
+        return f"needs {need}; cluster has {describe_cluster(self.nodes, self.resource)}"
+
+    # ---- workers --------------------------------------------------------------------------
+
+    def start(
+        self,
+        devices: tuple[int, ...],
+        lease: Lease | None,
+        env: Mapping[str, str],
+        request: Request | None = None,
+    ) -> RayWorker:
+        """Ask Ray for the job's placement and start its ranks, in a thread of their own."""
+        request = request or Request(device_count=len(devices))
+        self._next_key += 1
+        key = self._next_key
+        read_end, write_end = os.pipe()
+        flags = fcntl.fcntl(read_end, fcntl.F_GETFL)
+        fcntl.fcntl(read_end, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / f"worker-{key}.log"
+        log.write_text(f"devpool: waiting for a Ray placement of {request.describe()}\n")
+        worker = RayWorker(key, devices, max(1, request.nodes), log, read_end, lease)
+        self.workers[key] = worker
+        self.pipes.watch(worker)
+        thread = threading.Thread(
+            target=self._lifecycle,
+            args=(worker, request, {**env, **self.worker_env}, write_end),
+            name=f"devpool-ray-worker-{key}",
+            daemon=True,
+        )
+        thread.start()
+        return worker
+
+    def _lifecycle(
+        self, worker: RayWorker, request: Request, env: dict[str, str], write_end: int
+    ) -> None:
+        code = LOST_EXIT
+        try:
+            if self._place(worker, request) and self._launch(worker, request, env):
+                code = self._pump(worker, write_end)
+        except Exception as exc:  # noqa: BLE001 - any Ray failure ends this worker, not the run
+            worker.lost = worker.lost or f"Ray worker failed: {type(exc).__name__}: {exc}"
+        finally:
+            if worker.lost:
+                self._note(worker, f"devpool: {worker.lost}")
+            self._cleanup(worker)
+            self._gather_logs(worker, fetch=False)
+            worker.code = code
+            with contextlib.suppress(OSError):
+                os.close(write_end)
+            worker.finished.set()
+
+    def _actor_class(self) -> Any:
+        ray = import_ray()
+        return ray.remote(RankProcess)
+
+    def _place(self, worker: RayWorker, request: Request) -> bool:
+        """Placement group and actors, bounded by --devpool-lease-timeout; False when not placed."""
+        ray = import_ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        k, n = request.device_count, worker.world
+        actor_class = self._actor_class()
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 8}
+        if k:
+            if self.resource == "GPU":
+                options["num_gpus"] = k
+            else:
+                options["resources"] = {self.resource: k}
+        deadline = time.monotonic() + self.settings.lease_timeout
+        if n > 1:
+            bundle = {self.resource: k} if k else {"CPU": CPU_BUNDLE}
+            if not k:
+                options["num_cpus"] = CPU_BUNDLE
+            worker.placement_group = placement_group([bundle] * n, strategy="STRICT_SPREAD")
+            if not self._ready([worker.placement_group.ready()], worker, deadline):
+                return False
+            for index in range(n):
+                strategy = PlacementGroupSchedulingStrategy(
+                    worker.placement_group, placement_group_bundle_index=index
+                )
+                actor = actor_class.options(scheduling_strategy=strategy, **options).remote()
+                worker.ranks.append(Rank(index, actor))
+        else:
+            worker.ranks.append(Rank(0, actor_class.options(**options).remote()))
+        refs = [rank.actor.place.remote() for rank in worker.ranks]
+        if not self._ready(refs, worker, deadline):
+            return False
+        for rank, where in zip(worker.ranks, ray.get(refs), strict=True):
+            rank.node_id = where["node_id"]
+            rank.address = where["address"]
+        return True
+
+    def _ready(self, refs: list[Any], worker: RayWorker, deadline: float) -> bool:
+        ray = import_ray()
+        pending = list(refs)
+        while pending:
+            if worker.stop_asked.is_set():
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                worker.lost = (
+                    f"no Ray placement within --devpool-lease-timeout "
+                    f"{self.settings.lease_timeout:g} s"
+                )
+                return False
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.5, left))
+        return True
+
+    def _launch(self, worker: RayWorker, request: Request, env: dict[str, str]) -> bool:
+        """Start every rank's worker process (rank 0 picks the port the ranks meet on)."""
+        ray = import_ray()
+        n = worker.world
+        env = dict(env)
+        env["DEVPOOL_VISIBLE_ENV"] = self.platform.visible_env or ""
+        env.pop("DEVPOOL_STACKS_FILE", None)
+        port = ray.get(worker.ranks[0].actor.free_port.remote()) if n > 1 else 0
+        totals = {node.node_id: node.count for node in self.nodes}
+        ship = self.settings.ray_ship_code
+        lists = shipped_lists(env, self.cwd) if ship else {}
+        refs = []
+        for rank in worker.ranks:
+            rank_env = dict(env)
+            if n > 1:
+                rank_env.update(
+                    DEVPOOL_NODE_RANK=str(rank.rank),
+                    DEVPOOL_NODE_WORLD_SIZE=str(n),
+                    DEVPOOL_NODE_MASTER_ADDR=worker.ranks[0].address,
+                    DEVPOOL_NODE_MASTER_PORT=str(port),
+                    DEVPOOL_NODE_PEERS=",".join(r.address for r in worker.ranks),
+                )
+            rank.log = worker.log if n == 1 else worker.log.with_suffix(f".rank{rank.rank}.log")
+            spec = RankSpec(
+                args=tuple(self.args),
+                cwd=str(self.cwd),
+                env=rank_env,
+                log="" if ship else str(rank.log),
+                platform=self.platform.name,
+                resource=self.resource,
+                count=request.device_count,
+                lock_dir=str(self.settings.lock_dir),
+                ship_code=ship,
+                node_total=totals.get(rank.node_id, request.device_count),
+                peer_service=(request.peer_service or self.peer_service) if rank.rank > 0 else None,
+                lists=lists,
+            )
+            refs.append(rank.actor.start.remote(spec))
+        started = ray.get(refs)
+        with worker.lock:
+            for rank, info in zip(worker.ranks, started, strict=True):
+                rank.pid = int(info["pid"])
+                rank.devices = [int(d) for d in info["devices"]]
+            worker.running = True
+            for message in worker.outbox:
+                data = protocol.encode(message)
+                for rank in worker.ranks:
+                    rank.actor.send.remote(data)
+            worker.outbox = []
+        return True
+
+    def _pump(self, worker: RayWorker, write_end: int) -> int:
+        """Bridge the ranks' events into the controller's pipe until every rank has exited."""
+        ray = import_ray()
+        merge = Merge(worker.world)
+        readers = [protocol.Reader() for _ in worker.ranks]
+        calls = {rank.actor.events.remote(EVENTS_WAIT): rank for rank in worker.ranks}
+        failed_code: int | None = None
+        while calls:
+            ready, _ = ray.wait(list(calls), num_returns=1, timeout=EVENTS_WAIT * 4)
+            for ref in ready:
+                rank = calls.pop(ref)
+                try:
+                    data, code = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    worker.lost = f"node {rank.address or '?'} lost ({_why_lost(exc)})"
+                    self._kill_ranks(worker)
+                    return LOST_EXIT
+                out: list[protocol.Message] = []
+                for message in readers[rank.rank].feed(data):
+                    out += merge.feed(rank.rank, message)
+                if any(m.get("ev") == "finish" for m in out):
+                    self._gather_logs(worker, fetch=self.settings.ray_ship_code)
+                for message in out:
+                    protocol.write(write_end, message)
+                if code is None:
+                    calls[rank.actor.events.remote(EVENTS_WAIT)] = rank
+                    continue
+                rank.code = code
+                if code != 0 and failed_code is None:
+                    # One rank gone wrong ends the test on every rank.
+                    failed_code = code
+                    self._kill_ranks(worker)
+        codes = [rank.code or 0 for rank in worker.ranks]
+        return failed_code if failed_code is not None else next((c for c in codes if c), 0)
+
+    def _kill_ranks(self, worker: RayWorker) -> None:
+        for rank in worker.ranks:
+            with contextlib.suppress(Exception):
+                rank.actor.signal.remote(int(signal.SIGKILL), True)
+
+    def _cleanup(self, worker: RayWorker) -> None:
+        """Stop the ranks' processes and services, then remove the actors and placement group."""
+        ray = import_ray()
+
+        stops = []
+        for rank in worker.ranks:
+            with contextlib.suppress(Exception):
+                stops.append(rank.actor.stop.remote())
+        if stops and not worker.lost:
+            with contextlib.suppress(Exception):
+                ray.wait(stops, num_returns=len(stops), timeout=STOP_WAIT * 2)
+        if self.settings.ray_ship_code and not worker.lost:
+            self._fetch_logs(worker)
+        _remove_ray_objects(worker)
+
+    def _fetch_logs(self, worker: RayWorker) -> None:
+        """--devpool-ray-ship-code: the nodes' logs come back as text, written here."""
+        ray = import_ray()
+        for rank in worker.ranks:
+            if rank.log is None or not rank.node_id:
+                continue
+            try:
+                text, stacks = ray.get(rank.actor.log_text.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - a log we cannot fetch stays as it was
+                continue
+            rank.log.write_text(text, encoding="utf-8")
+            if stacks:
+                stacks_file(rank.log).write_text(stacks, encoding="utf-8")
+
+    def _gather_logs(self, worker: RayWorker, fetch: bool) -> None:
+        """A multi-node worker's log: every rank's log, labelled, one after the other."""
+        if fetch:
+            self._fetch_logs(worker)
+        if worker.world == 1:
+            return
+        parts, stacks = [], []
+        for rank in worker.ranks:
+            if rank.log is None:
+                continue
+            head = f"==== rank {rank.rank} on node {rank.address} ({rank.node_id[:12]}) ===="
+            parts += [head, read_log(rank.log), f"(rank {rank.rank} log: {rank.log})"]
+            rank_stacks = read_log(stacks_file(rank.log))
+            if rank_stacks:
+                stacks += [head, rank_stacks]
+        if parts:
+            with contextlib.suppress(OSError):
+                worker.log.write_text("\n".join(parts) + "\n", encoding="utf-8")
+        if stacks:
+            with contextlib.suppress(OSError):
+                worker.stacks.write_text("\n".join(stacks) + "\n", encoding="utf-8")
+
+    def _note(self, worker: RayWorker, line: str) -> None:
+        with contextlib.suppress(OSError), open(worker.log, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+
+    # ---- the controller's side of the pipes -----------------------------------------------
+
+    def poll(self, timeout: float) -> list[tuple[WorkerHandle, list[protocol.Message], bool]]:
+        """Events that arrived within timeout: (worker, messages, reached_eof)."""
+        if self.pipes.empty():
+            time.sleep(timeout)
+            return []
+        return self.pipes.poll(timeout)
+
+    def drain(self, worker: WorkerHandle) -> list[protocol.Message]:
+        """Whatever an exited worker still had in its pipe; stops watching that pipe."""
+        assert isinstance(worker, RayWorker)
+        return self.pipes.drain(worker)
+
+    def reap(self, worker: WorkerHandle, wait: float = 5.0) -> int | None:
+        """The exit status once the ranks ended; actors and placement group are gone by then."""
+        assert isinstance(worker, RayWorker)
+        if not worker.finished.wait(wait):
+            worker.signal_group(signal.SIGKILL)
+            worker.finished.wait(wait + STOP_WAIT * 2)
+        worker.exited = True
+        self.pipes.forget(worker)
+        worker.close()
+        self.workers.pop(worker.key, None)
+        return worker.code if worker.finished.is_set() else LOST_EXIT
+
+    def close(self) -> None:
+        """Always (also on Ctrl-C): no actor nor placement group of this run outlives it."""
+        for worker in list(self.workers.values()):
+            worker.stop_asked.set()
+            worker.signal_group(signal.SIGKILL)
+        deadline = time.monotonic() + STOP_WAIT
+        for worker in list(self.workers.values()):
+            worker.finished.wait(max(0.0, deadline - time.monotonic()))
+        ray = import_ray()
+        for worker in list(self.workers.values()):
+            _remove_ray_objects(worker)
+        self.workers.clear()
+        self.pipes.close()
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+
+
+def _why_lost(exc: BaseException) -> str:
+    text = str(exc)
+    if "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower()):
+        return "node died"
+    return "actor died"
+
+
+def _remove_ray_objects(worker: RayWorker) -> None:
+    """Kill a worker's actors and remove its placement group; quiet if they are gone already."""
+    ray = import_ray()
+    from ray.util.placement_group import remove_placement_group
+
+    for rank in worker.ranks:
+        with contextlib.suppress(Exception):
+            ray.kill(rank.actor)
+    if worker.placement_group is not None:
+        with contextlib.suppress(Exception):
+            remove_placement_group(worker.placement_group)
+        worker.placement_group = None

@@ -1,0 +1,81 @@
+"""Collected items → Jobs: one per test and repetition, the session's defaults on its request.
+
+And the plan as --devpool-plan prints it, instead of running it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import pytest
+
+from devpool.config import Settings
+from devpool.devices.inventory import Inventory
+from devpool.plan.jobs import Job, Plan
+from devpool.plan.markers import Request, request_for
+
+
+def jobs_for(
+    items: list[pytest.Item],
+    requests: Mapping[str, Request],
+    settings: Settings,
+    failed_before: set[str],
+) -> list[Job]:
+    """The jobs of the collected items, in their order; --devpool-repeat makes n of each."""
+    jobs = []
+    for index, item in enumerate(items):
+        request = requests.get(item.nodeid) or request_for(
+            item, settings.platforms, settings.device_memory
+        )
+        if request.nodes > 1 and not request.isolate:
+            # A multi-node test's ranks serve that test alone: never batched nor reused.
+            request = replace(request, isolate=True)
+        if request.timeout is None and settings.test_timeout is not None:
+            request = replace(request, timeout=settings.test_timeout)
+        repeat = settings.repeat
+        uses: dict[int, int] = {}  # shared by the repeats: spread them over the devices
+        for turn in range(1, repeat + 1):
+            display = item.nodeid if repeat == 1 else repeat_id(item.nodeid, turn, repeat)
+            jobs.append(
+                Job(
+                    index * repeat + turn - 1,
+                    item.nodeid,
+                    item.location,
+                    request,
+                    index,
+                    display=display,
+                    device_uses=uses,
+                    failed_before=item.nodeid in failed_before,
+                )
+            )
+    return jobs
+
+
+def repeat_id(nodeid: str, turn: int, total: int) -> str:
+    """pytest-repeat's spelling: test_a[3-20], test_b[x-3-20]."""
+    if nodeid.endswith("]"):
+        return f"{nodeid[:-1]}-{turn}-{total}]"
+    return f"{nodeid}[{turn}-{total}]"
+
+
+def failed_before(config: pytest.Config) -> set[str]:
+    """Node ids that failed last time, when --ff or --lf asks for failures first."""
+    option = config.option
+    cache = getattr(config, "cache", None)
+    if cache is None or not (getattr(option, "lf", False) or getattr(option, "failedfirst", False)):
+        return set()
+    lastfailed = cache.get("cache/lastfailed", {})
+    return set(lastfailed) if isinstance(lastfailed, dict) else set()
+
+
+def print_plan(config: pytest.Config, plan: Plan, inventory: Inventory, settings: Settings) -> None:
+    """--devpool-plan: the jobs in the order they would start, and those that cannot."""
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    write = terminal.write_line if terminal is not None else print
+    write(f"devpool plan: {len(plan.jobs)} jobs on {inventory.describe()}")
+    for order, job in enumerate(plan.jobs, 1):
+        write(f"{order:5}  {job.request.describe():28}  {job.nodeid}")
+    for job, reason in plan.unsatisfiable:
+        action = "skip" if settings.skip_unsatisfiable else "fail"
+        write(f"{action:>5}  {job.request.describe():28}  {job.nodeid}: {reason}")

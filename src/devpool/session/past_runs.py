@@ -1,0 +1,119 @@
+"""What earlier runs tell this one, and what this one leaves for the next.
+
+In: the p90 durations of the history, and the quarantine entries that match the
+collected tests. Out: this run's durations (or a shard's pending file), and the
+quarantined tests that passed often enough to be released.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from devpool.config import Settings
+from devpool.devices.inventory import Platform
+from devpool.errors import DevpoolError
+from devpool.history.durations import History, TestResult, pending_files, write_pending
+from devpool.history.quarantine import Entry, Quarantine, entries_from_file, entries_from_table
+from devpool.outcomes import Outcome
+
+RELEASE_AFTER = 5  # passes in a row after which a quarantined test is ready to release
+
+
+def read_estimates(
+    history_path: Path, shard: tuple[int, int] | None, notes: list[str]
+) -> dict[str, float]:
+    """p90 durations of earlier runs; a damaged history is a warning, not a failed run.
+
+    Pending per-run files of shard runs are never read as estimates: a run that is
+    not a shard folds them into the history first; a shard splits from the history alone.
+    """
+    fold = shard is None and bool(pending_files(history_path))
+    if not history_path.exists() and not fold:
+        return {}
+    try:
+        with History(history_path) as history:
+            if fold:
+                history.merge_pending()
+            return history.estimates()
+    except DevpoolError as exc:
+        notes.append(f"duration history not used: {exc}")
+        return {}
+
+
+def match_quarantine(
+    items: list[pytest.Item],
+    settings: Settings,
+    platform: Platform,
+    quarantined: dict[str, Entry],
+    notes: list[str],
+) -> None:
+    """Fill quarantined (node id → entry) for the collected items; expired or unmatched
+    entries go to notes, or raise under --devpool-strict-quarantine."""
+    entries = entries_from_table(settings.quarantine, "[tool.devpool.quarantine]")
+    if settings.quarantine_file is not None:
+        entries += entries_from_file(settings.quarantine_file)
+    book = Quarantine(entries, platform.name, platform.kind)
+    for item in items:
+        entry = book.find(item)
+        if entry is not None:
+            quarantined[item.nodeid] = entry
+    today = dt.date.today()
+    stale = {e.key: e for e in [*entries, *quarantined.values()] if e.expired(today)}
+    for entry in stale.values():
+        text = (
+            f"quarantine of {entry.key} expired on {entry.until} ({entry.describe()}; "
+            f"{entry.source})"
+        )
+        if settings.strict_quarantine:
+            raise DevpoolError(text + "; renew or remove it (--devpool-strict-quarantine)")
+        notes.append(text)
+    for entry in book.unmatched():
+        notes.append(f"quarantine entry {entry.key!r} ({entry.source}) matches no collected test")
+
+
+def write_results(
+    history_path: Path,
+    results: list[TestResult],
+    shard: tuple[int, int] | None,
+    run_id: str,
+    quarantined: dict[str, Entry],
+    notes: list[str],
+) -> list[str]:
+    """Add this run's durations to the history; a shard run writes a pending file instead.
+    The quarantined tests now ready to release.
+
+    The other shards of a CI run split from the history as it was: a shard that
+    changed it would change their split (tests run twice or never).
+    """
+    releasable: list[str] = []
+    if not results:
+        return releasable
+    try:
+        if shard is None:
+            with History(history_path) as history:
+                history.add(results)
+                releasable = _ready_to_release(history, results, quarantined)
+            return releasable
+        write_pending(history_path, run_id, results)
+        names = sorted({r.nodeid for r in results if r.nodeid in quarantined})
+        if names and history_path.exists():
+            passed = [Outcome.PASSED.value] * RELEASE_AFTER
+            with History(history_path) as history:
+                releasable = [
+                    n for n in names if history.recent_outcomes(n, RELEASE_AFTER, results) == passed
+                ]
+    except (DevpoolError, OSError) as exc:
+        notes.append(f"duration history not written: {exc}")
+    return releasable
+
+
+def _ready_to_release(
+    history: History, results: list[TestResult], quarantined: dict[str, Entry]
+) -> list[str]:
+    """Quarantined tests that passed the last RELEASE_AFTER times they ran."""
+    names = sorted({r.nodeid for r in results if r.nodeid in quarantined})
+    passed = [Outcome.PASSED.value] * RELEASE_AFTER
+    return [n for n in names if history.recent_outcomes(n, RELEASE_AFTER) == passed]

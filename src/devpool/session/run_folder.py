@@ -1,0 +1,30 @@
+"""A run's folder under .devpool/runs: its id, and the old folders pruned."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from devpool.config import Settings
+
+RUN_ID = re.compile(r"\d{8}-\d{6}-\d+")  # the folders devpool itself made under .devpool/runs
+
+
+def run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+def prune_runs(run_dir: Path, settings: Settings) -> None:
+    """Keep the newest --devpool-keep-runs run folders under .devpool/runs, not all ever."""
+    if settings.run_dir is not None:
+        return  # the user chose where this run goes: leave their folders alone
+    runs = run_dir.parent
+    old = sorted(
+        (p for p in runs.iterdir() if p.is_dir() and RUN_ID.fullmatch(p.name)),
+        key=lambda p: p.name,
+    )
+    for folder in old[: max(0, len(old) - settings.keep_runs)]:
+        shutil.rmtree(folder, ignore_errors=True)

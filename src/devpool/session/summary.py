@@ -1,0 +1,125 @@
+"""The end of a run as the user sees it: status letters, devpool's part of the terminal
+summary, and the attempts folded into --junitxml."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from devpool.devices.inventory import Inventory
+from devpool.history.quarantine import Entry
+from devpool.outcomes import RERUN, Outcome
+from devpool.report.github import GitHubLog
+from devpool.report.junit import Attempt, fold_attempts
+from devpool.report.record import RecordWriter
+from devpool.report.terminal import Trouble, print_repeats, print_summary
+from devpool.session.past_runs import RELEASE_AFTER
+
+
+class Findings(Protocol):
+    """What the controller found during the run, for its summary."""
+
+    config: pytest.Config
+    inventory: Inventory
+    troubles: list[Trouble]
+    repeats: dict[str, list[tuple[Outcome, str]]]
+    quarantined: dict[str, Entry]
+    quarantine_notes: list[str]
+    quarantine_failures: list[Trouble]
+    releasable: list[str]
+    bad_devices: dict[int, str]
+    device_notes: list[str]
+    run_notes: list[str]
+    deselected: list[tuple[str, str]]
+    github: GitHubLog | None
+    record: RecordWriter | None
+    record_path: Path
+
+
+def teststatus(report: pytest.TestReport) -> tuple[str, str, tuple[str, Mapping[str, bool]]] | None:
+    """The status letter and word of devpool's own endings; None leaves the report to pytest."""
+    outcome = getattr(report, "devpool_outcome", None)
+    if outcome in (Outcome.TIMEOUT, Outcome.CRASHED, Outcome.INFRA) and report.failed:
+        word = str(outcome).upper()
+        return outcome, word[0], (word, {"red": True})
+    if outcome == RERUN:
+        return "rerun", "R", ("RERUN", {"yellow": True})
+    if getattr(report, "devpool_quarantined", False):
+        return "quarantined", "Q", ("QUARANTINED", {"yellow": True})
+    if outcome == Outcome.FLAKY and report.when == "call":
+        return "flaky", "K", ("FLAKY", {"red": report.failed, "yellow": not report.failed})
+    return None
+
+
+def write_summary(terminalreporter: Any, found: Findings) -> None:
+    """Notes, quarantined failures, retired devices, deselections, then the summary itself."""
+    for note in found.quarantine_notes:
+        terminalreporter.write_line(f"devpool: WARNING: {note}", red=True, bold=True)
+    if found.quarantine_failures:
+        terminalreporter.write_sep(
+            "-", f"devpool: {len(found.quarantine_failures)} quarantined, failed, not gating"
+        )
+        for trouble in found.quarantine_failures:
+            entry = found.quarantined.get(trouble.nodeid.split("[")[0])
+            why = f" — {entry.describe()}" if entry else ""
+            terminalreporter.write_line(
+                f"{trouble.outcome.value.upper():8} {trouble.nodeid}{why}  log: {trouble.log}"
+            )
+    for nodeid in found.releasable:
+        terminalreporter.write_line(
+            f"devpool: {nodeid} is quarantined but passed its last {RELEASE_AFTER} runs: "
+            "ready to release"
+        )
+    for device, why in found.bad_devices.items():
+        terminalreporter.write_line(
+            f"devpool: device {found.inventory.platform.name}:{device} retired: {why}",
+            red=True,
+            bold=True,
+        )
+    for note in found.device_notes:
+        terminalreporter.write_line(f"devpool: device {note}", yellow=True)
+    for note in found.run_notes:
+        terminalreporter.write_line(f"devpool: {note}", yellow=True)
+    if found.deselected:
+        terminalreporter.write_sep("-", f"devpool: {len(found.deselected)} deselected")
+        for nodeid, reason in found.deselected:
+            terminalreporter.write_line(f"{nodeid}: {reason}")
+    if found.github is not None:
+        terminalreporter.write_line(found.github.close_fence())
+        for line in found.github.groups():
+            terminalreporter.write_line(line)
+    # The summary stays outside every group: it is what a reader of a collapsed log sees.
+    print_repeats(terminalreporter, found.repeats)
+    print_summary(terminalreporter, found.troubles, found.config.invocation_params.dir)
+    if found.github is not None:
+        for line in found.github.annotations():
+            terminalreporter.write_line(line)
+    if found.record is not None:
+        terminalreporter.write_line(f"devpool: run record {found.record_path}")
+
+
+def fold_junit(config: pytest.Config, retried: Mapping[str, list[Attempt]]) -> None:
+    """--junitxml: fold the attempts of tests run again into their testcase (report.junit)."""
+    xmlpath = getattr(config.option, "xmlpath", None)
+    if xmlpath and retried and os.path.exists(xmlpath):
+        prefix = getattr(config.option, "junitprefix", None)
+        fold_attempts(Path(xmlpath), _junit_keys(retried, prefix))
+
+
+def _junit_keys(
+    retried: Mapping[str, list[Attempt]], prefix: str | None
+) -> dict[tuple[str, str], list[Attempt]]:
+    """(classname, name) as pytest's junitxml derives them from a node id."""
+    from _pytest.junitxml import mangle_test_address
+
+    keys = {}
+    for nodeid, attempts in retried.items():
+        names = mangle_test_address(nodeid)
+        if prefix:
+            names[0] = f"{prefix}.{names[0]}"
+        keys[(".".join(names[:-1]), names[-1])] = attempts
+    return keys

@@ -1,0 +1,82 @@
+"""What every worker of a run shares, and the backend that starts them.
+
+Their pytest arguments and environment (other plugins' settings too: see compat), the
+final selection, and the fork server's template that collects while this process does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devpool import compat
+from devpool.backends import Backend
+from devpool.backends.local import LocalBackend
+from devpool.compat import coverage
+from devpool.config import Settings
+from devpool.devices.inventory import Inventory
+from devpool.run.pool import template_kind, templates_env
+from devpool.select import session as select_session
+from devpool.worker import worklist
+
+
+def worker_setup(config: pytest.Config) -> tuple[list[str], dict[str, str]]:
+    """Every worker's pytest arguments, and the environment all of them share."""
+    # Other plugins' settings that every worker must share (seed, coverage): see compat.
+    args = [
+        *worklist.worker_args(config),
+        *compat.worker_options(config),
+        *select_session.worker_options(config),
+    ]
+    return args, compat.worker_env(config)
+
+
+def early_backend(
+    config: pytest.Config, settings: Settings, log_dir: Path, ctx: Any
+) -> LocalBackend | None:
+    """While this process collects, a fork server template for CPU-only workers collects
+    too: they fork from it once the plan is made, instead of each collecting again.
+
+    None where no template may start; ctx is the controller (see run.pool.templates_env)."""
+    if settings.backend != "local" or not settings.fork_server or settings.plan:
+        return None
+    if config.option.collectonly:
+        return None
+    if coverage.measuring() is not None:
+        return None  # workers measure coverage: no template would be safe to fork (forkserver)
+    args, env = worker_setup(config)
+    cwd = config.invocation_params.dir
+    backend = LocalBackend(args, cwd, log_dir, env, settings.worker_start_timeout)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    backend.prepare(template_kind(0), templates_env(ctx, ()))
+    return backend
+
+
+def make_backend(
+    config: pytest.Config,
+    settings: Settings,
+    inventory: Inventory,
+    run_dir: Path,
+    log_dir: Path,
+    items: Mapping[str, pytest.Item],
+    early: LocalBackend | None,
+) -> Backend:
+    """Local child processes, or Ray actors when --devpool-backend ray.
+
+    Workers get this process's rootdir, inifile and final selection (see worklist)."""
+    cwd = config.invocation_params.dir
+    args, env = worker_setup(config)
+    if not settings.plan:  # --devpool-plan starts no worker and leaves no folder
+        selected = worklist.write_selection(items.values(), run_dir / "collect")
+        env[worklist.NODEIDS_ENV] = str(selected)
+    if settings.backend == "ray":
+        from devpool.backends.ray.backend import RayBackend
+
+        return RayBackend(args, cwd, log_dir, settings, inventory, env)
+    if early is not None:
+        early.worker_env.update(env)  # the selection, now that it is known
+        return early
+    return LocalBackend(args, cwd, log_dir, env, settings.worker_start_timeout)
