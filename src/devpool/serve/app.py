@@ -60,10 +60,11 @@ class Sources:
         """Every view at once (one read of the lock folder for devices and waiting)."""
         states = views.lock_states(self.lock_dir)
         summaries = self.index.summaries()
+        known = [(s.platform, d) for s in summaries if s.live for d in s.devices]
         return {
             "schema": views.SCHEMA,
             "time": time.time(),
-            "devices": views.devices_view(states, self.lock_dir),
+            "devices": views.devices_view(states, self.lock_dir, known),
             "waiting": views.waiting_view(views.waiters(self.lock_dir), states),
             "live": views.runs_view(summaries, live=True),
             "recent": views.runs_view(summaries, live=False),

@@ -28,7 +28,8 @@ td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#eceff1}.num{text-align:right}
 .devices{display:flex;flex-wrap:wrap;gap:6px}
 .device{border-radius:4px;padding:4px 8px;color:#fff;min-width:150px;max-width:320px;font-size:12px}
-.device b{font-size:13px}.device .holder{border-top:1px solid rgba(255,255,255,.4);margin-top:2px}
+.device b{font-size:13px}.device a{color:#fff}
+.device .holder{border-top:1px solid rgba(255,255,255,.4);margin-top:2px}
 .state-free{background:#2e7d32}.state-held{background:#c62828}.state-shared{background:#ef6c00}
 .test{font-family:ui-monospace,monospace;word-break:break-all}
 .bad{color:#c62828;font-weight:600}.good{color:#2e7d32}.muted{color:#757575}

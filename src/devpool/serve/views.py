@@ -111,9 +111,15 @@ def lock_states(lock_dir: Path) -> list[LockState]:
         return []
 
 
-def devices_view(states: Sequence[LockState], lock_dir: Path) -> dict[str, Any]:
-    """Every lock file of the folder as a device with its holder or holders."""
-    return {"schema": SCHEMA, "lock_dir": str(lock_dir), "devices": [_device(s) for s in states]}
+def devices_view(
+    states: Sequence[LockState], lock_dir: Path, known: Iterable[tuple[str, int]] = ()
+) -> dict[str, Any]:
+    """Every lock file of the folder as a device with its holder or holders; ``known``
+    devices (of live runs' inventories) with no lock file yet show as free."""
+    have = {(s.platform, s.device) for s in states}
+    extra = [LockState(p, d, False, None) for p, d in set(known) - have]
+    every = sorted([*states, *extra], key=lambda s: (s.platform, s.device))
+    return {"schema": SCHEMA, "lock_dir": str(lock_dir), "devices": [_device(s) for s in every]}
 
 
 def waiters(lock_dir: Path) -> list[Waiter]:
@@ -197,6 +203,7 @@ class RunSummary:
     platform: str
     user: str
     pid: int | None
+    devices: list[int] = field(default_factory=list)
     damage: str | None = None
     logs: list[str] = field(default_factory=list)
 
@@ -211,6 +218,7 @@ class RunSummary:
             "platform": self.platform,
             "user": self.user,
             "pid": self.pid,
+            "devices": self.devices,
             "counts": self.counts,
             "tests": self.total,
             "done": done,
@@ -268,7 +276,10 @@ def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
         project=project,
         run_id=record.path.parent.name,
         start=float(start.get("time", 0.0)),
-        duration=record.duration(),
+        # A live run's record may be quiet for a while (one long test): count to now.
+        duration=max(record.duration(), time.time() - float(start.get("time", 0.0)))
+        if live
+        else record.duration(),
         live=live,
         counts=dict(sorted(counts.items())),
         total=record.total_tests,
@@ -279,6 +290,7 @@ def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
         platform=record.platform,
         user=str(user),
         pid=pid if isinstance(pid, int) else None,
+        devices=record.devices,
         damage=record.damage,
         logs=_logs(record.path.parent),
     )
