@@ -11,8 +11,10 @@ import asyncio
 import hmac
 import os
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,9 +57,22 @@ class Sources:
 
     def __post_init__(self) -> None:
         self.index = views.RunIndex(self.projects)
+        self._lock = threading.Lock()  # requests run in threads; the caches are shared
 
     def overview(self) -> dict[str, Any]:
         """Every view at once (one read of the lock folder for devices and waiting)."""
+        with self._lock:
+            return self._overview()
+
+    def run(self, key: str, run_id: str) -> dict[str, Any] | None:
+        """One run's summary, from the same cache as the overview."""
+        with self._lock:
+            summaries = self.index.summaries()
+        found = (s for s in summaries if s.project == key and s.run_id == run_id)
+        summary = next(found, None)
+        return None if summary is None else summary.to_json()
+
+    def _overview(self) -> dict[str, Any]:
         states = views.lock_states(self.lock_dir)
         summaries = self.index.summaries()
         known = [(s.platform, d) for s in summaries if s.live for d in s.devices]
@@ -188,15 +203,7 @@ def build_app(lock_dir: Path, folders: Sequence[Path], token: str | None = None)
         found = find_run(request)
         if found is None:
             return None
-        summary = next(
-            (
-                s
-                for s in sources.index.summaries()
-                if s.project == found[0].key and s.run_id == found[1].name
-            ),
-            None,
-        )
-        return None if summary is None else summary.to_json()
+        return sources.run(found[0].key, found[1].name)
 
     async def run_page(request: Request) -> Response:
         run = await asyncio.to_thread(run_data, request)
@@ -253,7 +260,18 @@ def build_app(lock_dir: Path, folders: Sequence[Path], token: str | None = None)
         Route("/runs/{project}/{run}/files/{path:path}", run_file),
         Route("/events", events),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(TokenCheck, token=token)])
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Read every record once while the first visitor is still on the way: a host with
+        # hundreds of runs would otherwise make the first page wait for all of them.
+        warming = threading.Thread(target=sources.overview, name="devpool-serve-warm", daemon=True)
+        warming.start()
+        yield
+
+    return Starlette(
+        routes=routes, middleware=[Middleware(TokenCheck, token=token)], lifespan=lifespan
+    )
 
 
 def safe_file(run_dir: Path, relative: str) -> Path | None:

@@ -276,10 +276,7 @@ def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
         project=project,
         run_id=record.path.parent.name,
         start=float(start.get("time", 0.0)),
-        # A live run's record may be quiet for a while (one long test): count to now.
-        duration=max(record.duration(), time.time() - float(start.get("time", 0.0)))
-        if live
-        else record.duration(),
+        duration=record.duration(),
         live=live,
         counts=dict(sorted(counts.items())),
         total=record.total_tests,
@@ -347,7 +344,8 @@ class RunIndex:
                 yield project, path
 
     def summaries(self) -> list[RunSummary]:
-        """Every readable run, newest start first."""
+        """Every readable run, newest start first. A record is parsed again only when its
+        size or mtime moved, or when the live run it was is no longer alive."""
         found = []
         kept: set[Path] = set()
         for project, path in self.record_files():
@@ -358,10 +356,15 @@ class RunIndex:
             kept.add(path)
             stamp = (info.st_size, info.st_mtime_ns)
             cached = self._cache.get(path)
-            if cached is None or cached[0] != stamp or (cached[1] and cached[1].live):
+            stale = cached is None or cached[0] != stamp
+            if not stale and cached is not None and cached[1] is not None and cached[1].live:
+                stale = cached[1].pid is None or not _alive(cached[1].pid)
+            if stale:
                 self._cache[path] = (stamp, self._read(project, path))
             summary = self._cache[path][1]
             if summary is not None:
+                if summary.live:  # a quiet record (one long test): its run lasts until now
+                    summary.duration = max(summary.duration, time.time() - summary.start)
                 found.append(summary)
         for gone in set(self._cache) - kept:
             del self._cache[gone]
