@@ -126,6 +126,12 @@ def test_runs_say_how_they_ended(tmp_path: Path) -> None:
     _record(folder, "20260101-000002-2", pid=_dead_pid(), end=2)
     _record(folder, "20260101-000003-3", pid=_dead_pid(), end=None)
     _record(folder, "20260101-000004-4", pid=os.getpid(), end=None, failed="t.py::test_bad")
+    # A live pid that began after the run did is a reused pid: the run's controller died.
+    reused = folder / "runs" / "20260101-000005-5" / "record.jsonl"
+    reused.parent.mkdir()
+    start = {"v": 1, "type": "session_start", "time": time.time() - 3600, "pid": os.getpid()}
+    start.update(host=os.uname().nodename, platform="sim", devices=[0], tests=1)
+    reused.write_text(json.dumps(start) + "\n")
     index = views.RunIndex(views.projects_of([folder]))
     summaries = index.summaries()
     live = views.runs_view(summaries, live=True)["runs"]
@@ -137,9 +143,12 @@ def test_runs_say_how_they_ended(tmp_path: Path) -> None:
         "20260101-000001-1": "passed (exit 0)",
         "20260101-000002-2": "interrupted (exit 2)",
         "20260101-000003-3": "interrupted: the run was killed before it finished (no session_end)",
+        "20260101-000005-5": "interrupted: the run was killed before it finished (no session_end)",
     }
     assert all(
-        r["logs"] == [f"/runs/{r['project']}/{r['run']}/files/logs/worker-1.log"] for r in recent
+        r["logs"] == [f"/runs/{r['project']}/{r['run']}/files/logs/worker-1.log"]
+        for r in recent
+        if r["run"] != "20260101-000005-5"
     )
     again = [s for s in index.summaries() if not s.live]
     assert all(a is b for a, b in zip(again, [s for s in summaries if not s.live], strict=True))

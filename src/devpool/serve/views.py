@@ -323,7 +323,29 @@ def _is_live(record: RunRecord) -> bool:
     host = record.start.get("host")
     if not isinstance(pid, int) or host not in (socket.gethostname(), os.uname().nodename):
         return False
-    return _alive(pid)
+    return _alive(pid) and not _started_after(pid, float(record.start.get("time", 0.0)))
+
+
+def _started_after(pid: int, moment: float) -> bool:
+    """True when the process with this pid began after ``moment``: a reused pid, not the
+    run's controller (Linux /proc; elsewhere False, so a live pid is taken at its word)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError):
+        return False
+    # Field 22 (starttime, in clock ticks since boot) follows the ")" of the command name.
+    fields = stat.rsplit(")", 1)[-1].split()
+    try:
+        started = boot + int(fields[19]) / ticks
+    except (IndexError, ValueError):
+        return False
+    return started > moment + 2.0  # btime is whole seconds; leave room for rounding
 
 
 class RunIndex:
