@@ -31,7 +31,8 @@ th{background:#eceff1}.num{text-align:right}
 .device b{font-size:13px}.device a{color:#fff}
 .device .holder{border-top:1px solid rgba(255,255,255,.4);margin-top:2px}
 .state-free{background:#2e7d32}.state-held{background:#c62828}.state-shared{background:#ef6c00}
-.test{font-family:ui-monospace,monospace;word-break:break-all}
+#live td,#recent td,#waiting td{white-space:nowrap}#live td.wrap,#recent td.wrap{white-space:normal}
+.test{font-family:ui-monospace,monospace;word-break:break-all;white-space:normal}
 .bad{color:#c62828;font-weight:600}.good{color:#2e7d32}.muted{color:#757575}
 .bar{display:inline-block;height:10px;background:#cfd8dc;width:160px;vertical-align:middle}
 .bar span{display:block;height:10px;background:#2e7d32}
@@ -172,7 +173,7 @@ def waiting_section(
             f"<td>{_run_link(runs.get(waiter['run']), waiter['run'])}</td>"
             f"<td class=num>{escape(waiter['pid'])}</td>"
             f'<td class="wants">{escape(wants)} of {escape(waiter["pool"])}</td>'
-            f"<td>{escape(', '.join(waiter['busy']) or 'none')}</td>"
+            f"<td style='white-space:normal'>{escape(', '.join(waiter['busy']) or 'none')}</td>"
             f"<td>{escape(share)}</td><td>{_ago(waiter['since'], now)}</td></tr>"
         )
     parts.append("</table></section>")
@@ -218,7 +219,7 @@ def live_section(view: Mapping[str, Any], now: float) -> str:
             f"<td>{_link(run['page'], run['run'])}<br><span class=muted>"
             f"{escape(run['project'])}</span></td><td>{escape(run['user'])}</td>"
             f"<td>{_progress(run)}</td><td class=num>{run['done']} of {run['tests']}</td>"
-            f"<td>{run['running']}{running}</td><td class=num>{run['queued']}</td>"
+            f"<td class=wrap>{run['running']}{running}</td><td class=num>{run['queued']}</td>"
             f"<td>{failures}</td><td>{_duration(run['duration'])}</td></tr>"
         )
     parts.append("</table></section>")
@@ -245,7 +246,7 @@ def recent_section(view: Mapping[str, Any]) -> str:
             f"{escape(run['project'])} · {escape(run['user'])}</span></td>"
             f"<td>{_when(run['start'])}</td><td>{_counts(run['counts'])}</td>"
             f"<td>{_duration(run['duration'])}</td>"
-            f'<td class="{css}">{escape(run["ending"])}</td>'
+            f'<td class="{css} wrap">{escape(run["ending"])}</td>'
             f"<td>{_link(run['report'], 'HTML report')}"
             f"{'<br>logs: ' + logs if logs else ''}</td></tr>"
         )
