@@ -92,13 +92,16 @@ def serve(project: Project, tmp_path: Path) -> Iterator[Callable[..., Server]]:
         return server
 
     yield start
+    hung = []
     for server in started:
-        server.proc.terminate()
+        server.proc.terminate()  # pages may still hold /events open: it must stop anyway
         try:
             server.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             server.proc.kill()
             server.proc.wait()
+            hung.append(server.url)
+    assert not hung, f"devpool serve did not stop on SIGTERM within 10 s: {hung}"
 
 
 @pytest.fixture

@@ -121,6 +121,8 @@ def test_a_waiting_run_shows_what_it_waits_for(
     text = waiter.inner_text()
     assert "2 sim device(s) of 4" in text, text
     assert "sim:0, sim:1, sim:2, sim:3" in text, text
+    waiting_row = page.locator(f"#live .live-run[data-run='{waiter.get_attribute('data-run')}']")
+    assert "waiting for 2 sim device(s)" in waiting_row.inner_text()
     page.screenshot(path=str(tmp_path / "waiting.png"), full_page=True)
     api = server.json("/api/v1/waiting")["waiting"]
     assert [w["run"] for w in api] == [waiter.get_attribute("data-run")]

@@ -235,3 +235,20 @@ def test_beyond_loopback_without_a_token_is_one_sentence_and_exit_4(
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert is_loopback("127.0.0.2") and not is_loopback("10.0.0.1")
     assert not is_loopback("example.com")
+
+
+def test_a_shared_device_shows_its_free_memory(tmp_path: Path) -> None:
+    locks = LockDir(tmp_path / "locks")
+    holder = Holder.for_this_process("run-m", "t.py::test_small")
+    lease = locks.try_acquire_memory("sim", [0], 8 << 30, {0: 80 << 30}, holder)
+    assert not isinstance(lease, list)
+    try:
+        states = views.lock_states(locks.path)
+        view = views.devices_view(states, locks.path, memory={("sim", 0): 80 << 30})
+    finally:
+        lease.release()
+    device = view["devices"][0]
+    assert device["state"] == "shared" and device["holders"][0]["memory"] == 8 << 30
+    assert (device["memory_free"], device["memory_total"]) == (72 << 30, 80 << 30)
+    html = _parsed(pages.devices_section(view, {}, time.time())).text
+    assert "72 GiB free of 80 GiB" in html and "t.py::test_small" in html

@@ -75,11 +75,13 @@ class Sources:
     def _overview(self) -> dict[str, Any]:
         states = views.lock_states(self.lock_dir)
         summaries = self.index.summaries()
-        known = [(s.platform, d) for s in summaries if s.live for d in s.devices]
+        live = [s for s in summaries if s.live]
+        known = [(s.platform, d) for s in live for d in s.devices]
+        memory = {(s.platform, d): size for s in live for d, size in s.memory.items()}
         return {
             "schema": views.SCHEMA,
             "time": time.time(),
-            "devices": views.devices_view(states, self.lock_dir, known),
+            "devices": views.devices_view(states, self.lock_dir, known, memory),
             "waiting": views.waiting_view(views.waiters(self.lock_dir), states),
             "live": views.runs_view(summaries, live=True),
             "recent": views.runs_view(summaries, live=False),

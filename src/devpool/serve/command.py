@@ -51,7 +51,15 @@ def _serve(args: argparse.Namespace) -> int:
     app = build_app(lock_dir, folders, token)
     where = f"http://{args.host}:{args.port}/"
     print(f"devpool serve: {where} (lock folder {lock_dir}; read only)", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    # An open /events stream never ends by itself: give such clients a second at shutdown.
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=1,
+    )
     return 0
 
 

@@ -110,7 +110,7 @@ def overview(data: Mapping[str, Any], now: float | None = None) -> str:
         [
             devices_section(data["devices"], runs, now),
             waiting_section(data["waiting"], runs, now),
-            live_section(data["live"], now),
+            live_section(data["live"], now, {w["run"]: w for w in data["waiting"]["waiting"]}),
             recent_section(data["recent"]),
             tests_section(data["tests"]),
         ]
@@ -137,6 +137,11 @@ def devices_section(
             f'<div class="device state-{state}" data-device="{escape(device["name"])}" '
             f'data-state="{state}"><b>{escape(device["name"])}</b> {state}'
         )
+        if device["memory_free"] is not None:
+            parts.append(
+                f' · <span class="free-memory">{format_size(device["memory_free"])} free of '
+                f"{format_size(device['memory_total'])}</span>"
+            )
         for holder in device["holders"]:
             run = runs.get(holder["run"] or "")
             share = f" · {format_size(holder['memory'])}" if holder["memory"] else ""
@@ -195,7 +200,9 @@ def _counts(counts: Mapping[str, int]) -> str:
     return ", ".join(out) or '<span class="muted">none yet</span>'
 
 
-def live_section(view: Mapping[str, Any], now: float) -> str:
+def live_section(
+    view: Mapping[str, Any], now: float, waiting: Mapping[str, Mapping[str, Any]] | None = None
+) -> str:
     parts = ['<section id="live"><h2>Live runs</h2>']
     if not view["runs"]:
         parts.append("<p>No run is in progress.</p></section>")
@@ -214,6 +221,12 @@ def live_section(view: Mapping[str, Any], now: float) -> str:
         running = "".join(
             f'<div class="test">{escape(t["test"])}</div>' for t in run["running_tests"][:8]
         )
+        waits = (waiting or {}).get(run["run"])
+        if waits is not None:
+            running += (
+                f'<div class="bad"><a href="#waiting">waiting for {escape(waits["wants"])} '
+                f"{escape(waits['platform'])} device(s)</a></div>"
+            )
         parts.append(
             f'<tr class="live-run" data-run="{escape(run["run"])}">'
             f"<td>{_link(run['page'], run['run'])}<br><span class=muted>"

@@ -15,7 +15,7 @@ import re
 import socket
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from devpool.devices.fairshare import Waiter, fair_limit
 from devpool.devices.leases import Holder
 from devpool.devices.lockdir import LockDir, LockState
 from devpool.errors import DevpoolError
+from devpool.report.memory_lane import capacities
 from devpool.report.record import RunRecord, read_record
 
 SCHEMA = 1
@@ -85,19 +86,22 @@ def _holder(holder: Holder | None) -> dict[str, Any]:
     }
 
 
-def _device(state: LockState) -> dict[str, Any]:
+def _device(state: LockState, capacity: int | None) -> dict[str, Any]:
     holders = []
     if state.held:
         holders.append({**_holder(state.holder), "memory": None})
     for share in state.shares:
         holders.append({**_holder(share.holder), "memory": share.amount})
     kind = "held" if state.held else "shared" if state.shares else "free"
+    shared = sum(share.amount for share in state.shares)
     return {
         "platform": state.platform,
         "device": state.device,
         "name": f"{state.platform}:{state.device}",
         "state": kind,
         "holders": holders,
+        "memory_total": capacity,  # bytes handed out, as a live run's session_start says
+        "memory_free": max(0, capacity - shared) if capacity and kind != "held" else None,
     }
 
 
@@ -112,14 +116,20 @@ def lock_states(lock_dir: Path) -> list[LockState]:
 
 
 def devices_view(
-    states: Sequence[LockState], lock_dir: Path, known: Iterable[tuple[str, int]] = ()
+    states: Sequence[LockState],
+    lock_dir: Path,
+    known: Iterable[tuple[str, int]] = (),
+    memory: Mapping[tuple[str, int], int] | None = None,
 ) -> dict[str, Any]:
     """Every lock file of the folder as a device with its holder or holders; ``known``
-    devices (of live runs' inventories) with no lock file yet show as free."""
+    devices (of live runs' inventories) with no lock file yet show as free; ``memory``:
+    the bytes each device hands out (live runs' session_start), for its free memory."""
     have = {(s.platform, s.device) for s in states}
     extra = [LockState(p, d, False, None) for p, d in set(known) - have]
     every = sorted([*states, *extra], key=lambda s: (s.platform, s.device))
-    return {"schema": SCHEMA, "lock_dir": str(lock_dir), "devices": [_device(s) for s in every]}
+    sizes = memory or {}
+    devices = [_device(s, sizes.get((s.platform, s.device))) for s in every]
+    return {"schema": SCHEMA, "lock_dir": str(lock_dir), "devices": devices}
 
 
 def waiters(lock_dir: Path) -> list[Waiter]:
@@ -204,6 +214,7 @@ class RunSummary:
     user: str
     pid: int | None
     devices: list[int] = field(default_factory=list)
+    memory: dict[int, int] = field(default_factory=dict)  # bytes each device hands out
     damage: str | None = None
     logs: list[str] = field(default_factory=list)
 
@@ -288,6 +299,7 @@ def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
         user=str(user),
         pid=pid if isinstance(pid, int) else None,
         devices=record.devices,
+        memory=capacities(record.start),
         damage=record.damage,
         logs=_logs(record.path.parent),
     )
