@@ -58,6 +58,8 @@ class Sources:
     def __post_init__(self) -> None:
         self.index = views.RunIndex(self.projects)
         self._lock = threading.Lock()  # requests run in threads; the caches are shared
+        self._looks_lock = threading.Lock()
+        self._looks: dict[str, tuple[float, tuple[Any, ...]]] = {}
 
     def overview(self) -> dict[str, Any]:
         """Every view at once (one read of the lock folder for devices and waiting)."""
@@ -98,7 +100,27 @@ class Sources:
         return self._tests
 
     def signature(self) -> tuple[Any, ...]:
-        """Sizes and mtimes of everything the views read; it moves when a view may have."""
+        """Sizes and mtimes of everything the views read; it moves when a view may have.
+        Shared by every open /events stream for a moment, so ten tabs cost one look."""
+        return self._shared("signature", POLL_SECONDS * 0.8, self._signature)
+
+    def lock_signature(self) -> tuple[Any, ...]:
+        """Who holds what: a release rewrites no file, so only the lock states show it."""
+        return self._shared("locks", STATUS_SECONDS * 0.8, self._lock_signature)
+
+    def _shared(
+        self, name: str, seconds: float, compute: Callable[[], tuple[Any, ...]]
+    ) -> tuple[Any, ...]:
+        with self._looks_lock:
+            at, value = self._looks.get(name, (-seconds, ()))
+            if time.monotonic() - at < seconds:
+                return value
+        value = compute()
+        with self._looks_lock:
+            self._looks[name] = (time.monotonic(), value)
+        return value
+
+    def _signature(self) -> tuple[Any, ...]:
         marks: list[Any] = [_mtime(self.lock_dir), _mtime(self.lock_dir / "waiting")]
         for folder in (self.lock_dir, self.lock_dir / "waiting"):
             marks.extend(_entries(folder))
@@ -109,7 +131,7 @@ class Sources:
             marks.append((str(path), _mtime(path)))
         return tuple(marks)
 
-    def lock_signature(self) -> tuple[Any, ...]:
+    def _lock_signature(self) -> tuple[Any, ...]:
         states = views.lock_states(self.lock_dir)
         return tuple((s.platform, s.device, s.held, s.holder, s.shares) for s in states)
 
