@@ -24,6 +24,7 @@ from serving import (
     Server,
     Session,
     free_port,
+    need,
     wait_for,
 )
 
@@ -66,6 +67,8 @@ def sessions(project: Project) -> Iterator[Callable[..., Session]]:
 @pytest.fixture
 def serve(project: Project, tmp_path: Path) -> Iterator[Callable[..., Server]]:
     """Start `devpool serve` on a free loopback port over the project; stopped by its pid."""
+    for module in ("starlette", "uvicorn"):
+        need(module, "pip install -e '.[serve]' (pinned in [dev] too)")
     started: list[Server] = []
 
     def start(*extra: str, token: str | None = None) -> Server:
@@ -113,12 +116,9 @@ def browser() -> Iterator[Any]:
         if os.environ.get("CI") == "true":
             pytest.fail("chromium is missing on CI; .ci/run installs it")
         pytest.skip("chromium is not installed")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("playwright is missing on CI; it is pinned in [dev]")
-        pytest.skip("playwright is not installed")
+    need("playwright", "it is pinned in [dev]")
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as driver:
         launched = driver.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 HOSTILE = "<img src=x onerror=alert(1)>"
 
 # The generated suite: each test says it started (its devices held), then holds them until
@@ -64,6 +66,16 @@ TESTS = {
             hold("small")
     """,
 }
+
+
+def need(module: str, why: str) -> None:
+    """Skip without an optional module, except under CI=true, where [dev] must have it."""
+    try:
+        __import__(module)
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{module} is missing on CI; {why}")
+        pytest.skip(f"{module} is not installed ({why})")
 
 
 def wait_for(condition: Callable[[], Any], what: str, bound: float = 60.0) -> Any:
