@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -153,3 +155,20 @@ def test_the_token_is_enforced(browser: Any, serve: Callable[..., Server]) -> No
     other = browser.new_page()
     answer = other.goto(server.url + "/")
     assert answer.status == 401
+
+
+def test_without_a_token_only_loopback_names_are_answered(serve: Callable[..., Server]) -> None:
+    server = serve()
+    assert server.get("/")[0] == 200
+    assert server.get("/", {"Host": "localhost:1"})[0] == 200
+    # A page elsewhere whose DNS name was rebound to 127.0.0.1 gets nothing.
+    assert server.get("/api/v1/devices", {"Host": "rebound.example:8470"})[0] == 403
+    status, body = server.get("/", {"Host": "127.0.0.1"})
+    assert status == 200 and b"devpool" in body
+    request = urllib.request.Request(server.url + "/", method="POST")
+    try:
+        urllib.request.urlopen(request, timeout=10)
+    except urllib.error.HTTPError as error:
+        assert error.code == 405
+    else:
+        raise AssertionError("a POST was answered")

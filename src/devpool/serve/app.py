@@ -1,7 +1,8 @@
 """The Starlette app of `devpool serve`: pages, JSON under /api/v1, /events, run files.
 
 Read only: GET (and HEAD) only. With a token every request needs it, as a bearer header,
-``?token=`` or the cookie the first accepted request sets. Run files are served only from
+``?token=`` or the cookie the first accepted request sets; without one (loopback) the
+Host header must name loopback. Run files are served only from
 inside a run folder, as plain text, never through a symlink.
 """
 
@@ -169,6 +170,10 @@ class TokenCheck(BaseHTTPMiddleware):
         if request.method not in ("GET", "HEAD"):
             return PlainTextResponse("devpool serve is read only", 405, headers=_HEADERS)
         if self.token is None:
+            # Without a token only loopback may ask, by name too: a web page elsewhere
+            # must not read this one through a DNS name rebound to 127.0.0.1.
+            if not _loopback_host(request.headers.get("host", "")):
+                return PlainTextResponse("devpool serve answers loopback names only", 403)
             response = await call_next(request)
             response.headers.update(_HEADERS)
             return response
@@ -190,6 +195,16 @@ class TokenCheck(BaseHTTPMiddleware):
         if not from_cookie:
             response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
         return response
+
+
+def _loopback_host(header: str) -> bool:
+    """Whether a Host header names loopback: localhost, 127.x.y.z or [::1], any port."""
+    from devpool.serve.command import is_loopback
+
+    host = header.rsplit(":", 1)[0] if not header.endswith("]") else header
+    if header.startswith("["):
+        host = header[1:].split("]", 1)[0]
+    return bool(host) and is_loopback(host)
 
 
 def build_app(lock_dir: Path, folders: Sequence[Path], token: str | None = None) -> Starlette:
