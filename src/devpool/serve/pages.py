@@ -347,13 +347,14 @@ def run_page(run: Mapping[str, Any]) -> str:
         f" · started {_when(run['start'])} · {_duration(run['duration'])} · "
         f"<b>{escape(run['ending'])}</b></p>",
         f"<p>{run['done']} of {run['tests']} done ({_counts(run['counts'])}), "
-        f"{run['running']} running, {run['queued']} queued · "
+        f"{run['running']} {'running' if run['live'] else 'started, never ended'}, "
+        f"{run['queued']} {'queued' if run['live'] else 'never started'} · "
         f"{_link(run['report'], 'HTML report')}</p>",
     ]
     if run["damage"]:
         parts.append(f'<p class="bad">{escape(run["damage"])}</p>')
     if run["running_tests"]:
-        parts.append("<h3>Running</h3><ul>")
+        parts.append(f"<h3>{'Running' if run['live'] else 'Started, never ended'}</h3><ul>")
         for test in run["running_tests"]:
             devices = ",".join(str(d) for d in test["devices"])
             parts.append(f'<li class="test">{escape(test["test"])} on [{escape(devices)}]</li>')
