@@ -45,6 +45,7 @@ def test_a_run_holding_devices_appears_within_2s_and_leaves_when_it_ends(
     server = serve()
     page, dialogs = _open(browser, server.url + "/")
     assert page.locator("#devices").is_visible()
+    page.locator("#live-state", has_text="live").wait_for(timeout=5000)  # /events is open
     run = sessions("hold", "--devices", "sim:0-3", "test_hold.py")
     wait_for(
         lambda: all((project.flags / f"{n}.started").exists() for n in ("hostile", "plain")),

@@ -49,8 +49,12 @@ _SCRIPT = """
       .then(function(t){if(t!==null){main.innerHTML=t;
         document.body.setAttribute('data-refreshed',String(Date.now()));}});
   }
+  var state=document.getElementById('live-state');
+  function say(text,color){if(state){state.textContent=text;state.style.color=color;}}
   if(window.EventSource){
     var es=new EventSource('/events');
+    es.onopen=function(){say('\u25cf live','#81c784');};
+    es.onerror=function(){say('\u25cb reconnecting','#ffb74d');};
     es.onmessage=function(){refresh();};
   }else{setInterval(refresh,2000);}
 })();
@@ -95,7 +99,8 @@ def document(title: str, body: str, *, live: bool = True) -> str:
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
-        f'<header><h1>{escape(title)}</h1><span class="meta">read only · '
+        f'<header><h1>{escape(title)}</h1><span id="live-state" class="meta"></span>'
+        f'<span class="meta">read only · '
         f'<a style="color:#fff" href="/">host</a> · <a style="color:#fff" '
         f'href="/api/v1/overview">JSON</a></span></header>'
         f'<main id="main">{body}</main>{script}</body></html>\n'
