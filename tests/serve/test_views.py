@@ -20,7 +20,7 @@ from devpool.devices.lockdir import LockDir
 from devpool.history.durations import History, TestResult
 from devpool.report.record import RecordWriter
 from devpool.serve import pages, views
-from devpool.serve.command import is_loopback
+from devpool.serve.hosts import is_loopback
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 

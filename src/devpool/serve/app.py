@@ -34,6 +34,7 @@ from starlette.responses import (
 from starlette.routing import Route
 
 from devpool.serve import pages, views
+from devpool.serve.hosts import names_loopback
 
 COOKIE = "devpool_serve_token"
 POLL_SECONDS = 0.5  # how often /events looks at the files' mtimes
@@ -172,7 +173,7 @@ class TokenCheck(BaseHTTPMiddleware):
         if self.token is None:
             # Without a token only loopback may ask, by name too: a web page elsewhere
             # must not read this one through a DNS name rebound to 127.0.0.1.
-            if not _loopback_host(request.headers.get("host", "")):
+            if not names_loopback(request.headers.get("host", "")):
                 return PlainTextResponse("devpool serve answers loopback names only", 403)
             response = await call_next(request)
             response.headers.update(_HEADERS)
@@ -195,16 +196,6 @@ class TokenCheck(BaseHTTPMiddleware):
         if not from_cookie:
             response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
         return response
-
-
-def _loopback_host(header: str) -> bool:
-    """Whether a Host header names loopback: localhost, 127.x.y.z or [::1], any port."""
-    from devpool.serve.command import is_loopback
-
-    host = header.rsplit(":", 1)[0] if not header.endswith("]") else header
-    if header.startswith("["):
-        host = header[1:].split("]", 1)[0]
-    return bool(host) and is_loopback(host)
 
 
 def build_app(lock_dir: Path, folders: Sequence[Path], token: str | None = None) -> Starlette:

@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 from pathlib import Path
 from typing import Any
 
 from devpool.errors import DevpoolError
+from devpool.serve.hosts import is_loopback
 
 DEFAULT_PORT = 8470
 TOKEN_ENV = "DEVPOOL_SERVE_TOKEN"
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _serve(args: argparse.Namespace) -> int:
