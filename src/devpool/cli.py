@@ -22,6 +22,7 @@ from devpool.report.markdown import render_markdown
 from devpool.report.record import latest_record, read_record
 from devpool.report.text import render_text
 from devpool.select.cli import add_select_command, build_transfer_parser
+from devpool.serve import add_serve_command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -192,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_run)
     add_capacity_commands(commands)
     add_select_command(commands)
+    add_serve_command(commands)
     return parser
 
 

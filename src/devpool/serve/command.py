@@ -1,0 +1,73 @@
+"""`devpool serve`: the subcommand, its options and the uvicorn server it runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from devpool.errors import DevpoolError
+from devpool.serve.hosts import is_loopback
+
+DEFAULT_PORT = 8470
+TOKEN_ENV = "DEVPOOL_SERVE_TOKEN"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if not is_loopback(args.host) and token is None:
+        raise DevpoolError(
+            f"devpool serve on {args.host} (beyond loopback) needs --token or {TOKEN_ENV}"
+        )
+    try:
+        import uvicorn
+
+        from devpool.serve.app import build_app
+    except ImportError as exc:
+        raise DevpoolError(
+            f"devpool serve needs Starlette and uvicorn: pip install 'devpool[serve]' ({exc})"
+        ) from None
+    if args.lock_dir:
+        lock_dir = Path(args.lock_dir)
+    else:
+        from devpool.project import project_settings
+
+        lock_dir = project_settings(Path.cwd(), (), {}).lock_dir
+    folders = [Path(f) for f in args.folders] or [Path.cwd() / ".devpool"]
+    for folder in folders:
+        if folder.exists() and not folder.is_dir():
+            raise DevpoolError(f"{folder} is not a .devpool folder")
+    app = build_app(lock_dir, folders, token)
+    where = f"http://{args.host}:{args.port}/"
+    print(f"devpool serve: {where} (lock folder {lock_dir}; read only)", flush=True)
+    # An open /events stream never ends by itself: give such clients a second at shutdown.
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=1,
+    )
+    return 0
+
+
+def add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
+    """Add `devpool serve` to the `devpool` command's subcommands."""
+    serve = commands.add_parser(
+        "serve", help="a live, read-only web page of this host's devices, waiting and runs"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default 8470)")
+    serve.add_argument("--lock-dir", help="lock folder (default: as for devpool locks)")
+    serve.add_argument(
+        "--token", help=f"every request must carry it (or set {TOKEN_ENV}); needed off loopback"
+    )
+    serve.add_argument(
+        "folders",
+        nargs="*",
+        metavar="DEVPOOL_FOLDER",
+        help="project .devpool/ folders (./.devpool)",
+    )
+    serve.set_defaults(func=_serve)

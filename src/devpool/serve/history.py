@@ -1,0 +1,124 @@
+"""The tests view's sources: flakiness and capacity from the duration history, quarantine
+entries from the project's [tool.devpool] table and quarantine file. Read only."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter, defaultdict, deque
+from pathlib import Path
+from typing import Any
+
+from devpool.capacity.report import CollectedTest, report
+from devpool.errors import DevpoolError
+from devpool.history.durations import History, TestResult, _columns_of, _connect
+from devpool.history.quarantine import Entry, entries_from_file, entries_from_table
+
+
+class ReadOnlyHistory(History):
+    """A history opened with SQLite's mode=ro: never created, migrated or written."""
+
+    def __init__(self, path: Path) -> None:  # noqa: D107 - History's, without create
+        self.path = Path(path)
+        self._conn = _connect(self.path, create=False)
+        self._select = _columns_of(self._conn)
+
+
+def _results(path: Path) -> list[TestResult]:
+    with ReadOnlyHistory(path) as history:
+        return list(history.results())
+
+
+def flakiest(path: Path, window: int, limit: int) -> list[dict[str, Any]]:
+    """Tests whose last ``window`` results mix passes and failures, most mixed first.
+
+    A result counts as flaky when its outcome is ``flaky`` (failed, then passed on a rerun)
+    or when it differs from the test's result in the run before (a flip).
+    """
+    recent: dict[str, deque[TestResult]] = defaultdict(lambda: deque(maxlen=window))
+    for result in _results(path):
+        recent[result.nodeid].append(result)
+    rows: list[dict[str, Any]] = []
+    for nodeid, results in recent.items():
+        outcomes = [r.outcome for r in results]
+        counts = Counter(outcomes)
+        flips = sum(1 for a, b in zip(outcomes, outcomes[1:], strict=False) if a != b)
+        if not counts["flaky"] and not (counts["failed"] and counts["passed"]):
+            continue
+        score = (counts["flaky"] + flips) / len(outcomes)
+        rows.append(
+            {
+                "test": nodeid,
+                "runs": len(outcomes),
+                "passed": counts["passed"],
+                "failed": counts["failed"],
+                "flaky": counts["flaky"],
+                "flips": flips,
+                "score": round(score, 3),
+                "last": outcomes[-1],
+                "last_time": results[-1].time,
+            }
+        )
+    rows.sort(key=lambda row: (-row["score"], -row["failed"], row["test"]))
+    return rows[:limit]
+
+
+def capacity_rows(path: Path) -> list[dict[str, Any]]:
+    """Tests and device-seconds by device count, per platform, from each test's latest result
+    (its device_count marker as the run saw it) and the history's p90 estimates."""
+    latest: dict[tuple[str, str], TestResult] = {}
+    for result in _results(path):
+        latest[(result.platform, result.nodeid)] = result
+    with ReadOnlyHistory(path) as history:
+        estimates = history.estimates()
+    by_platform: dict[str, list[CollectedTest]] = defaultdict(list)
+    pools: dict[str, int] = {}
+    for (platform, nodeid), result in latest.items():
+        by_platform[platform].append(
+            CollectedTest(nodeid, result.device_count, 1, None, False, False)
+        )
+        pools[platform] = max(pools.get(platform, 1), result.device_count)
+    rows = []
+    for platform, tests in sorted(by_platform.items()):
+        rep = report(tests, platform, None, estimates, 1.0, devices_per_runner=pools[platform])
+        for row in rep.rows:
+            rows.append(
+                {
+                    "platform": platform,
+                    "devices": row.label,
+                    "device_count": row.device_count,
+                    "tests": row.enabled,
+                    "test_seconds": round(row.test_seconds, 3),
+                    "device_seconds": round(row.device_seconds, 3),
+                }
+            )
+    return rows
+
+
+def quarantine_entries(root: Path, today: dt.date) -> tuple[list[dict[str, Any]], str | None]:
+    """The project's quarantine table and file entries (markers need a collection, so they
+    show in each run's report instead), with their expiry; and a problem sentence, if any."""
+    from devpool.project import project_settings
+
+    try:
+        settings = project_settings(root, (), {})
+        entries: list[Entry] = entries_from_table(settings.quarantine, "[tool.devpool.quarantine]")
+        if settings.quarantine_file:
+            file = Path(settings.quarantine_file)
+            entries += entries_from_file(file if file.is_absolute() else root / file)
+    except DevpoolError as exc:
+        return [], str(exc)
+    out = []
+    for entry in entries:
+        out.append(
+            {
+                "test": entry.key,
+                "reason": entry.reason,
+                "owner": entry.owner,
+                "until": entry.until.isoformat() if entry.until else None,
+                "expired": entry.expired(today),
+                "days_left": (entry.until - today).days if entry.until else None,
+                "platforms": list(entry.platforms) if entry.platforms else None,
+                "source": entry.source,
+            }
+        )
+    return out, None

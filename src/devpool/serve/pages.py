@@ -1,0 +1,389 @@
+"""The host page's HTML, rendered on the server from the views' data.
+
+Every string that comes from outside (test ids, user names, run ids, log lines, details)
+goes through ``escape`` (report/htmltext.py), the one rule of the HTML report. The page's
+script only swaps in fresh server-rendered HTML when ``/events`` says something changed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from devpool.devices.sizes import format_size
+from devpool.report.htmltext import escape
+
+STATE_COLORS = {"free": "#2e7d32", "held": "#c62828", "shared": "#ef6c00"}
+OUTCOME_ORDER = ("passed", "failed", "error", "timeout", "crashed", "infra", "flaky", "skipped")
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#fafafa;color:#212121}
+header{background:#263238;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center}
+header h1{font-size:18px;margin:0}header .meta{opacity:.8;font-size:12px}
+main{padding:8px 16px}section{margin:12px 0}h2{font-size:16px;margin:8px 0}
+table{border-collapse:collapse;background:#fff;min-width:50%}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#eceff1}.num{text-align:right}
+.devices{display:flex;flex-wrap:wrap;gap:6px}
+.device{border-radius:4px;padding:4px 8px;color:#fff;min-width:150px;max-width:320px;font-size:12px}
+.device b{font-size:13px}.device a{color:#fff}
+.device .holder{border-top:1px solid rgba(255,255,255,.4);margin-top:2px}
+.state-free{background:#2e7d32}.state-held{background:#c62828}.state-shared{background:#ef6c00}
+#live td,#recent td,#waiting td{white-space:nowrap}#live td.wrap,#recent td.wrap{white-space:normal}
+.test{font-family:ui-monospace,monospace;word-break:break-all;white-space:normal}
+.bad{color:#c62828;font-weight:600}.good{color:#2e7d32}.muted{color:#757575}
+.bar{display:inline-block;height:10px;background:#cfd8dc;width:160px;vertical-align:middle}
+.bar span{display:block;height:10px;background:#2e7d32}
+pre{background:#263238;color:#eceff1;padding:6px;overflow:auto;max-height:300px}
+a{color:#1565c0}
+"""
+
+_SCRIPT = """
+(function(){
+  var main=document.getElementById('main');
+  function refresh(){
+    fetch(location.pathname+location.search,{headers:{'X-Devpool-Partial':'1'},
+      credentials:'same-origin'}).then(function(r){return r.ok?r.text():null})
+      .then(function(t){if(t!==null){main.innerHTML=t;
+        document.body.setAttribute('data-refreshed',String(Date.now()));}});
+  }
+  var state=document.getElementById('live-state');
+  function say(text,color){if(state){state.textContent=text;state.style.color=color;}}
+  if(window.EventSource){
+    var es=new EventSource('/events');
+    es.onopen=function(){say('\u25cf live','#81c784');};
+    es.onerror=function(){say('\u25cb reconnecting','#ffb74d');};
+    es.onmessage=function(){refresh();};
+  }else{setInterval(refresh,2000);}
+})();
+"""
+
+
+def _when(moment: float | None) -> str:
+    if not moment:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(moment))
+
+
+def _ago(moment: float | None, now: float) -> str:
+    if not moment:
+        return ""
+    return _duration(max(0.0, now - moment))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} m {seconds % 60:02.0f} s"
+    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} m"
+
+
+def _link(href: str, text: str) -> str:
+    return f'<a href="{escape(href)}">{escape(text)}</a>'
+
+
+def _run_link(run: Mapping[str, Any] | None, run_id: str | None) -> str:
+    if run is not None:
+        return _link(run["page"], str(run["run"]))
+    return escape(run_id or "unknown run")
+
+
+def document(title: str, body: str, *, live: bool = True) -> str:
+    """A whole page around server-rendered content; the script refreshes ``<main>``."""
+    script = f"<script>{_SCRIPT}</script>" if live else ""
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
+        f'<header><h1>{escape(title)}</h1><span id="live-state" class="meta"></span>'
+        f'<span class="meta">read only · '
+        f'<a style="color:#fff" href="/">host</a> · <a style="color:#fff" '
+        f'href="/api/v1/overview">JSON</a></span></header>'
+        f'<main id="main">{body}</main>{script}</body></html>\n'
+    )
+
+
+def overview(data: Mapping[str, Any], now: float | None = None) -> str:
+    """The host page's content: devices, waiting, live runs, recent runs, tests."""
+    now = now or time.time()
+    runs = {r["run"]: r for r in [*data["live"]["runs"], *data["recent"]["runs"]]}
+    return "".join(
+        [
+            devices_section(data["devices"], runs, now),
+            waiting_section(data["waiting"], runs, now),
+            live_section(data["live"], now, {w["run"]: w for w in data["waiting"]["waiting"]}),
+            recent_section(data["recent"]),
+            tests_section(data["tests"]),
+        ]
+    )
+
+
+def devices_section(
+    view: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]], now: float
+) -> str:
+    devices = view["devices"]
+    counts = {state: sum(d["state"] == state for d in devices) for state in STATE_COLORS}
+    summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+    parts = [
+        '<section id="devices"><h2>Devices</h2>',
+        f'<p class="muted">lock folder {escape(view["lock_dir"])}: '
+        f"{len(devices)} devices{': ' + escape(summary) if summary else ''}</p>",
+    ]
+    if not devices:
+        parts.append("<p>No device lock files yet: no devpool run has used this folder.</p>")
+    parts.append('<div class="devices">')
+    for device in devices:
+        state = device["state"]
+        parts.append(
+            f'<div class="device state-{state}" data-device="{escape(device["name"])}" '
+            f'data-state="{state}"><b>{escape(device["name"])}</b> {state}'
+        )
+        if device["memory_free"] is not None:
+            parts.append(
+                f' · <span class="free-memory">{format_size(device["memory_free"])} free of '
+                f"{format_size(device['memory_total'])}</span>"
+            )
+        for holder in device["holders"]:
+            run = runs.get(holder["run"] or "")
+            share = f" · {format_size(holder['memory'])}" if holder["memory"] else ""
+            test = holder["test"] or "idle"
+            parts.append(
+                '<div class="holder">'
+                f'<div class="test" data-test="{escape(test)}">{escape(test)}</div>'
+                f"run {_run_link(run, holder['run'])} · user {escape(holder['user'] or '?')}"
+                f" · pid {escape(holder['pid'] or '?')} · {_ago(holder['since'], now)}{share}"
+                "</div>"
+            )
+        parts.append("</div>")
+    parts.append("</div></section>")
+    return "".join(parts)
+
+
+def waiting_section(
+    view: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]], now: float
+) -> str:
+    waiting = view["waiting"]
+    parts = ['<section id="waiting"><h2>Waiting</h2>']
+    if not waiting:
+        parts.append("<p>No run is waiting for devices.</p></section>")
+        return "".join(parts)
+    parts.append(
+        "<table><tr><th>run</th><th>pid</th><th>waits for</th><th>held by others</th>"
+        "<th>fair share</th><th>waiting</th></tr>"
+    )
+    for waiter in waiting:
+        share = "no limit" if waiter["fair_share"] is None else f"{waiter['fair_share']} devices"
+        wants = f"{waiter['wants']} {waiter['platform']} device(s)"
+        parts.append(
+            f'<tr class="waiter" data-run="{escape(waiter["run"])}">'
+            f"<td>{_run_link(runs.get(waiter['run']), waiter['run'])}</td>"
+            f"<td class=num>{escape(waiter['pid'])}</td>"
+            f'<td class="wants">{escape(wants)} of {escape(waiter["pool"])}</td>'
+            f"<td style='white-space:normal'>{escape(', '.join(waiter['busy']) or 'none')}</td>"
+            f"<td>{escape(share)}</td><td>{_ago(waiter['since'], now)}</td></tr>"
+        )
+    parts.append("</table></section>")
+    return "".join(parts)
+
+
+def _progress(run: Mapping[str, Any]) -> str:
+    total = max(1, int(run["tests"]))
+    width = min(100.0, 100.0 * int(run["done"]) / total)
+    return f'<span class="bar"><span style="width:{width:.0f}%"></span></span>'
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    names = [n for n in OUTCOME_ORDER if n in counts] + sorted(set(counts) - set(OUTCOME_ORDER))
+    out = []
+    for name in names:
+        css = "bad" if name in ("failed", "error", "timeout", "crashed", "infra") else ""
+        out.append(f'<span class="{css}">{counts[name]} {escape(name)}</span>')
+    return ", ".join(out) or '<span class="muted">none yet</span>'
+
+
+def live_section(
+    view: Mapping[str, Any], now: float, waiting: Mapping[str, Mapping[str, Any]] | None = None
+) -> str:
+    parts = ['<section id="live"><h2>Live runs</h2>']
+    if not view["runs"]:
+        parts.append("<p>No run is in progress.</p></section>")
+        return "".join(parts)
+    parts.append(
+        "<table><tr><th>run</th><th>user</th><th>progress</th><th>done</th><th>running</th>"
+        "<th>queued</th><th>failures</th><th>for</th></tr>"
+    )
+    for run in view["runs"]:
+        failed = len(run["failures"])
+        failures = (
+            f'<a class="bad" href="{escape(run["page"])}#failures">{failed} failed</a>'
+            if failed
+            else '<span class="good">0</span>'
+        )
+        running = "".join(
+            f'<div class="test">{escape(t["test"])}</div>' for t in run["running_tests"][:8]
+        )
+        waits = (waiting or {}).get(run["run"])
+        if waits is not None:
+            running += (
+                f'<div class="bad"><a href="#waiting">waiting for {escape(waits["wants"])} '
+                f"{escape(waits['platform'])} device(s)</a></div>"
+            )
+        parts.append(
+            f'<tr class="live-run" data-run="{escape(run["run"])}">'
+            f"<td>{_link(run['page'], run['run'])}<br><span class=muted>"
+            f"{escape(run['project'])}</span></td><td>{escape(run['user'])}</td>"
+            f"<td>{_progress(run)}</td><td class=num>{run['done']} of {run['tests']}</td>"
+            f"<td class=wrap>{run['running']}{running}</td><td class=num>{run['queued']}</td>"
+            f"<td>{failures}</td><td>{_duration(run['duration'])}</td></tr>"
+        )
+    parts.append("</table></section>")
+    return "".join(parts)
+
+
+def recent_section(view: Mapping[str, Any]) -> str:
+    parts = ['<section id="recent"><h2>Recent runs</h2>']
+    if not view["runs"]:
+        parts.append("<p>No finished run in the projects' .devpool/runs folders.</p></section>")
+        return "".join(parts)
+    parts.append(
+        "<table><tr><th>run</th><th>started</th><th>outcomes</th><th>duration</th>"
+        "<th>ending</th><th>report</th></tr>"
+    )
+    for run in view["runs"]:
+        css = "good" if run["exitstatus"] == 0 else "bad"
+        logs = " ".join(
+            _link(href, href.rsplit("/", 1)[-1].removesuffix(".log")) for href in run["logs"][:6]
+        )
+        parts.append(
+            f'<tr class="recent-run" data-run="{escape(run["run"])}">'
+            f"<td>{_link(run['page'], run['run'])}<br><span class=muted>"
+            f"{escape(run['project'])} · {escape(run['user'])}</span></td>"
+            f"<td>{_when(run['start'])}</td><td>{_counts(run['counts'])}</td>"
+            f"<td>{_duration(run['duration'])}</td>"
+            f'<td class="{css} wrap">{escape(run["ending"])}</td>'
+            f"<td>{_link(run['report'], 'HTML report')}"
+            f"{'<br>logs: ' + logs if logs else ''}</td></tr>"
+        )
+    parts.append("</table></section>")
+    return "".join(parts)
+
+
+def tests_section(view: Mapping[str, Any]) -> str:
+    parts = ['<section id="tests"><h2>Tests</h2>']
+    for project in view["projects"]:
+        parts.append(f"<h3>{escape(project['project'])}</h3>")
+        if project["problem"]:
+            parts.append(f'<p class="bad">{escape(project["problem"])}</p>')
+        parts.append(_flaky_table(project["flaky"]))
+        parts.append(_quarantine_table(project["quarantine"]))
+        parts.append(_capacity_table(project["capacity"]))
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _flaky_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "<p>Flakiest tests: none in the history.</p>"
+    out = [
+        "<h4>Flakiest tests</h4><table><tr><th>test</th><th>runs</th><th>passed</th>"
+        "<th>failed</th><th>flaky</th><th>flips</th><th>last</th></tr>"
+    ]
+    for row in rows:
+        out.append(
+            f'<tr class="flaky"><td class="test">{escape(row["test"])}</td>'
+            f"<td class=num>{row['runs']}</td><td class=num>{row['passed']}</td>"
+            f"<td class=num>{row['failed']}</td><td class=num>{row['flaky']}</td>"
+            f"<td class=num>{row['flips']}</td><td>{escape(row['last'])}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
+def _quarantine_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "<p>Quarantine: no entries in [tool.devpool.quarantine] or its file.</p>"
+    out = [
+        "<h4>Quarantine</h4><table><tr><th>test</th><th>reason</th><th>owner</th>"
+        "<th>until</th></tr>"
+    ]
+    for row in rows:
+        if row["until"] is None:
+            until = "no expiry"
+        elif row["expired"]:
+            until = f'<span class="bad">{escape(row["until"])} (expired)</span>'
+        else:
+            until = f"{escape(row['until'])} ({row['days_left']} days left)"
+        out.append(
+            f'<tr class="quarantine"><td class="test">{escape(row["test"])}</td>'
+            f"<td>{escape(row['reason'])}</td><td>{escape(row['owner'])}</td>"
+            f"<td>{until}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
+def _capacity_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return ""
+    out = [
+        "<h4>Capacity by device count (from the history)</h4><table><tr><th>platform</th>"
+        "<th>devices</th><th>tests</th><th>test time</th><th>device time</th></tr>"
+    ]
+    for row in rows:
+        out.append(
+            f'<tr class="capacity"><td>{escape(row["platform"])}</td>'
+            f"<td class=num>{escape(row['devices'])}</td><td class=num>{row['tests']}</td>"
+            f"<td class=num>{_duration(row['test_seconds'])}</td>"
+            f"<td class=num>{_duration(row['device_seconds'])}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
+def run_page(run: Mapping[str, Any]) -> str:
+    """One run: its progress or ending, what runs now, its failures with their log tails."""
+    parts = [
+        f'<section id="run" data-run="{escape(run["run"])}"><h2>Run {escape(run["run"])}</h2>',
+        f"<p>{escape(run['project'])} · user {escape(run['user'])} · {escape(run['platform'])}"
+        f" · started {_when(run['start'])} · {_duration(run['duration'])} · "
+        f"<b>{escape(run['ending'])}</b></p>",
+        f"<p>{run['done']} of {run['tests']} done ({_counts(run['counts'])}), "
+        f"{run['running']} {'running' if run['live'] else 'started, never ended'}, "
+        f"{run['queued']} {'queued' if run['live'] else 'never started'} · "
+        f"{_link(run['report'], 'HTML report')}</p>",
+    ]
+    if run["damage"]:
+        parts.append(f'<p class="bad">{escape(run["damage"])}</p>')
+    if run["running_tests"]:
+        parts.append(f"<h3>{'Running' if run['live'] else 'Started, never ended'}</h3><ul>")
+        for test in run["running_tests"]:
+            devices = ",".join(str(d) for d in test["devices"])
+            parts.append(f'<li class="test">{escape(test["test"])} on [{escape(devices)}]</li>')
+        parts.append("</ul>")
+    parts.append('<h3 id="failures">Failures</h3>')
+    if not run["failures"]:
+        parts.append("<p>None so far.</p>")
+    for failure in run["failures"]:
+        tail = "\n".join(str(line) for line in failure["tail"])
+        log = failure["log"].rsplit("/", 1)[-1] if failure["log"] else ""
+        log_link = (
+            " · " + _link(f"/runs/{run['project']}/{run['run']}/files/logs/{quote(log)}", "log")
+            if log
+            else ""
+        )
+        parts.append(
+            f'<div class="failure"><div class="test">{escape(failure["test"])}</div>'
+            f'<span class="bad">{escape(failure["outcome"])}</span> '
+            f"{escape(failure['detail'])}{log_link}"
+            f"{'<pre>' + escape(tail) + '</pre>' if tail else ''}</div>"
+        )
+    if run["logs"]:
+        parts.append("<h3>Logs</h3><ul>")
+        parts.extend(f"<li>{_link(h, h.rsplit('/', 1)[-1])}</li>" for h in run["logs"])
+        parts.append("</ul>")
+    parts.append("</section>")
+    return "".join(parts)

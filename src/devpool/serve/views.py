@@ -1,0 +1,455 @@
+"""What the host page shows, as plain JSON-ready data: devices, waiting, live, recent, tests.
+
+Everything is read through the readers devpool already has (``LockDir.status``, the
+``Waiter`` record, ``read_record``, ``History``, the quarantine table); nothing here writes,
+locks for longer than ``status`` does, or starts a process. Each view is a dict with
+``"schema": SCHEMA``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devpool.devices.fairshare import Waiter, fair_limit
+from devpool.devices.leases import Holder
+from devpool.devices.lockdir import LockDir, LockState
+from devpool.errors import DevpoolError
+from devpool.report.memory_lane import capacities
+from devpool.report.record import RunRecord, read_record
+
+SCHEMA = 1
+RECENT_LIMIT = 200  # recent runs kept per page and API answer, newest first
+FLAKY_LIMIT = 20
+HISTORY_WINDOW = 50  # a test's last results counted for flakiness
+_EXIT_WORDS = {
+    0: "passed",
+    1: "tests failed",
+    2: "interrupted",
+    3: "internal error",
+    4: "usage error",
+    5: "no tests collected",
+}
+
+
+@dataclass
+class Project:
+    """One project's ``.devpool/`` folder the page reads; ``key`` names it in URLs."""
+
+    key: str
+    folder: Path
+
+    @property
+    def runs(self) -> Path:
+        return self.folder / "runs"
+
+    @property
+    def root(self) -> Path:
+        return self.folder.parent
+
+
+def projects_of(folders: Sequence[Path]) -> list[Project]:
+    """Projects keyed by their folder's parent name, numbered when two share a name."""
+    found: list[Project] = []
+    seen: Counter[str] = Counter()
+    for folder in folders:
+        name = folder.resolve().parent.name or "project"
+        seen[name] += 1
+        key = name if seen[name] == 1 else f"{name}-{seen[name]}"
+        found.append(Project(key, folder.resolve()))
+    return found
+
+
+# ---- devices and waiting ---------------------------------------------------------------------
+
+
+def _holder(holder: Holder | None) -> dict[str, Any]:
+    if holder is None:
+        return {"run": None, "test": None, "user": None, "pid": None, "since": None, "host": None}
+    return {
+        "run": holder.session,
+        "test": holder.job,
+        "user": holder.user,
+        "pid": holder.worker_pid or holder.pid,
+        "controller_pid": holder.pid,
+        "since": holder.since,
+        "host": holder.host,
+    }
+
+
+def _device(state: LockState, capacity: int | None) -> dict[str, Any]:
+    holders = []
+    if state.held:
+        holders.append({**_holder(state.holder), "memory": None})
+    for share in state.shares:
+        holders.append({**_holder(share.holder), "memory": share.amount})
+    kind = "held" if state.held else "shared" if state.shares else "free"
+    shared = sum(share.amount for share in state.shares)
+    return {
+        "platform": state.platform,
+        "device": state.device,
+        "name": f"{state.platform}:{state.device}",
+        "state": kind,
+        "holders": holders,
+        "memory_total": capacity,  # bytes handed out, as a live run's session_start says
+        "memory_free": max(0, capacity - shared) if capacity and kind != "held" else None,
+    }
+
+
+def lock_states(lock_dir: Path) -> list[LockState]:
+    """``LockDir.status`` of an existing folder (none when it is missing: serve creates none)."""
+    if not lock_dir.is_dir() or lock_dir.is_symlink():
+        return []
+    try:
+        return LockDir(lock_dir).status()
+    except (DevpoolError, OSError):
+        return []
+
+
+def devices_view(
+    states: Sequence[LockState],
+    lock_dir: Path,
+    known: Iterable[tuple[str, int]] = (),
+    memory: Mapping[tuple[str, int], int] | None = None,
+) -> dict[str, Any]:
+    """Every lock file of the folder as a device with its holder or holders; ``known``
+    devices (of live runs' inventories) with no lock file yet show as free; ``memory``:
+    the bytes each device hands out (live runs' session_start), for its free memory."""
+    have = {(s.platform, s.device) for s in states}
+    extra = [LockState(p, d, False, None) for p, d in set(known) - have]
+    every = sorted([*states, *extra], key=lambda s: (s.platform, s.device))
+    sizes = memory or {}
+    devices = [_device(s, sizes.get((s.platform, s.device))) for s in every]
+    return {"schema": SCHEMA, "lock_dir": str(lock_dir), "devices": devices}
+
+
+def waiters(lock_dir: Path) -> list[Waiter]:
+    """Runs waiting in the lock folder's ``waiting/`` (read only: dead ones are skipped, not
+    removed as a run's own ``WaitingRoom`` does)."""
+    folder = lock_dir / "waiting"
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    found = []
+    host = socket.gethostname()
+    for entry in sorted(folder.glob("*.json")):
+        try:
+            if entry.is_symlink():
+                continue
+            waiter = Waiter(**json.loads(entry.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            continue
+        if waiter.host == host and not _alive(waiter.pid):
+            continue
+        found.append(waiter)
+    return sorted(found, key=lambda w: w.since)
+
+
+def waiting_view(found: Sequence[Waiter], states: Sequence[LockState]) -> dict[str, Any]:
+    """Each waiting run: what it waits for, since when, its fair share of its platform."""
+    pools = Counter(state.platform for state in states)
+    runs = []
+    for waiter in found:
+        pool = pools.get(waiter.platform, 0)
+        others = [w for w in found if w.platform == waiter.platform and w is not waiter]
+        limit = fair_limit(pool, waiter, others) if pool else None
+        busy = [
+            f"{s.platform}:{s.device}"
+            for s in states
+            if s.platform == waiter.platform and (s.held or s.shares)
+        ]
+        runs.append(
+            {
+                "run": waiter.session,
+                "pid": waiter.pid,
+                "host": waiter.host,
+                "platform": waiter.platform,
+                "since": waiter.since,
+                "wants": waiter.wants,
+                "pool": pool,
+                "fair_share": limit,
+                "busy": busy,
+            }
+        )
+    return {"schema": SCHEMA, "waiting": runs}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+# ---- runs ------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunSummary:
+    """One run record, summed up for the page (cached by the file's size and mtime)."""
+
+    project: str
+    run_id: str
+    start: float
+    duration: float
+    live: bool
+    counts: dict[str, int]
+    total: int
+    running: list[dict[str, Any]]
+    failures: list[dict[str, Any]]
+    exitstatus: int | None
+    ending: str
+    platform: str
+    user: str
+    pid: int | None
+    devices: list[int] = field(default_factory=list)
+    memory: dict[int, int] = field(default_factory=dict)  # bytes each device hands out
+    damage: str | None = None
+    logs: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        done = sum(self.counts.values())
+        return {
+            "project": self.project,
+            "run": self.run_id,
+            "start": self.start,
+            "duration": round(self.duration, 3),
+            "live": self.live,
+            "platform": self.platform,
+            "user": self.user,
+            "pid": self.pid,
+            "devices": self.devices,
+            "counts": self.counts,
+            "tests": self.total,
+            "done": done,
+            "running": len(self.running),
+            "queued": max(0, self.total - done - len(self.running)),
+            "running_tests": self.running,
+            "failures": self.failures,
+            "exitstatus": self.exitstatus,
+            "ending": self.ending,
+            "damage": self.damage,
+            "report": f"/runs/{self.project}/{self.run_id}/report.html",
+            "page": f"/runs/{self.project}/{self.run_id}",
+            "logs": [f"/runs/{self.project}/{self.run_id}/files/{name}" for name in self.logs],
+        }
+
+
+def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
+    """The page's view of one record: progress so far, failures, how it ended."""
+    start = record.start
+    finals = record.final_attempts()
+    counts = Counter(job.outcome or "running" for job in finals)
+    done_ids = {job.nodeid for job in finals}
+    running = [
+        {"test": job.nodeid, "devices": job.devices, "since": job.start}
+        for job in record.jobs
+        if job.outcome is None and job.nodeid not in done_ids
+    ]
+    failures = [
+        {
+            "test": job.nodeid,
+            "outcome": job.outcome,
+            "detail": job.detail,
+            "tail": job.tail[-20:],
+            "log": job.log,
+        }
+        for job in finals
+        if job.gating
+    ]
+    exitstatus = None
+    if record.end is not None:
+        raw = record.end.get("exitstatus")
+        exitstatus = int(raw) if isinstance(raw, int) else None
+    if live:
+        ending = "running"
+    elif record.end is None:
+        ending = "interrupted: the run was killed before it finished (no session_end)"
+    elif exitstatus == 2:
+        ending = "interrupted (exit 2)"
+    else:
+        word = _EXIT_WORDS.get(exitstatus or 0, "ended") if exitstatus is not None else "ended"
+        ending = f"{word} (exit {exitstatus})"
+    pid = start.get("pid")
+    user = start.get("user") or _owner(record.path)
+    return RunSummary(
+        project=project,
+        run_id=record.path.parent.name,
+        start=float(start.get("time", 0.0)),
+        duration=record.duration(),
+        live=live,
+        counts=dict(sorted(counts.items())),
+        total=record.total_tests,
+        running=running,
+        failures=failures,
+        exitstatus=exitstatus,
+        ending=ending,
+        platform=record.platform,
+        user=str(user),
+        pid=pid if isinstance(pid, int) else None,
+        devices=record.devices,
+        memory=capacities(record.start),
+        damage=record.damage,
+        logs=_logs(record.path.parent),
+    )
+
+
+def _owner(path: Path) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(path.stat().st_uid).pw_name
+    except (OSError, KeyError, ImportError):
+        return ""
+
+
+def _logs(run_dir: Path) -> list[str]:
+    folder = run_dir / "logs"
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    names = [
+        entry.name
+        for entry in os.scandir(folder)
+        if entry.is_file(follow_symlinks=False) and entry.name.endswith(".log")
+    ]
+    # worker-2 before worker-10
+    names.sort(key=lambda n: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", n)])
+    return [f"logs/{name}" for name in names]
+
+
+def _is_live(record: RunRecord) -> bool:
+    if record.end is not None:
+        return False
+    pid = record.start.get("pid")
+    host = record.start.get("host")
+    if not isinstance(pid, int) or host not in (socket.gethostname(), os.uname().nodename):
+        return False
+    return _alive(pid) and not _started_after(pid, float(record.start.get("time", 0.0)))
+
+
+def _started_after(pid: int, moment: float) -> bool:
+    """True when the process with this pid began after ``moment``: a reused pid, not the
+    run's controller (Linux /proc; elsewhere False, so a live pid is taken at its word)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError):
+        return False
+    # Field 22 (starttime, in clock ticks since boot) follows the ")" of the command name.
+    fields = stat.rsplit(")", 1)[-1].split()
+    try:
+        started = boot + int(fields[19]) / ticks
+    except (IndexError, ValueError):
+        return False
+    return started > moment + 2.0  # btime is whole seconds; leave room for rounding
+
+
+class RunIndex:
+    """The run records of the projects, read again only when a file's size or mtime moved."""
+
+    def __init__(self, projects: Sequence[Project]) -> None:
+        self.projects = list(projects)
+        self._cache: dict[Path, tuple[tuple[int, int], RunSummary | None]] = {}
+
+    def record_files(self) -> Iterable[tuple[Project, Path]]:
+        for project in self.projects:
+            if not project.runs.is_dir():
+                continue
+            for entry in os.scandir(project.runs):
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                path = Path(entry.path) / "record.jsonl"
+                yield project, path
+
+    def summaries(self) -> list[RunSummary]:
+        """Every readable run, newest start first. A record is parsed again only when its
+        size or mtime moved, or when the live run it was is no longer alive."""
+        found = []
+        kept: set[Path] = set()
+        for project, path in self.record_files():
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            kept.add(path)
+            stamp = (info.st_size, info.st_mtime_ns)
+            cached = self._cache.get(path)
+            stale = cached is None or cached[0] != stamp
+            if not stale and cached is not None and cached[1] is not None and cached[1].live:
+                stale = cached[1].pid is None or not _alive(cached[1].pid)
+            if stale:
+                self._cache[path] = (stamp, self._read(project, path))
+            summary = self._cache[path][1]
+            if summary is not None:
+                if summary.live:  # a quiet record (one long test): its run lasts until now
+                    summary.duration = max(summary.duration, time.time() - summary.start)
+                found.append(summary)
+        for gone in set(self._cache) - kept:
+            del self._cache[gone]
+        return sorted(found, key=lambda s: -s.start)
+
+    def _read(self, project: Project, path: Path) -> RunSummary | None:
+        if path.is_symlink():
+            return None
+        try:
+            record = read_record(path)
+        except DevpoolError:
+            return None
+        return summarise(project.key, record, _is_live(record))
+
+
+def runs_view(summaries: Sequence[RunSummary], live: bool) -> dict[str, Any]:
+    """Live runs (progress so far) or recent ones (how they ended), newest first."""
+    chosen = [s for s in summaries if s.live == live]
+    if not live:
+        chosen = chosen[:RECENT_LIMIT]
+    return {"schema": SCHEMA, "runs": [s.to_json() for s in chosen]}
+
+
+# ---- tests -------------------------------------------------------------------------------
+
+
+def tests_view(projects: Sequence[Project], today: dt.date | None = None) -> dict[str, Any]:
+    """Per project: the flakiest tests over the history, quarantine entries with their
+    expiry, and capacity by device count from the history."""
+    from devpool.serve.history import capacity_rows, flakiest, quarantine_entries
+
+    today = today or dt.date.today()
+    out = []
+    for project in projects:
+        history = project.folder / "history.sqlite"
+        flaky, capacity, problem = [], [], None
+        if history.is_file() and not history.is_symlink():
+            try:
+                flaky = flakiest(history, HISTORY_WINDOW, FLAKY_LIMIT)
+                capacity = capacity_rows(history)
+            except DevpoolError as exc:
+                problem = str(exc)
+        entries, quarantine_problem = quarantine_entries(project.root, today)
+        out.append(
+            {
+                "project": project.key,
+                "history": str(history) if history.is_file() else None,
+                "problem": problem or quarantine_problem,
+                "flaky": flaky,
+                "quarantine": entries,
+                "capacity": capacity,
+            }
+        )
+    return {"schema": SCHEMA, "projects": out, "generated": time.time()}
