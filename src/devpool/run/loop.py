@@ -29,6 +29,7 @@ from devpool.report.terminal import read_log, tail
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.health import DeviceHealth, Foreign
+from devpool.run.host_leases import HostLeases
 from devpool.run.memory_watch import MemoryGuard
 from devpool.run.placing import Placing
 from devpool.run.pool import Slot, WorkerPool
@@ -60,6 +61,7 @@ class Loop(Placing, MemoryGuard):
             settings.cpu_slots,
             isolate_all=settings.isolation == "job",
             capacity=ctx.memory,
+            resources=settings.resources,
         )
         self.backend = backend
         self.pool = WorkerPool(ctx, backend, plan)
@@ -79,6 +81,7 @@ class Loop(Placing, MemoryGuard):
         self.watches: dict[int, MemoryWatch] = {}  # worker key → its running test's watch
         self.alone: set[int] = set()  # jobs run again alone after running out of memory
         self.renamed: set[str] = set()  # tests a worker collected under another parametrize id
+        self.host = HostLeases(self)  # ports and named resources (run/host_leases.py)
 
     @property
     def ended(self) -> dict[str, int]:

@@ -312,7 +312,9 @@ class Controller:
         dropped: list[pytest.Item] = []
         for item in items:
             try:
-                request = request_for(item, self.settings.platforms, self.settings.device_memory)
+                request = request_for(
+                    item, self.settings.platforms, self.settings.device_memory, self.resources
+                )
             except DevpoolError as exc:
                 raise pytest.UsageError(str(exc)) from None
             if request.platforms is not None and not (
@@ -441,6 +443,7 @@ class Controller:
             backend=self.settings.backend,
             estimate=lambda job: self.estimates.get(job.nodeid, default),
             memory=self.memory,
+            resources=self.resources,
         )
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         for note in plan.notes:
@@ -561,11 +564,16 @@ class Controller:
 
     # ---- helpers --------------------------------------------------------------------------
 
+    @property
+    def resources(self) -> dict[str, int]:
+        """[tool.devpool.resources]: named host resources and their capacities."""
+        return dict(self.settings.resources)
+
     def _jobs(self, items: list[pytest.Item]) -> list[Job]:
         jobs = []
         for index, item in enumerate(items):
             request = self.requests.get(item.nodeid) or request_for(
-                item, self.settings.platforms, self.settings.device_memory
+                item, self.settings.platforms, self.settings.device_memory, self.resources
             )
             if request.nodes > 1 and not request.isolate:
                 # A multi-node test's ranks serve that test alone: never batched nor reused.
