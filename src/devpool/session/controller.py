@@ -313,7 +313,10 @@ class Controller:
         for item in items:
             try:
                 request = request_for(
-                    item, self.settings.platforms, self.settings.device_memory, self.resources
+                    item,
+                    self.settings.platforms,
+                    self.settings.device_memory,
+                    self.settings.resources,
                 )
             except DevpoolError as exc:
                 raise pytest.UsageError(str(exc)) from None
@@ -443,7 +446,7 @@ class Controller:
             backend=self.settings.backend,
             estimate=lambda job: self.estimates.get(job.nodeid, default),
             memory=self.memory,
-            resources=self.resources,
+            resources=self.settings.resources,
         )
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         for note in plan.notes:
@@ -564,16 +567,11 @@ class Controller:
 
     # ---- helpers --------------------------------------------------------------------------
 
-    @property
-    def resources(self) -> dict[str, int]:
-        """[tool.devpool.resources]: named host resources and their capacities."""
-        return dict(self.settings.resources)
-
     def _jobs(self, items: list[pytest.Item]) -> list[Job]:
         jobs = []
         for index, item in enumerate(items):
             request = self.requests.get(item.nodeid) or request_for(
-                item, self.settings.platforms, self.settings.device_memory, self.resources
+                item, self.settings.platforms, self.settings.device_memory, self.settings.resources
             )
             if request.nodes > 1 and not request.isolate:
                 # A multi-node test's ranks serve that test alone: never batched nor reused.
