@@ -17,7 +17,6 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devpool.backends import WorkerHandle
+from devpool.backends import WorkerHandle, ray_ports
 from devpool.backends.pipes import EventPipes
 from devpool.config import Settings
 from devpool.devices.inventory import Inventory, Platform
@@ -237,11 +236,11 @@ class RankProcess:
             "accelerators": {key: list(value) for key, value in ids.items()},
         }
 
-    def free_port(self) -> int:
-        """A port free on this node now, for rank 0 to listen on."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            return int(sock.getsockname()[1])
+    def lease_ports(self, lock_dir: str, count: int, ports: tuple[int, int]) -> list[int]:
+        """Ports leased on this node for the ranks to meet on (ray_ports.py), held to stop()."""
+        lease, leased = ray_ports.lease_on_node(lock_dir, count, ports)
+        self.leases.append(lease)
+        return leased
 
     def _devices(self, spec: RankSpec, node_id: str) -> list[int]:
         """Ray's ids for known accelerators; node-local flocks for custom resources (sim)."""
@@ -820,13 +819,14 @@ class RayBackend:
         env = dict(env)
         env["DEVPOOL_VISIBLE_ENV"] = self.platform.visible_env or ""
         env.pop("DEVPOOL_STACKS_FILE", None)
-        port = ray.get(worker.ranks[0].actor.free_port.remote()) if n > 1 else 0
+        ports = ray_ports.lease(worker.ranks[0].actor, self.settings, request)  # rank 0's node
+        port, master = (ports[0] if ports else 0), worker.ranks[0].address if n > 1 else "127.0.0.1"
         totals = {node.node_id: node.count for node in self.nodes}
         ship = self.settings.ray_ship_code
         lists = shipped_lists(env, self.cwd) if ship else {}
         refs = []
         for rank in worker.ranks:
-            rank_env = dict(env)
+            rank_env = dict(env, **ray_ports.rank_env(ports, master))
             if n > 1:
                 rank_env.update(
                     DEVPOOL_NODE_RANK=str(rank.rank),

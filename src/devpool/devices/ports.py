@@ -15,7 +15,7 @@ import fcntl
 import os
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from devpool.devices.leases import _close_all, _Handle, _open_lock_file
@@ -119,3 +119,15 @@ def acquire_ports(
         raise
     _close_all(taken)
     return None
+
+
+def ports_env(ports: Sequence[int], master_addr: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """A test's view of its ports: DEVPOOL_PORTS, and MASTER_ADDR / MASTER_PORT (the first
+    port) for torch.distributed unless the caller's environment sets MASTER_PORT."""
+    if not ports:
+        return {}
+    env = {"DEVPOOL_PORTS": ",".join(str(port) for port in ports)}
+    if "MASTER_PORT" not in environ:
+        env["MASTER_ADDR"] = master_addr
+        env["MASTER_PORT"] = str(ports[0])
+    return env

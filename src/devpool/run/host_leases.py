@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from devpool.devices.leases import Holder, Lease
-from devpool.devices.ports import overlap_error
+from devpool.devices.ports import overlap_error, ports_env
 from devpool.devices.resources import HostBlocked, HostLease, take_host_lease
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
@@ -26,7 +26,6 @@ from devpool.run.attempts import Attempt
 from devpool.run.context import RunContext
 from devpool.run.health import FOREIGN_RETRY
 
-PORTS_ENV = "DEVPOOL_PORTS"
 RESOURCES_ENV = "DEVPOOL_RESOURCES"
 
 
@@ -122,12 +121,7 @@ def host_env(lease: Lease | None, environ: Mapping[str, str] | None = None) -> d
     host: Any = lease.host if lease is not None else None
     if not isinstance(host, HostLease):
         return {}
-    env: dict[str, str] = {}
-    if host.ports:
-        env[PORTS_ENV] = ",".join(str(port) for port in host.ports)
-        if "MASTER_PORT" not in (os.environ if environ is None else environ):
-            env["MASTER_ADDR"] = "127.0.0.1"
-            env["MASTER_PORT"] = str(host.ports[0])
+    env = ports_env(host.ports, "127.0.0.1", os.environ if environ is None else environ)
     if host.resources:
         env[RESOURCES_ENV] = ",".join(f"{n}={k}" for n, k in sorted(host.resources.items()))
     return env
