@@ -281,3 +281,33 @@ def test_random_concurrent_requests_never_exceed_a_capacity_nor_deadlock(
         assert json.loads(output.splitlines()[-1]) == {"done": len(plan)}
     assert sorted(p.name for p in guards.glob("violation-*")) == []
     assert host_status(folder) == []  # every holder gave everything back
+
+
+def test_devpool_locks_lists_held_ports_and_resources_with_their_holders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from devpool.cli import main
+
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        child = spawn(
+            procs,
+            ["-c", CHILD_HOLDS, str(tmp_path), "2", json.dumps({"hccl": 1, "license": 2})],
+            stdin=True,
+        )
+        ports = json.loads(read_line(child))
+        assert main(["locks", "--lock-dir", str(tmp_path)]) == 0
+        shown = capsys.readouterr().out
+        assert "ports and resources held:" in shown
+        for port in ports:
+            assert f"port {port}" in shown
+        for name in ("hccl[0]", "license[0]", "license[1]"):
+            assert f"{name} " in shown
+        assert shown.count(f"held by pid {child.pid} ") == 5
+        assert "test t::child" in shown
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert main(["locks", "--lock-dir", str(tmp_path)]) == 0
+    assert "ports and resources held" not in capsys.readouterr().out  # freed with the child
