@@ -146,6 +146,14 @@ def test_four_concurrent_sessions_share_ports_and_a_resource_safely(
     record = next((roots[0] / ".devpool" / "runs").glob("*/record.jsonl"))
     leased = events(record, "host_lease")
     assert {tuple(sorted(e["resources"])) for e in leased} >= {("hccl",)}
+    ended = {e["nodeid"]: e for e in events(record, "job_end")}
+    assert all(len(e["ports"]) == 2 for k, e in ended.items() if "two_ports" in k)
+    assert all(e["resources"] == {"hccl": 1} for k, e in ended.items() if "ring" in k)
+    from devpool.report.html import render_html
+    from devpool.report.record import read_record
+
+    page = render_html(read_record(record))
+    assert "resources: hccl=1" in page and "ports: " in page
 
 
 def test_unknown_resource_is_a_usage_error_naming_the_test(
