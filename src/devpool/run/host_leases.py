@@ -24,9 +24,11 @@ from devpool.plan.jobs import Job
 from devpool.plan.scheduler import Scheduler
 from devpool.run.attempts import Attempt
 from devpool.run.context import RunContext
-from devpool.run.health import FOREIGN_RETRY
 
 RESOURCES_ENV = "DEVPOOL_RESOURCES"
+# Seconds before a job blocked on another run's ports or resources tries again. Shorter than
+# a device retry: a try costs a few non-blocking flocks, and resource holds are often short.
+HOST_RETRY = 0.1
 
 
 class _Replay(Protocol):  # run/replay.py's Replay (which imports this module)
@@ -103,7 +105,7 @@ class HostLeases:
             )
             self.loop.replay.synthesize(self.loop.attempts[job.id], Outcome.INFRA, reason, 0.0)
             return False
-        self.loop.delayed.append((now + FOREIGN_RETRY, job))
+        self.loop.delayed.append((now + HOST_RETRY, job))
         return False
 
     def cpu_lease(self, job: Job, now: float) -> Lease | None | Literal[False]:
