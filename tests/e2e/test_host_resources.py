@@ -4,9 +4,12 @@ two holders of a capacity-1 resource at once, every test green; and the user's m
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -191,3 +194,109 @@ def test_a_ports_range_in_the_ephemeral_range_is_refused(
     out = text(result)
     assert f"overlaps the kernel's ephemeral port range {low}-{high}" in out
     assert "Traceback" not in out
+
+
+HOLDER = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+OUT = Path({out!r})
+
+
+@pytest.mark.resources(hccl=1)
+def test_holds_and_hangs():
+    (OUT / "holder.tmp").write_text(str(os.getpid()))
+    os.replace(OUT / "holder.tmp", OUT / "holder.pid")
+    time.sleep(120)
+"""
+
+WAITER = """
+import os
+
+import pytest
+
+
+@pytest.mark.resources(hccl=1)
+def test_gets_the_ring_once_free():
+    assert os.environ["DEVPOOL_RESOURCES"] == "hccl=1"
+"""
+
+
+def wait_for(condition: Callable[[], bool], bound: float, what: str) -> None:
+    deadline = time.monotonic() + bound
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {bound}s for {what}"
+        time.sleep(0.05)
+
+
+def record_text(root: Path) -> str:
+    return "".join(p.read_text() for p in (root / ".devpool" / "runs").glob("*/record.jsonl"))
+
+
+def held_by(lock: Path) -> set[int]:
+    from devpool.devices.resources import host_status
+
+    return {s.holder.pid for s in host_status(lock) if s.holder and s.name == "hccl"}
+
+
+def test_a_sigkilled_session_frees_its_resource_for_the_next_run(
+    tmp_path: Path, lock: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root, body in ((first, HOLDER.format(out=str(out))), (second, WAITER)):
+        root.mkdir()
+        (root / "pyproject.toml").write_text(PROJECT)
+        (root / "test_it.py").write_text(textwrap.dedent(body))
+    holder = start(first, lock)
+    waiter: subprocess.Popen[str] | None = None
+    try:
+        wait_for((out / "holder.pid").is_file, 60, "the first run's test to hold hccl")
+        worker = int((out / "holder.pid").read_text())
+        assert held_by(lock) == {holder.pid}  # the controller's record: its lease
+        waiter = start(second, lock)
+        wait_for(lambda: "session_start" in record_text(second), 60, "the second run to start")
+        assert waiter.poll() is None and "job_start" not in record_text(second)  # it waits
+        os.kill(holder.pid, signal.SIGKILL)  # the controller and its worker, both holders
+        os.kill(worker, signal.SIGKILL)
+        output = waiter.communicate(timeout=120)[0]
+        assert waiter.returncode == 0, output
+        assert "1 passed" in output
+    finally:
+        for proc in (holder, waiter):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_resource_held_past_the_lease_timeout_ends_infra_naming_the_holder(
+    pytester: pytest.Pytester, lock: Path
+) -> None:
+    from devpool.devices.leases import Holder
+    from devpool.devices.resources import HostLease, take_host_lease
+
+    held = take_host_lease(
+        lock,
+        Holder.for_this_process("other-run", "t::other"),
+        0,
+        (24000, 24999),
+        {"hccl": 1},
+        {"hccl": 1},
+    )
+    assert isinstance(held, HostLease)
+    try:
+        pytester.makepyprojecttoml(PROJECT)
+        pytester.makepyfile(test_wait=WAITER)
+        result = pytester.runpytest_subprocess(
+            *FAST, f"--devpool-lock-dir={lock}", "--devpool-lease-timeout=1", timeout=60
+        )
+    finally:
+        held.release()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = text(result)
+    assert "no lease on hccl within --devpool-lease-timeout 1s" in out
+    assert f"resource hccl held by pid {os.getpid()}" in out
