@@ -107,3 +107,10 @@ def test_every_job_runs_and_no_resource_is_ever_over_its_capacity(
             sched.finish(heapq.heappop(ends)[2])
     assert not len(sched.queue)
     assert simulate(scheduler(devices=2), [job(j.id, **dict(j.request.resources)) for j in jobs])
+
+
+def test_a_scheduler_given_no_capacity_for_a_resource_does_not_limit_it() -> None:
+    sched = Scheduler(range(2), Backfill(), 16, 4)  # as simulations build it: no resources
+    for i in range(3):
+        sched.add(job(i, hccl=1))
+    assert len(sched.schedule(0.0)) == 3

@@ -71,8 +71,10 @@ class Pool:
     resources: dict[str, int] = field(default_factory=dict)
 
     def resources_fit(self, job: Job) -> bool:
-        """The job's named resources are free now (plan/resources.py reserves them)."""
-        return all(self.resources.get(n, 0) >= k for n, k in job.request.resources)
+        """The job's named resources are free now (plan/resources.py reserves them); one
+        this scheduler was not given a capacity for does not limit it (the run refuses
+        undeclared names before it plans)."""
+        return all(self.resources.get(n, k) >= k for n, k in job.request.resources)
 
     def memory_of(self, job: Job) -> int | None:
         """The job's bytes per device when memory is shared here; None: whole devices."""
@@ -101,7 +103,8 @@ class Pool:
         if k == 0:
             self.cpu_slots -= 1
         for name, count in job.request.resources:
-            self.resources[name] -= count
+            if name in self.resources:
+                self.resources[name] -= count
         return placement
 
     def _take_whole(
@@ -385,7 +388,8 @@ def free_resources(capacity: Mapping[str, int], running: Iterable[Running]) -> d
     free = dict(capacity)
     for run in running:
         for name, count in run.job.request.resources:
-            free[name] = free.get(name, 0) - count
+            if name in free:
+                free[name] -= count
     return free
 
 
