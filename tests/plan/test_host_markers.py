@@ -101,3 +101,13 @@ def test_explicit_ports_and_resources_run_in_a_worker_of_their_own() -> None:
     assert Job(1, "a", ("a", 1, "a"), Request(ports=1), 0).fresh
     assert Job(1, "a", ("a", 1, "a"), Request(resources=(("hccl", 1),)), 0).fresh
     assert not Job(1, "a", ("a", 1, "a"), Request(device_count=2), 0).fresh
+
+
+def test_the_ray_backend_says_resources_are_counted_within_the_run_only() -> None:
+    jobs = [Job(1, "t.py::a", ("t.py", 1, "a"), Request(resources=(("hccl", 1),)), 0)]
+    notes = build_plan(jobs, inventory(), backend="ray", resources=DECLARED).notes
+    assert notes == [
+        "resources() markers are counted within this run only on the Ray backend: they are "
+        "not yet leased across runs on the cluster's hosts"
+    ]
+    assert build_plan(jobs, inventory(), resources=DECLARED).notes == []
