@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from devpool import __version__
 from devpool.capacity.cli import add_capacity_commands, shard_verify
 from devpool.devices.lockdir import LockDir
+from devpool.devices.resources import HostLockState, host_status
 from devpool.errors import DevpoolError
 from devpool.report.github import write_step_summary
 from devpool.report.jsonout import render_json
@@ -47,8 +48,12 @@ def _project(devices: str | None = None) -> Any:
 def _locks(args: argparse.Namespace) -> int:
     lock_dir = LockDir(Path(args.lock_dir) if args.lock_dir else _project().lock_dir)
     states = lock_dir.status()
-    if not states:
+    held = host_status(lock_dir.path)
+    if not states and not held:
         print(f"no device lock files in {lock_dir.path}")
+        return 0
+    if not states:
+        _host_locks(held)
         return 0
     print(f"device locks in {lock_dir.path}:")
     for state in states:
@@ -62,7 +67,19 @@ def _locks(args: argparse.Namespace) -> int:
                 print(f"  {'':12}   {share.describe()}")
         else:
             print(f"  {device:12} free")
+    _host_locks(held)
     return 0
+
+
+def _host_locks(held: list[HostLockState]) -> None:
+    """Held ports and resource units (devices/resources.py), one line each."""
+    if not held:
+        return
+    print("ports and resources held:")
+    for state in held:
+        name = f"port {state.name}" if state.kind == "port" else f"{state.name}[{state.unit}]"
+        who = state.holder.describe() if state.holder else "an unknown holder"
+        print(f"  {name:12} held by {who}")
 
 
 def _report(args: argparse.Namespace) -> int:

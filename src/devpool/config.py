@@ -13,6 +13,8 @@ import pytest
 
 from devpool.devices.inventory import Platform, load_platforms
 from devpool.devices.lockdir import default_lock_dir
+from devpool.devices.ports import DEFAULT_RANGE, overlap_error, parse_range
+from devpool.devices.resources import parse_resources
 from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError
 
@@ -161,6 +163,7 @@ OPTIONS: tuple[Option, ...] = (
         flag=True,
         negatable=True,
     ),
+    Option("ports", parse_range, "TCP ports leased to tests, outside the ephemeral range"),
     Option("device-memory", parse_size, "memory each device test declares unless it says (8GiB)"),
     Option("memory-reserve", _fraction, "share of each device's memory never handed out (5%)"),
     Option("reruns", _count, "retry a failed/error/timeout test this many times, fresh worker"),
@@ -214,6 +217,7 @@ TABLE_KEYS = frozenset(_BY_NAME) | {
     "quarantine",
     "fatal-patterns",
     "profiles",
+    "resources",
 }
 
 
@@ -297,6 +301,8 @@ class Settings:
     probe: bool = True
     quarantine: Mapping[str, Any] = field(default_factory=dict)
     fatal_patterns: Mapping[str, Any] = field(default_factory=dict)
+    ports: tuple[int, int] = DEFAULT_RANGE  # leased TCP ports (devices/ports.py)
+    resources: Mapping[str, int] = field(default_factory=dict)  # name → capacity
 
 
 def read_table(pyproject: Path | None) -> dict[str, Any]:
@@ -392,6 +398,13 @@ def settings_from(
             if not isinstance(table[name], dict):
                 raise DevpoolError(f"{where}: [tool.devpool.{name}] must be a table")
             values[key] = table[name]
+    if "ports" in values and (overlap := overlap_error(values["ports"])) is not None:
+        raise DevpoolError(overlap)
+    if "resources" in table:
+        try:
+            values["resources"] = parse_resources(table["resources"], where)
+        except ValueError as exc:
+            raise DevpoolError(str(exc)) from None
     for key in ("lock_dir", "run_dir", "run_record", "quarantine_file", "history"):
         if key in values:
             values[key] = Path(values[key]).expanduser()

@@ -126,6 +126,13 @@ def devpool_devices() -> list[int]:
 
 
 @pytest.fixture
+def devpool_ports() -> list[int]:
+    """The TCP ports leased to this test's worker (ports(n), or one for a multi-rank test)."""
+    ports = os.environ.get("DEVPOOL_PORTS", "")
+    return [int(part) for part in ports.split(",") if part]
+
+
+@pytest.fixture
 def devpool_artifacts(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:

@@ -66,6 +66,9 @@ def test_two_ranks_on_two_nodes_talk_over_tcp(pytester: pytest.Pytester, cluster
                 devices=devpool_devices,
                 world=devpool_node.world_size,
                 peers=list(devpool_node.peers),
+                master=[os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")],
+                ports=os.environ.get("DEVPOOL_PORTS"),
+                node_port=devpool_node.master_port,
             )))
             assert devpool_node.world_size == 2 and len(devpool_devices) == 2
             address = (devpool_node.master_addr, devpool_node.master_port)
@@ -104,6 +107,11 @@ def test_two_ranks_on_two_nodes_talk_over_tcp(pytester: pytest.Pytester, cluster
     assert [r["rank"] for r in ranks] == ["0", "1"]
     assert ranks[0]["node"] != ranks[1]["node"]  # STRICT_SPREAD: one node each
     assert all(r["world"] == 2 and len(r["devices"]) == 2 for r in ranks)
+    # One port leased on rank 0's node: every rank meets on the same MASTER_ADDR/PORT.
+    assert ranks[0]["master"] == ranks[1]["master"]
+    assert ranks[0]["ports"] == ranks[1]["ports"] == ranks[0]["master"][1]
+    assert 20000 <= int(ranks[0]["master"][1]) <= 29999
+    assert ranks[0]["node_port"] == int(ranks[0]["master"][1])
     (end,) = job_ends(record)
     assert end["outcome"] == "passed"
     assert [r["rank"] for r in end["ranks"]] == [0, 1]

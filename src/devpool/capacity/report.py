@@ -29,6 +29,7 @@ import pytest
 
 from devpool.config import add_options, read_table, settings_from
 from devpool.devices.inventory import Platform, load_platforms
+from devpool.devices.resources import parse_resources
 from devpool.errors import DevpoolError
 from devpool.history.quarantine import (
     Entry,
@@ -53,6 +54,7 @@ class CollectedTest:
     quarantined: bool
     disabled: bool
     device_memory: int | None = None  # bytes per device, declared or the suite's default
+    resources: tuple[tuple[str, int], ...] = ()  # resources(name=k): named host resources
 
     @property
     def request(self) -> Request:
@@ -137,7 +139,9 @@ class _Collector:
             return
         try:
             for item in items:
-                request = request_for(item, self.seen.platforms, self.seen.device_memory)
+                request = request_for(
+                    item, self.seen.platforms, self.seen.device_memory, self._resources()
+                )
                 self.seen.tests.append(
                     CollectedTest(
                         item.nodeid,
@@ -147,10 +151,19 @@ class _Collector:
                         quarantined=entry_from_marker(item) is not None,
                         disabled=_disabled(item),
                         device_memory=request.device_memory,
+                        resources=request.resources,
                     )
                 )
         except DevpoolError as exc:
             self.seen.error = exc
+
+    def _resources(self) -> dict[str, int]:
+        """[tool.devpool.resources], so resources(name=k) markers read as a run reads them."""
+        table = self.seen.table.get("resources")
+        try:
+            return parse_resources(table, "pyproject.toml") if table is not None else {}
+        except ValueError as exc:
+            raise DevpoolError(str(exc)) from None
 
 
 def collect_suite(args: Sequence[str]) -> Collection:
@@ -260,6 +273,8 @@ class CapacityReport:
     drift: list[Drift]
     drift_factor: float
     timeline: list[TimelineRow] | None
+    # Named host resources: units × seconds of the tests that run, per resource.
+    resource_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def totals(self) -> Row:
@@ -313,6 +328,7 @@ def report(
     platform_skipped: list[str] = []
     running: list[tuple[CollectedTest, float]] = []
     from_history = 0
+    held: dict[str, float] = {}
     for test in tests:
         key = (test.nodes, test.device_count)
         if key not in rows:
@@ -336,6 +352,8 @@ def report(
         seconds = default_estimate if estimate is None else estimate
         row.test_seconds += seconds
         row.device_seconds += test.device_count * test.nodes * seconds
+        for name, units in test.resources:
+            held[name] = held.get(name, 0.0) + units * seconds
         if test.device_memory is not None:
             row.memory_seconds += test.device_memory * test.device_count * test.nodes * seconds
         if test.device_count == 0:
@@ -368,6 +386,7 @@ def report(
         drift=drift,
         drift_factor=drift_factor,
         timeline=_timeline(running, devices_per_runner) if timeline else None,
+        resource_seconds=dict(sorted(held.items())),
     )
 
 
@@ -494,6 +513,9 @@ def render_text(rep: CapacityReport) -> str:
         lines.append("  " + "  ".join([first, *rest]).rstrip())
         if number == 0 or number == len(table) - 2:
             lines.append("  " + "-" * (sum(widths) + 2 * (len(widths) - 1)))
+    if rep.resource_seconds:
+        held = ", ".join(f"{n} {seconds_text(s)}" for n, s in rep.resource_seconds.items())
+        lines += ["", f"resource-seconds (units × seconds): {held}"]
     if rep.skipped_by_platform:
         lines += [
             "",
@@ -612,6 +634,7 @@ def to_json(rep: CapacityReport) -> dict[str, Any]:
         "drift_factor": rep.drift_factor,
         "drift": [{**asdict(d), "factor": round(d.factor, 3)} for d in rep.drift],
         "timeline": None if rep.timeline is None else [asdict(t) for t in rep.timeline],
+        "resource_seconds": {n: round(v, 3) for n, v in rep.resource_seconds.items()},
     }
 
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from devpool.errors import DevpoolError
 
@@ -180,6 +180,16 @@ class _Handle:
     writable: bool = True
 
 
+class Attached(Protocol):
+    """What a lease can hold beside its devices (resources.HostLease: ports, resource units)."""
+
+    def fds(self) -> list[int]: ...
+
+    def set_job(self, holder: Holder) -> None: ...
+
+    def release(self, *, unlock: bool = True) -> None: ...
+
+
 class Lease:
     """Hold of some devices of one platform, until released or every holder exits.
 
@@ -202,6 +212,11 @@ class Lease:
         self._handles = list(handles)
         self._records = list(records)
         self._released = False
+        self.host: Attached | None = None  # ports and resources held with it (resources.py)
+
+    def attach(self, host: Attached) -> None:
+        """Hold ``host`` (a HostLease) with this lease: passed on and released together."""
+        self.host = host
 
     @property
     def released(self) -> bool:
@@ -211,13 +226,16 @@ class Lease:
     def fds(self) -> list[int]:
         """The open lock descriptors (device files, then share records); pass them all to a
         worker to share the lease."""
-        return [handle.fd for handle in self._handles + self._records]
+        extra = self.host.fds() if self.host is not None else []
+        return [handle.fd for handle in self._handles + self._records] + extra
 
     def set_job(self, job: str, worker_pid: int | None = None) -> None:
         """Rewrite the holder record in every lock file for a new job or worker."""
         if self._released:
             raise RuntimeError(f"lease on {self.platform}:{self.devices} is already released")
         self.holder = replace(self.holder, job=job, worker_pid=worker_pid)
+        if self.host is not None:
+            self.host.set_job(self.holder)
         if self._records:
             for handle in self._records:
                 _write_record(handle, self.holder, self.amount)
@@ -236,6 +254,8 @@ class Lease:
         self._released = True
         handles, self._handles = self._handles, []
         records, self._records = self._records, []
+        if self.host is not None:
+            self.host.release(unlock=unlock)
         for handle in records:
             if unlock:
                 # Our own record, unique by name: nobody else can be about to lock it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -55,12 +56,20 @@ class Job:
     def fresh(self) -> bool:
         """It runs in a process of its own: the isolate marker, or a retry (a failure may
         have come from the state an earlier test left in a shared process)."""
-        return self.request.isolate or self.attempt > 1 or self.runs_alone
+        # Explicit ports and named resources too: a warm worker would hold them while idle,
+        # and another job's request may differ (the host lease is the worker's, for life).
+        host = self.request.ports > 0 or bool(self.request.resources)
+        return self.request.isolate or self.attempt > 1 or self.runs_alone or host
 
     @property
     def devices_needed(self) -> int:
         """Every device the job holds at once: a nodes(n) test holds n × device_count."""
         return self.request.device_count * self.request.nodes
+
+    @property
+    def resources_needed(self) -> dict[str, int]:
+        """Units of each named host resource the job holds while it runs."""
+        return dict(self.request.resources)
 
     @property
     def memory_needed(self) -> int | None:
@@ -96,11 +105,20 @@ def unsatisfiable_reason(
     inventory: Inventory,
     backend: str,
     memory: Mapping[int, int] | None = None,
+    resources: Mapping[str, int] | None = None,
 ) -> str | None:
     """Why a request can never be met by this session, or None when it can.
 
     memory: what each device may hand out to device_memory requests (after the reserve).
+    resources: the capacity of each named host resource ([tool.devpool.resources]).
     """
+    for name, count in request.resources:
+        capacity = (resources or {}).get(name, 0)
+        if count > capacity:
+            return (
+                f"needs {count} of resource {name}; [tool.devpool.resources] gives it "
+                f"capacity {capacity}"
+            )
     if request.nodes > 1 and backend == "local":
         return (
             f"needs {request.nodes} nodes × {request.device_count} {inventory.platform.name}; "
@@ -135,6 +153,7 @@ def build_plan(
     backend: str = "local",
     estimate: Callable[[Job], float] | None = None,
     memory: Mapping[int, int] | None = None,
+    resources: Mapping[str, int] | None = None,
 ) -> Plan:
     """Split jobs into runnable (sorted by priority) and unsatisfiable ones.
 
@@ -153,10 +172,21 @@ def build_plan(
                     f"{inventory.platform.name} devices is unknown (set memory under "
                     "[tool.devpool.platforms], or install pynvml)"
                 )
-        reason = unsatisfiable_reason(job.request, inventory, backend, memory)
+        reason = unsatisfiable_reason(job.request, inventory, backend, memory, resources)
         if reason is None:
             plan.jobs.append(job)
         else:
             plan.unsatisfiable.append((job, reason))
+    preset = os.environ.get("MASTER_PORT")
+    if preset is not None and any(job.request.ports_needed for job in plan.jobs):
+        plan.notes.append(
+            f"MASTER_PORT={preset} is set in the environment: devpool leaves MASTER_ADDR and "
+            "MASTER_PORT as they are (tests still get their leased ports in DEVPOOL_PORTS)"
+        )
+    if backend != "local" and any(job.request.resources for job in plan.jobs):
+        plan.notes.append(
+            "resources() markers are counted within this run only on the Ray backend: "
+            "they are not yet leased across runs on the cluster's hosts"
+        )
     plan.jobs.sort(key=Job.priority)
     return plan

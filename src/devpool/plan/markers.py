@@ -21,6 +21,8 @@ MARKERS = {
     "quarantine": "quarantine(reason=, owner=, until='YYYY-MM-DD'): runs, reported, never gates.",
     "device_memory": "device_memory('8GiB'): share devices, this much memory on each of them.",
     "device_exclusive": "device_exclusive: whole devices, even where device-memory is the default.",
+    "ports": "ports(n): n TCP ports leased on the host for this test (DEVPOOL_PORTS).",
+    "resources": "resources(name=k): k units of each named [tool.devpool.resources] resource.",
 }
 
 
@@ -45,6 +47,15 @@ class Request:
     # A pytest-benchmark test: it times itself, so nothing else of the run runs beside it,
     # and it holds whole devices (compat/benchmark.py).
     quiet: bool = False
+    ports: int = 0  # ports(n); multi-rank tests get one by default (see ports_needed)
+    resources: tuple[tuple[str, int], ...] = ()  # resources(name=k), sorted by name
+
+    @property
+    def ports_needed(self) -> int:
+        """Ports leased for the test: ports(n), else one for a multi-rank test (MASTER_PORT)."""
+        if self.ports:
+            return self.ports
+        return 1 if self.device_count >= 2 or self.nodes >= 2 else 0
 
     def describe(self) -> str:
         """Short human form, e.g. '2 devices, isolate, timeout 30s' or '1 device × 8 GiB'."""
@@ -67,6 +78,9 @@ class Request:
             parts.append(f"reruns {self.reruns}")
         if self.quiet:
             parts.append("alone (benchmark)")
+        if self.ports:
+            parts.append(f"{self.ports} port{'s' if self.ports != 1 else ''}")
+        parts.extend(f"{name}={count}" for name, count in self.resources)
         return ", ".join(parts)
 
 
@@ -148,8 +162,33 @@ def _device_memory(nodeid: str, marker: pytest.Mark) -> int:
         ) from None
 
 
+def _resources(
+    nodeid: str, marker: pytest.Mark, known: Mapping[str, int]
+) -> tuple[tuple[str, int], ...]:
+    if marker.args or not marker.kwargs:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.resources takes name=count pairs, e.g. resources(hccl=1), "
+            f"got args={marker.args!r} kwargs={dict(marker.kwargs)!r}"
+        )
+    for name, count in marker.kwargs.items():
+        if name not in known:
+            names = ", ".join(sorted(known)) or "none"
+            raise DevpoolError(
+                f"{nodeid}: @pytest.mark.resources names unknown resource {name!r}; declared "
+                f"under [tool.devpool.resources]: {names}"
+            )
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise DevpoolError(
+                f"{nodeid}: @pytest.mark.resources({name}={count!r}) needs a whole number ≥ 1"
+            )
+    return tuple(sorted(marker.kwargs.items()))
+
+
 def request_for(
-    item: pytest.Item, known_platforms: Collection[str], default_memory: int | None = None
+    item: pytest.Item,
+    known_platforms: Collection[str],
+    default_memory: int | None = None,
+    resources: Mapping[str, int] | None = None,
 ) -> Request:
     """Read one test's markers into a Request; DevpoolError names the test on bad input.
 
@@ -194,6 +233,12 @@ def request_for(
     quiet = benchmark.is_benchmark(item)
     if quiet and device_count > 0:
         device_memory, exclusive = None, True
+    ports = 0
+    if (mark := item.get_closest_marker("ports")) is not None:
+        ports = _whole_number(nodeid, mark.name, mark.args, mark.kwargs, 1)
+    wanted: tuple[tuple[str, int], ...] = ()
+    if (mark := item.get_closest_marker("resources")) is not None:
+        wanted = _resources(nodeid, mark, resources or {})
     return Request(
         device_count,
         platforms,
@@ -206,4 +251,6 @@ def request_for(
         device_memory=device_memory,
         device_exclusive=exclusive,
         quiet=quiet,
+        ports=ports,
+        resources=wanted,
     )

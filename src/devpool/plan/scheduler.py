@@ -67,6 +67,14 @@ class Pool:
     capacity: Mapping[int, int] = field(default_factory=dict)
     shared: dict[int, int] = field(default_factory=dict)
     held_back: set[int] = field(default_factory=set)  # a retiring whole worker's, this pass
+    # Named host resources: units free now ([tool.devpool.resources] less running jobs').
+    resources: dict[str, int] = field(default_factory=dict)
+
+    def resources_fit(self, job: Job) -> bool:
+        """The job's named resources are free now (plan/resources.py reserves them); one
+        this scheduler was not given a capacity for does not limit it (the run refuses
+        undeclared names before it plans)."""
+        return all(self.resources.get(n, k) >= k for n, k in job.request.resources)
 
     def memory_of(self, job: Job) -> int | None:
         """The job's bytes per device when memory is shared here; None: whole devices."""
@@ -82,6 +90,8 @@ class Pool:
         k = job.devices_needed
         if self.slots <= 0 or (k == 0 and self.cpu_slots <= 0):
             return None
+        if not self.resources_fit(job):
+            return None
         memory = self.memory_of(job)
         if memory is not None:
             placement = self._take_memory(job, k, memory, isolate, avoid)
@@ -92,6 +102,9 @@ class Pool:
         self.slots -= 1
         if k == 0:
             self.cpu_slots -= 1
+        for name, count in job.request.resources:
+            if name in self.resources:
+                self.resources[name] -= count
         return placement
 
     def _take_whole(
@@ -335,10 +348,13 @@ class Scheduler:
         cpu_slots: int,
         isolate_all: bool = False,
         capacity: Mapping[int, int] | None = None,
+        resources: Mapping[str, int] | None = None,
     ) -> None:
         """capacity: what each device may hand out to memory requests (memory.capacity_of);
-        without it every job holds whole devices."""
+        without it every job holds whole devices. resources: named host resources'
+        capacities ([tool.devpool.resources])."""
         self.capacity = dict(capacity or {})
+        self.resources = dict(resources or {})
         self.devices = tuple(devices)
         self.policy = policy
         self.max_parallel = max_parallel
@@ -377,6 +393,7 @@ class Scheduler:
             cpu_slots=self.cpu_slots - cpu_running,
             capacity={d: c for d, c in self.capacity.items() if d in self.devices},
             shared={d: used for d, used in shared.items() if d not in out | busy},
+            resources=free_resources(self.resources, self.running.values()),
         )
         placements = self.policy.select(self.queue, pool, now, self.isolate_all)
         for placement in placements:
@@ -398,6 +415,16 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         return not self.queue and not self.running
+
+
+def free_resources(capacity: Mapping[str, int], running: Iterable[Running]) -> dict[str, int]:
+    """Units of each named resource that running jobs leave free."""
+    free = dict(capacity)
+    for run in running:
+        for name, count in run.job.request.resources:
+            if name in free:
+                free[name] -= count
+    return free
 
 
 def simulate(

@@ -309,6 +309,10 @@ def _tooltip(bar: _Bar, platform: str) -> str:
         f"outcome: {bar.outcome}",
         f"started: +{_duration(bar.begin)}",
     ]
+    if run.ports:
+        lines.append("ports: " + ",".join(str(port) for port in run.ports))
+    if run.resources:
+        lines.append("resources: " + ", ".join(f"{n}={k}" for n, k in run.resources.items()))
     if run.host:
         lines.append(f"host: {run.host}")
     if run.detail:

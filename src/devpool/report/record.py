@@ -12,7 +12,9 @@ Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
   job_start      job, nodeid, devices, host, worker_pid, queue_wait, attempt, log
   report         nodeid, when, outcome, duration
   job_end        job, nodeid, outcome, devices, host, start, end, run_time, queue_wait,
-                 attempt, log, detail, tail (last lines of the log, for tests that did not pass)
+                 attempt, log, detail, tail (last lines of the log, for tests that did not pass),
+                 ports, resources (when its worker held leased ports or named resources)
+  host_lease     job, nodeid, ports, resources (taken with the devices, issue 22)
   shard          (--devpool-shard runs, right after session_start) shard "K/N", k, n,
                  fingerprint, costs, split (node ids of every shard), deselected (this
                  shard's tests deselected after the split), history, pending
@@ -112,6 +114,8 @@ class JobRun:
     tail: list[str] = field(default_factory=list)
     test: str = ""  # the test's own node id (nodeid is a --devpool-repeat display id)
     retried: bool = False  # this attempt was run again: not the test's final word
+    ports: list[int] = field(default_factory=list)  # leased TCP ports its worker held
+    resources: dict[str, int] = field(default_factory=dict)  # named host resources held
 
     @property
     def test_id(self) -> str:
@@ -294,6 +298,8 @@ def _apply(record: RunRecord, open_jobs: dict[int, JobRun], event: dict[str, Any
         run.devices = [int(d) for d in event.get("devices", run.devices)]
         run.test = str(event.get("test") or run.nodeid)
         run.retried = bool(event.get("retried", False))
+        run.ports = [int(p) for p in event.get("ports", [])]
+        run.resources = {str(k): int(v) for k, v in dict(event.get("resources", {})).items()}
 
 
 def _unstarted(event: Mapping[str, Any]) -> JobRun:

@@ -73,6 +73,8 @@ class Attempt:
     number: int
     state: State = State.QUEUED
     devices: tuple[int, ...] = ()
+    ports: tuple[int, ...] = ()  # leased TCP ports of its worker (run/host_leases.py)
+    resources: tuple[tuple[str, int], ...] = ()  # named host resources its worker holds
     worker: int | None = None  # the key of the worker it was sent to
     deadline: float | None = None  # monotonic; only while started
     started: float = 0.0  # monotonic, at the worker's start event

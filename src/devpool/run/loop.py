@@ -62,6 +62,7 @@ class Loop:
             settings.cpu_slots,
             isolate_all=settings.isolation == "job",
             capacity=ctx.memory,
+            resources=settings.resources,
         )
         self.backend = backend
         self.pool = WorkerPool(ctx, backend, plan)

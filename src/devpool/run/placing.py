@@ -23,6 +23,7 @@ from devpool.plan.scheduler import IdleWorker, Placement, Scheduler
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.health import FOREIGN_RETRY, DeviceHealth, Foreign
+from devpool.run.host_leases import HostLeases
 from devpool.run.pool import Slot, WorkerPool
 from devpool.run.replay import Replay
 
@@ -61,6 +62,7 @@ class Placing:
         self.waiting_since: float | None = None  # wall clock, while other runs block us
         self.blocked_since: dict[int, float] = {}
         self.delayed: list[tuple[float, Job]] = []  # reruns waiting out their delay
+        self.host = HostLeases(self)  # ports and named resources (run/host_leases.py)
 
     # ---- what the loop tells it ------------------------------------------------------------
 
@@ -184,6 +186,8 @@ class Placing:
                 self.foreign.mark(got, now)
                 return False
             lease = got
+            if not self.host.attach(job, lease, now):  # ports, resources: run/host_leases.py
+                return False
             ours = {s.worker.pid for s in self.pool.slots.values()}
             if not self.foreign.probe_lease(placement.devices, lease, now, ours):
                 self.scheduler.unplace(job)
@@ -198,6 +202,10 @@ class Placing:
             self.attempts[job.id].devices = placement.devices
             self.attempts[job.id].move(State.LEASED, self.ctx.emit)
             self.foreign.leased(placement.devices)
+        elif self.backend.local_leases and (extra := self.host.cpu_lease(job, now)) is not None:
+            if extra is False:  # waits for another run's ports or resources
+                return False
+            lease = extra
         slot = self.pool.spawn(placement, lease, now)
         self._assign(slot, job, now)
         return True

@@ -24,6 +24,7 @@ from devpool.plan.jobs import Job, Plan
 from devpool.plan.scheduler import Placement
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
+from devpool.run.host_leases import host_env, stamp
 
 STACKS_WAIT = 0.5  # seconds given to faulthandler to write the stacks before SIGTERM
 STOP_GRACE = 10.0  # seconds a worker told to stop has before it is killed
@@ -110,6 +111,7 @@ class WorkerPool:
             if self.ctx.inventory.platform.kind == "sim":
                 memory_file = self.ctx.log_dir / f"memory-{job.id}-{job.attempt}.json"
                 env[memory.SIM_MEMORY_FILE] = str(memory_file)
+        env.update(host_env(lease))  # DEVPOOL_PORTS, MASTER_ADDR/PORT (run/host_leases.py)
         worker = self._fork(placement.devices, lease, env, job)
         if worker is None:
             worker = self.backend.start(placement.devices, lease, env, job.request)
@@ -125,6 +127,7 @@ class WorkerPool:
     def send(self, slot: Slot, head: Job, attempts: list[Attempt]) -> bool:
         """Send a batch; False when the worker is gone (its exit is handled as usual)."""
         slot.head = head
+        stamp(attempts, slot.worker.lease)
         slot.sent = list(attempts)
         slot.streamed = 0
         if slot.worker.lease is not None and slot.worker.lease.holder.job != head.nodeid:
@@ -146,6 +149,7 @@ class WorkerPool:
         """Send the next part of the running batch before the worker runs dry ("more")."""
         assert slot.head is not None
         slot.streamed += 1
+        stamp(attempts, slot.worker.lease)
         slot.sent += attempts
         message = {
             "op": "more",

@@ -23,6 +23,7 @@ from devpool.outcomes import RERUN, Outcome
 from devpool.plan.jobs import Job
 from devpool.report.junit import Attempt as JunitAttempt
 from devpool.report.terminal import Trouble, file_name, log_path, tail, write_test_log
+from devpool.run import host_leases
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.worker import protocol
@@ -300,6 +301,7 @@ class Replay:
             **_ranks(worker),
             **({"memory_peak": attempt.peak_memory} if attempt.peak_memory else {}),
             **({"memory": job.memory_needed} if ctx.memory and job.memory_needed else {}),
+            **host_leases.record_fields(attempt),
         )
         attempt.move(State.CONCLUDED, ctx.emit, outcome=outcome.value, retried=retried)
 
@@ -314,6 +316,7 @@ class Replay:
             ("devpool.host", self.ctx.host),
             ("devpool.queue_wait", f"{job.waited:.3f}"),
             ("devpool.attempt", str(job.attempt)),
+            *host_leases.properties(attempt),
         ]
         if job.setbacks:  # not attempts of the test, but the record of the run says them
             report.user_properties.append(("devpool.setbacks", " | ".join(job.setbacks)))

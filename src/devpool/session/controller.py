@@ -216,7 +216,12 @@ class Controller:
         dropped: list[pytest.Item] = []
         for item in items:
             try:
-                request = request_for(item, self.settings.platforms, self.settings.device_memory)
+                request = request_for(
+                    item,
+                    self.settings.platforms,
+                    self.settings.device_memory,
+                    self.settings.resources,
+                )
             except DevpoolError as exc:
                 raise pytest.UsageError(str(exc)) from None
             if request.platforms is not None and not (
@@ -306,6 +311,7 @@ class Controller:
             backend=self.settings.backend,
             estimate=lambda job: self.estimates.get(job.nodeid, default),
             memory=self.memory,
+            resources=self.settings.resources,
         )
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         for note in plan.notes:

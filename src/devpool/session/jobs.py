@@ -26,7 +26,7 @@ def jobs_for(
     jobs = []
     for index, item in enumerate(items):
         request = requests.get(item.nodeid) or request_for(
-            item, settings.platforms, settings.device_memory
+            item, settings.platforms, settings.device_memory, settings.resources
         )
         if request.nodes > 1 and not request.isolate:
             # A multi-node test's ranks serve that test alone: never batched nor reused.

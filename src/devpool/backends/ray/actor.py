@@ -10,7 +10,6 @@ import contextlib
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devpool.backends.ray import ports as ray_ports
 from devpool.backends.ray.cluster import import_ray
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import LockDir
@@ -97,11 +97,11 @@ class RankProcess:
             "accelerators": {key: list(value) for key, value in ids.items()},
         }
 
-    def free_port(self) -> int:
-        """A port free on this node now, for rank 0 to listen on."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            return int(sock.getsockname()[1])
+    def lease_ports(self, lock_dir: str, count: int, ports: tuple[int, int]) -> list[int]:
+        """Ports leased on this node for the ranks to meet on (ports.py), held to stop()."""
+        lease, leased = ray_ports.lease_on_node(lock_dir, count, ports)
+        self.leases.append(lease)
+        return leased
 
     def _devices(self, spec: RankSpec, node_id: str) -> list[int]:
         """Ray's ids for known accelerators; node-local flocks for custom resources (sim)."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from devpool.backends import WorkerHandle
 from devpool.backends.pipes import EventPipes
+from devpool.backends.ray import ports as ray_ports
 from devpool.backends.ray.actor import STOP_WAIT, RankProcess, RankSpec, shipped_lists
 from devpool.backends.ray.cluster import alive_nodes, connect, describe_cluster, import_ray, plural
 from devpool.backends.ray.handle import Rank, RayWorker
@@ -222,13 +223,14 @@ class RayBackend:
         env = dict(env)
         env["DEVPOOL_VISIBLE_ENV"] = self.platform.visible_env or ""
         env.pop("DEVPOOL_STACKS_FILE", None)
-        port = ray.get(worker.ranks[0].actor.free_port.remote()) if n > 1 else 0
+        ports = ray_ports.lease(worker.ranks[0].actor, self.settings, request)  # rank 0's node
+        port, master = (ports[0] if ports else 0), worker.ranks[0].address if n > 1 else "127.0.0.1"
         totals = {node.node_id: node.count for node in self.nodes}
         ship = self.settings.ray_ship_code
         lists = shipped_lists(env, self.cwd) if ship else {}
         refs = []
         for rank in worker.ranks:
-            rank_env = dict(env)
+            rank_env = dict(env, **ray_ports.rank_env(ports, master))
             if n > 1:
                 rank_env.update(
                     DEVPOOL_NODE_RANK=str(rank.rank),

@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterator
 
 from devpool.plan.jobs import Job
+from devpool.plan.resources import ResourceReservations
 from devpool.plan.scheduler import Placement, Pool, Queue
 
 # A pass looks past at most this many jobs of one size that may not backfill (too long
@@ -31,9 +32,12 @@ class Backfill:
         shadow: float | None = None  # when the reserved job is expected to start
         spare = 0  # devices free at that moment beyond what the reserved job needs
         skipped: dict[int, int] = {}
+        held = ResourceReservations()  # named host resources reserve on their own
         for job in _walk(queue, pool):
             if pool.slots <= 0:
                 break
+            if held.blocked(job, pool, placements, now) or not held.allows(job, now):
+                continue
             k = job.devices_needed
             if k > len(pool.free) or (k == 0 and pool.cpu_slots <= 0):
                 if shadow is None and k > 0:
@@ -53,6 +57,7 @@ class Backfill:
                 continue
             queue.pop_job(job)
             placements.append(placement)
+            held.took(job, now)
         return placements
 
 
@@ -109,9 +114,12 @@ def _select_shared(queue: Queue, pool: Pool, now: float, isolate_all: bool) -> l
     placements: list[Placement] = []
     reserved: tuple[float, frozenset[int]] | None = None
     passed = 0
+    held = ResourceReservations()  # named host resources reserve on their own
     for job in queue:  # a snapshot in priority order: popping while walking is safe
         if pool.slots <= 0 or passed > LOOK_PAST:
             break
+        if held.blocked(job, pool, placements, now) or not held.allows(job, now):
+            continue
         isolate = isolate_all or job.fresh
         if reserved is None or job.devices_needed == 0:
             placement = pool.take(job, isolate)
@@ -125,6 +133,7 @@ def _select_shared(queue: Queue, pool: Pool, now: float, isolate_all: bool) -> l
         if placement is not None:
             queue.pop_job(job)
             placements.append(placement)
+            held.took(job, now)
     return placements
 
 
