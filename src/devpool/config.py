@@ -246,6 +246,15 @@ def spaced_path_option(args: Sequence[str]) -> str | None:
     return None
 
 
+def conflicting_flags(args: Sequence[str]) -> str | None:
+    """The sentence for a flag given both ways (`--devpool-github --devpool-no-github`)."""
+    for option in OPTIONS:
+        negative = "--devpool-no-" + option.name
+        if option.negatable and option.cli in args and negative in args:
+            return f"{option.cli} and {negative} contradict each other; give one"
+    return None
+
+
 def add_options(parser: pytest.Parser) -> None:
     """Register --devices and every --devpool-<name> option."""
     group = parser.getgroup("devpool", "devpool: accelerator-aware test scheduling")

@@ -12,6 +12,7 @@ import pytest
 from devpool import compat
 from devpool.config import (
     add_options,
+    conflicting_flags,
     read_table,
     settings_from,
     spaced_path_option,
@@ -88,7 +89,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _configure_controller(config: pytest.Config) -> None:
     args = config.invocation_params.args
-    wrong = spaced_path_option(args)
+    wrong = spaced_path_option(args) or conflicting_flags(args)
     if wrong is not None:
         raise DevpoolError(wrong)
     pyproject = _pyproject(config)

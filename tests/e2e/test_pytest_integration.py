@@ -374,6 +374,11 @@ BAD_OPTIONS = {
         "[tool.devpool\nmax-parallel = 2\n",
         ["pyproject.toml"],
     ),
+    "github-both-ways": (
+        ["--devices", "sim:0-1", "--devpool-github", "--devpool-no-github"],
+        None,
+        ["--devpool-github", "--devpool-no-github"],
+    ),
     "max-parallel-zero": (
         ["--devices", "sim:0-1", "--devpool-max-parallel", "0"],
         None,
