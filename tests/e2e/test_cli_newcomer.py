@@ -63,6 +63,7 @@ def test_run_accepts_pytest_after_the_dashes_and_keeps_one_run_folder(
     assert any((folders[0] / "logs").iterdir())  # the worker logs are here too
     start = json.loads((folders[0] / "record.jsonl").read_text().splitlines()[0])
     assert start["log_dir"] == str(folders[0] / "logs")
+    assert start["run_id"] == folders[0].name  # one id for the folder and the record
     assert f"record {folders[0] / 'record.jsonl'}" in done.stderr
 
 
@@ -172,3 +173,27 @@ def test_repeat_table_is_sorted_and_in_devpool_report(tmp_path: Path) -> None:
     ]
     markdown = devpool(tmp_path, "report", str(record), "--format", "markdown").stdout
     assert "| 2/3 | 67% | `test_r.py::test_b_fails_once` | cpu ×1 |" in markdown
+
+
+def test_the_readmes_first_command_prints_no_warning_without_the_dev_plugins(
+    tmp_path: Path,
+) -> None:
+    # A fresh `pip install -e .` has no pytest-asyncio: devpool's own pyproject.toml must name
+    # no setting that only a [dev] plugin knows (pytest warns of an unknown config option).
+    root = Path(__file__).resolve().parents[2]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "DEVPOOL_"))}
+    environ.pop("CI", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "examples", "--devices", "sim:0-7"]
+        + ["-p", "no:asyncio", "-p", "no:cacheprovider", f"--devpool-run-dir={tmp_path / 'run'}"]
+        + [f"--devpool-lock-dir={tmp_path / 'locks'}"],
+        cwd=root,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    closing = done.stdout.strip().splitlines()[-1]
+    assert "passed" in closing and "warning" not in closing, done.stdout
+    assert "PytestConfigWarning" not in done.stdout + done.stderr, done.stdout

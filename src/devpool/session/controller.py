@@ -72,6 +72,10 @@ class Listener(Protocol):
 
 
 def run_id() -> str:
+    """This run's id: the one `devpool run` gave its run folder (DEVPOOL_RUN_ID), else new."""
+    given = os.environ.get("DEVPOOL_RUN_ID", "")
+    if RUN_ID.fullmatch(given):
+        return given
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
