@@ -37,6 +37,7 @@ from devpool.history.quarantine import (
     entry_from_marker,
 )
 from devpool.plan.markers import MARKERS, Request, request_for
+from devpool.wording import counted
 
 CAPACITY_SCHEMA = "devpool-capacity/1"
 DRIFT_SHOWN = 20  # drift rows shown in text and Markdown; JSON has them all
@@ -449,11 +450,15 @@ def seconds_text(seconds: float) -> str:
 
 def _header(rep: CapacityReport) -> list[str]:
     total = rep.totals
-    classes = ", ".join(f"{name} ({count} devices)" for name, count in rep.runner_classes.items())
+    classes = ", ".join(
+        f"{name} ({counted(count, 'device')})" for name, count in rep.runner_classes.items()
+    )
     return [
-        f"{total.total} tests collected; platform {rep.platform}; runner classes: {classes}",
+        f"{counted(total.total, 'test')} collected; platform {rep.platform}; "
+        f"runner classes: {classes}",
         f"estimates: {rep.from_history} from history, {rep.at_default} at the default "
-        f"{rep.default_estimate:g} s; wall = on one runner of {rep.devices_per_runner} devices",
+        f"{rep.default_estimate:g} s; wall = on one runner of "
+        f"{counted(rep.devices_per_runner, 'device')}",
     ]
 
 
@@ -515,7 +520,7 @@ def render_text(rep: CapacityReport) -> str:
     if rep.timeline is not None:
         lines += ["", "timeline (estimated makespan under devpool's backfill scheduler):"]
         for t in rep.timeline:
-            extra = f"  ({t.too_big} tests need more devices)" if t.too_big else ""
+            extra = f"  ({counted(t.too_big, 'test')} need more devices)" if t.too_big else ""
             lines.append(f"  {t.devices:>4} devices  {seconds_text(t.makespan):>9}{extra}")
     return "\n".join(lines) + "\n"
 

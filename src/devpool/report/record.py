@@ -7,12 +7,14 @@ a run that was cut. The reader takes a damaged file up to the damage and says, i
 sentence, where and what was lost.
 
 Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
-  session_start  run_id, host, pid, args, cwd, platform, kind, devices, options, tests
+  session_start  run_id, host, pid, args, cwd, platform, kind, devices, options, tests,
+                 planned (the node ids of every planned test)
   lease          job, nodeid, devices, holder_pid, wait (seconds blocked on other runs)
   job_start      job, nodeid, devices, host, worker_pid, queue_wait, attempt, log
   report         nodeid, when, outcome, duration
   job_end        job, nodeid, outcome, devices, host, start, end, run_time, queue_wait,
-                 attempt, log, detail, tail (last lines of the log, for tests that did not pass)
+                 attempt, log, detail, tail (last lines of the log, for tests that did not pass),
+                 category (pytest's own category where it is not the outcome: xfailed, xpassed)
   shard          (--devpool-shard runs, right after session_start) shard "K/N", k, n,
                  fingerprint, costs, split (node ids of every shard), deselected (this
                  shard's tests deselected after the split), history, pending
@@ -37,6 +39,7 @@ from typing import IO, Any
 from devpool.errors import DevpoolError
 
 SCHEMA_VERSION = 1
+INTERRUPTED = 2  # pytest.ExitCode.INTERRUPTED
 _GATING_NAMES = frozenset({"failed", "error", "timeout", "crashed", "infra"})
 
 
@@ -112,6 +115,12 @@ class JobRun:
     tail: list[str] = field(default_factory=list)
     test: str = ""  # the test's own node id (nodeid is a --devpool-repeat display id)
     retried: bool = False  # this attempt was run again: not the test's final word
+    category: str = ""  # pytest's category where it differs: "xfailed" (skipped), "xpassed"
+
+    @property
+    def shown(self) -> str | None:
+        """The category pytest's closing line counts this attempt in (None while running)."""
+        return self.category or self.outcome
 
     @property
     def test_id(self) -> str:
@@ -170,7 +179,19 @@ class RunRecord:
         return list(last.values())
 
     def counts(self) -> Counter[str]:
-        return Counter(job.outcome or "running" for job in self.final_attempts())
+        """Tests per category as pytest counts them (xfailed and xpassed apart)."""
+        return Counter(job.shown or "running" for job in self.final_attempts())
+
+    @property
+    def interrupted(self) -> bool:
+        """The run ended early at a signal or Ctrl-C (pytest's exit status 2)."""
+        return self.end is not None and self.end.get("exitstatus") == INTERRUPTED
+
+    def not_run(self) -> list[str]:
+        """The planned tests with no finished attempt, in plan order ([] for a record that
+        does not list its plan)."""
+        ended = {job.nodeid for job in self.finished_jobs()}
+        return [str(nodeid) for nodeid in self.start.get("planned", []) if nodeid not in ended]
 
     def duration(self) -> float:
         begin = float(self.start.get("time", 0.0))
@@ -294,6 +315,7 @@ def _apply(record: RunRecord, open_jobs: dict[int, JobRun], event: dict[str, Any
         run.devices = [int(d) for d in event.get("devices", run.devices)]
         run.test = str(event.get("test") or run.nodeid)
         run.retried = bool(event.get("retried", False))
+        run.category = str(event.get("category") or "")
 
 
 def _unstarted(event: Mapping[str, Any]) -> JobRun:
