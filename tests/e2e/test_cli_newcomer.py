@@ -197,3 +197,26 @@ def test_the_readmes_first_command_prints_no_warning_without_the_dev_plugins(
     closing = done.stdout.strip().splitlines()[-1]
     assert "passed" in closing and "warning" not in closing, done.stdout
     assert "PytestConfigWarning" not in done.stdout + done.stderr, done.stdout
+
+
+def test_capacity_and_shard_each_say_how_they_count_device_seconds(tmp_path: Path) -> None:
+    # The two sums differ on one suite (a memory test's share, a CPU test's seconds): each
+    # output says what it counts and how the other command counts.
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.devpool.platforms]\nsim = { kind = "sim", memory = "80GiB" }\n'
+    )
+    (tmp_path / "test_m.py").write_text(
+        "import pytest\n\n"
+        '@pytest.mark.device_memory("8GiB")\ndef test_mem(): pass\n\n'
+        "@pytest.mark.device_count(2)\ndef test_two(): pass\n\n"
+        "def test_cpu(): pass\n"
+    )
+    after = ["--", "test_m.py", *PYTEST]
+    capacity = devpool(tmp_path, "capacity", "--platform", "sim", *after)
+    shard = devpool(tmp_path, "shard", "--runners", "2", "--platform", "sim", *after)
+    for done in (capacity, shard):
+        assert done.returncode == 0, done.stdout + done.stderr
+    said = [line for line in capacity.stdout.splitlines() if "device-s =" in line]
+    assert said and "whole devices" in said[0] and "devpool shard" in said[0], capacity.stdout
+    said = [line for line in shard.stdout.splitlines() if "device-s =" in line]
+    assert said and "share" in said[0] and "devpool capacity" in said[0], shard.stdout

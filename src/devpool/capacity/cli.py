@@ -233,6 +233,11 @@ def _shard(args: argparse.Namespace) -> int:
         f"of {counted(devices, 'device')}"
         f"{over}; estimates: {known} from history, {len(tests) - known} at {default:g} s"
     )
+    print(
+        "device-s = devices x share x estimate (a device_memory test: declared / memory where "
+        "the platform's memory is set; a CPU test: its seconds); devpool capacity counts "
+        "whole devices"
+    )
     print(f"  {'shard':>7}  {'tests':>6}  {'device-s':>10}  {'wall':>10}")
     for k, (shard, wall) in enumerate(zip(split, walls, strict=True), 1):
         cost = sum(item.cost for item in shard)

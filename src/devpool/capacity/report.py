@@ -459,9 +459,15 @@ def _header(rep: CapacityReport) -> list[str]:
         f"estimates: {rep.from_history} from history, {rep.at_default} at the default "
         f"{rep.default_estimate:g} s; wall = on one runner of "
         f"{counted(rep.devices_per_runner, 'device')}",
+        DEVICE_SECONDS,
     ]
 
 
+# What device-s counts here, and how `devpool shard` counts differently (same suite, two sums).
+DEVICE_SECONDS = (
+    "device-s = devices x estimate, whole devices even for a device_memory test; "
+    "devpool shard counts such a test's share of each device and a CPU test's seconds"
+)
 _COLUMNS = ("devices", "enabled", "quarantined", "disabled", "other platform", "device-s", "wall")
 _MEMORY_COLUMN = "memory GiB-s"  # shown when some test declares device_memory
 
