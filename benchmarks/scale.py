@@ -155,7 +155,7 @@ def plan_args(root: Path, history: Path) -> list[str]:
 
 def run_args(root: Path, history: Path, record: Path) -> list[str]:
     devpool = devpool_options(root, "sim:0-7", history)
-    return [*PYTEST[3:], "suite", *devpool, "--devpool-run-record", str(record)]
+    return [*PYTEST[3:], "suite", *devpool, f"--devpool-run-record={record}"]
 
 
 def commands(root: Path, repeat: int, full_run: bool) -> dict[str, list[Measured]]:

@@ -17,7 +17,7 @@ SRC = Path(devpool.__file__).resolve().parent
 MAX_TOP_LEVEL = 12
 MAX_LINES = 600
 # Over the limit today, to be split by concern (issue 20): each may shrink, never grow.
-OVER_FOR_NOW = {"capacity/report.py": 619}
+OVER_FOR_NOW: dict[str, int] = {}
 
 
 def _modules() -> dict[str, Path]:

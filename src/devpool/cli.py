@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from devpool import __version__
 from devpool.capacity.cli import add_capacity_commands, shard_verify
-from devpool.devices.lockdir import LockDir
+from devpool.devices.lockdir import LockDir, default_lock_dir
 from devpool.devices.resources import HostLockState, host_status
 from devpool.errors import DevpoolError
 from devpool.report.github import write_step_summary
@@ -92,7 +92,12 @@ def _report(args: argparse.Namespace) -> int:
     if args.html:
         from devpool.report.html import render_html
 
-        Path(args.html).write_text(render_html(record), encoding="utf-8")
+        page = Path(args.html)
+        try:  # a folder that does not exist yet is made, as the run makes its run folder
+            page.parent.mkdir(parents=True, exist_ok=True)
+            page.write_text(render_html(record), encoding="utf-8")
+        except OSError as exc:
+            raise DevpoolError(f"cannot write {page}: {exc.strerror or exc}") from None
         print(f"devpool: wrote {args.html}", file=sys.stderr)
     if args.step_summary and not write_step_summary(record):
         raise DevpoolError("--step-summary needs GITHUB_STEP_SUMMARY to name a file")
@@ -177,21 +182,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"devpool {__version__}")
     # Subparsers are made with the parent's class: no abbreviations, exit 4 on every level.
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    lock_dir_help = (
+        "lock folder (default: lock-dir of [tool.devpool] here and its profile, as a run here "
+        f"uses; else {default_lock_dir()})"
+    )
     locks = commands.add_parser("locks", help="list who holds which device on this host")
-    locks.add_argument("--lock-dir", help="lock folder (default: the system temp folder's)")
+    locks.add_argument("--lock-dir", help=lock_dir_help)
     locks.set_defaults(func=_locks)
     doctor = commands.add_parser(
         "doctor", help="platform, devices, drivers, lock folder, holders and probe results"
     )
     doctor.add_argument("--devices", help="also resolve and probe this --devices SPEC")
-    doctor.add_argument("--lock-dir", help="lock folder (default: devpool's)")
+    doctor.add_argument("--lock-dir", help=lock_dir_help)
     doctor.add_argument("--timeout", type=float, default=5.0, help="seconds per tool call")
     doctor.set_defaults(func=_doctor)
     report = commands.add_parser(
         "report", help="render a run record again: text, markdown, json or an HTML timeline"
     )
     report.add_argument("record", nargs="?", help="record.jsonl (default: the newest here)")
-    report.add_argument("--format", choices=("text", "markdown", "json"), default=None)
+    report.add_argument(
+        "--format",
+        choices=("text", "markdown", "json"),
+        default=None,
+        help="how to print the run (default text)",
+    )
     report.add_argument("--html", metavar="OUT", help="write a self-contained HTML timeline")
     report.add_argument(
         "--step-summary", action="store_true", help="append Markdown to GITHUB_STEP_SUMMARY"

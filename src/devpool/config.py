@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,7 @@ class Option:
     help: str
     flag: bool = False
     negatable: bool = False  # also --devpool-no-<name>, for flags that default on (or detect)
+    path: str = ""  # "DIR" or "FILE" for a path option, which must be written with "="
 
     @property
     def dest(self) -> str:
@@ -143,7 +144,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("profile", _text, "a [tool.devpool.profiles.NAME] table to apply (CI=true: 'ci')"),
     Option("max-parallel", _positive_int, "most jobs running at once (default: devices or cores)"),
     Option("cpu-slots", _positive_int, "most CPU-only tests running at once (default: cores)"),
-    Option("lock-dir", _text, "folder of per-device lock files shared by runs on this host"),
+    Option(
+        "lock-dir", _text, "folder of per-device lock files shared by runs on this host", path="DIR"
+    ),
     Option("lease-timeout", _seconds, "seconds a test waits for devices held by other runs"),
     Option("test-timeout", _seconds, "default per-test time limit in seconds (marker wins)"),
     Option("worker-start-timeout", _seconds, "seconds a worker may take to start and collect"),
@@ -180,7 +183,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "keep-artifacts", _flag, "keep devpool_artifacts folders of passing tests too", flag=True
     ),
-    Option("quarantine-file", _text, "TOML file of quarantine entries keyed by node id"),
+    Option(
+        "quarantine-file", _text, "TOML file of quarantine entries keyed by node id", path="FILE"
+    ),
     Option("strict-quarantine", _flag, "an expired quarantine entry is an error", flag=True),
     Option(
         "probe",
@@ -189,7 +194,9 @@ OPTIONS: tuple[Option, ...] = (
         flag=True,
         negatable=True,
     ),
-    Option("history", _text, "duration history, SQLite (default .devpool/history.sqlite)"),
+    Option(
+        "history", _text, "duration history, SQLite (default .devpool/history.sqlite)", path="FILE"
+    ),
     Option("default-estimate", _seconds, "seconds assumed for a test with no history (1.0)"),
     Option("shard", _text, "run only shard K of N (e.g. 2/4), split by estimated cost"),
     Option("shard-by-module", _flag, "shards keep each module together", flag=True),
@@ -197,9 +204,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("ray-address", _text, "Ray cluster address (default: $RAY_ADDRESS, else local)"),
     Option("ray-ship-code", _flag, "ship the test code with Ray's runtime_env", flag=True),
     Option("peer-service", _text, "command started on every non-zero rank of a nodes(n) test"),
-    Option("run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)"),
+    Option(
+        "run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)", path="DIR"
+    ),
     Option("keep-runs", _positive_int, "run folders kept under .devpool/runs (default 20)"),
-    Option("run-record", _text, "the run record, JSON lines (default <run dir>/record.jsonl)"),
+    Option(
+        "run-record",
+        _text,
+        "the run record, JSON lines (default <run dir>/record.jsonl)",
+        path="FILE",
+    ),
     Option("select", select_mode, "selective runs: record, on, shadow, auto or off (default)"),
     Option("select-base", _text, "the revision a baseline's commit must precede (HEAD)"),
     Option(
@@ -219,6 +233,30 @@ TABLE_KEYS = frozenset(_BY_NAME) | {
     "profiles",
     "resources",
 }
+
+
+def spaced_path_option(args: Sequence[str]) -> str | None:
+    """The sentence for a path option given its value as the next argument, else None.
+
+    pytest picks its rootdir from the arguments that are not options before it knows
+    devpool's options, so the value of `--devpool-lock-dir DIR` counts as a path there."""
+    paths = {option.cli: option.path for option in OPTIONS if option.path}
+    for arg in args[:-1]:
+        if arg in paths:
+            return (
+                f"write {arg}={paths[arg]}: pytest chose its rootdir before it knew "
+                "devpool's options"
+            )
+    return None
+
+
+def conflicting_flags(args: Sequence[str]) -> str | None:
+    """The sentence for a flag given both ways (`--devpool-github --devpool-no-github`)."""
+    for option in OPTIONS:
+        negative = "--devpool-no-" + option.name
+        if option.negatable and option.cli in args and negative in args:
+            return f"{option.cli} and {negative} contradict each other; give one"
+    return None
 
 
 def add_options(parser: pytest.Parser) -> None:

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from devpool import compat
-from devpool.config import add_options, read_table, settings_from
+from devpool.config import (
+    add_options,
+    conflicting_flags,
+    read_table,
+    settings_from,
+    spaced_path_option,
+)
 from devpool.devices.inventory import resolve_inventory
 from devpool.devices.lockdir import LockDir
 from devpool.errors import DevpoolError
@@ -82,6 +88,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _configure_controller(config: pytest.Config) -> None:
+    args = config.invocation_params.args
+    wrong = spaced_path_option(args) or conflicting_flags(args)
+    if wrong is not None:
+        raise DevpoolError(wrong)
     pyproject = _pyproject(config)
     settings = settings_from(
         vars(config.option),

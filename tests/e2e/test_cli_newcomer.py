@@ -63,6 +63,7 @@ def test_run_accepts_pytest_after_the_dashes_and_keeps_one_run_folder(
     assert any((folders[0] / "logs").iterdir())  # the worker logs are here too
     start = json.loads((folders[0] / "record.jsonl").read_text().splitlines()[0])
     assert start["log_dir"] == str(folders[0] / "logs")
+    assert start["run_id"] == folders[0].name  # one id for the folder and the record
     assert f"record {folders[0] / 'record.jsonl'}" in done.stderr
 
 
@@ -172,3 +173,50 @@ def test_repeat_table_is_sorted_and_in_devpool_report(tmp_path: Path) -> None:
     ]
     markdown = devpool(tmp_path, "report", str(record), "--format", "markdown").stdout
     assert "| 2/3 | 67% | `test_r.py::test_b_fails_once` | cpu ×1 |" in markdown
+
+
+def test_the_readmes_first_command_prints_no_warning_without_the_dev_plugins(
+    tmp_path: Path,
+) -> None:
+    # A fresh `pip install -e .` has no pytest-asyncio: devpool's own pyproject.toml must name
+    # no setting that only a [dev] plugin knows (pytest warns of an unknown config option).
+    root = Path(__file__).resolve().parents[2]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "DEVPOOL_"))}
+    environ.pop("CI", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "examples", "--devices", "sim:0-7"]
+        + ["-p", "no:asyncio", "-p", "no:cacheprovider", f"--devpool-run-dir={tmp_path / 'run'}"]
+        + [f"--devpool-lock-dir={tmp_path / 'locks'}"],
+        cwd=root,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    closing = done.stdout.strip().splitlines()[-1]
+    assert "passed" in closing and "warning" not in closing, done.stdout
+    assert "PytestConfigWarning" not in done.stdout + done.stderr, done.stdout
+
+
+def test_capacity_and_shard_each_say_how_they_count_device_seconds(tmp_path: Path) -> None:
+    # The two sums differ on one suite (a memory test's share, a CPU test's seconds): each
+    # output says what it counts and how the other command counts.
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.devpool.platforms]\nsim = { kind = "sim", memory = "80GiB" }\n'
+    )
+    (tmp_path / "test_m.py").write_text(
+        "import pytest\n\n"
+        '@pytest.mark.device_memory("8GiB")\ndef test_mem(): pass\n\n'
+        "@pytest.mark.device_count(2)\ndef test_two(): pass\n\n"
+        "def test_cpu(): pass\n"
+    )
+    after = ["--", "test_m.py", *PYTEST]
+    capacity = devpool(tmp_path, "capacity", "--platform", "sim", *after)
+    shard = devpool(tmp_path, "shard", "--runners", "2", "--platform", "sim", *after)
+    for done in (capacity, shard):
+        assert done.returncode == 0, done.stdout + done.stderr
+    said = [line for line in capacity.stdout.splitlines() if "device-s =" in line]
+    assert said and "whole devices" in said[0] and "devpool shard" in said[0], capacity.stdout
+    said = [line for line in shard.stdout.splitlines() if "device-s =" in line]
+    assert said and "share" in said[0] and "devpool capacity" in said[0], shard.stdout

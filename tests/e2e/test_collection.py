@@ -185,12 +185,11 @@ def pytest_collection_modifyitems(config, items):
     assert sorted(ran(pytester)) == ["test_a1", "test_a3", "test_b2"]
 
 
-def test_a_new_lock_folder_given_space_separated_does_not_move_the_workers_rootdir(
+def test_a_lock_folder_given_space_separated_is_refused_before_any_worker_starts(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
     # No ini file: pytest guesses the rootdir from the arguments before it knows devpool's
-    # options. The folder does not exist when the controller starts, but does when the
-    # workers start, and would then count as a test path beside the project.
+    # options, so the folder would count as a test path beside the project once it exists.
     lock = tmp_path / "new" / "folder"
     pytester.makeconftest(RAN_CONFTEST)
     pytester.makepyfile(
@@ -209,10 +208,10 @@ def test_a_new_lock_folder_given_space_separated_does_not_move_the_workers_rootd
         *FAST, "--devpool-lock-dir", str(lock), "--devices", "sim:0", timeout=60
     )
 
-    assert result.ret == 0, output(result)
-    result.assert_outcomes(passed=2)
-    assert sorted(ran(pytester)) == ["test_cpu", "test_device"]
-    assert lock.is_dir()
+    assert result.ret == 4, output(result)
+    assert "write --devpool-lock-dir=DIR" in output(result), output(result)
+    assert not ran(pytester)
+    assert not lock.exists()
 
 
 # ---- output survives the process -----------------------------------------------------------

@@ -374,6 +374,11 @@ BAD_OPTIONS = {
         "[tool.devpool\nmax-parallel = 2\n",
         ["pyproject.toml"],
     ),
+    "github-both-ways": (
+        ["--devices", "sim:0-1", "--devpool-github", "--devpool-no-github"],
+        None,
+        ["--devpool-github", "--devpool-no-github"],
+    ),
     "max-parallel-zero": (
         ["--devices", "sim:0-1", "--devpool-max-parallel", "0"],
         None,
@@ -392,6 +397,26 @@ def test_bad_option_or_config_is_a_usage_error(
     pytester.makepyfile(test_fine="def test_x():\n    pass\n")
     result = run(pytester, tmp_path, *args)
     assert_usage_error(result, needles)
+
+
+@pytest.mark.parametrize("devices", [("--devices", "sim:0-1"), ()], ids=["devices", "dormant"])
+def test_path_option_with_a_separate_value_is_a_usage_error(
+    pytester: pytest.Pytester, tmp_path: Path, devices: tuple[str, ...]
+) -> None:
+    # With no test path, pytest takes the folder for one and moves its rootdir there.
+    pytester.makepyfile(test_fine="def test_x():\n    pass\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = pytester.runpytest_subprocess(
+        *FAST, *devices, "--devpool-lock-dir", str(elsewhere), timeout=60
+    )
+    assert_usage_error(result, ["--devpool-lock-dir"])
+    sentence = (
+        "write --devpool-lock-dir=DIR: pytest chose its rootdir before it knew devpool's options"
+    )
+    assert sentence in output(result), output(result)
+    glued = run(pytester, tmp_path, *devices, f"--devpool-run-dir={tmp_path / 'run'}")
+    assert glued.ret == 0, output(glued)
 
 
 def test_unwritable_lock_folder_is_a_usage_error(pytester: pytest.Pytester, tmp_path: Path) -> None:

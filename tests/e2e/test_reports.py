@@ -449,8 +449,7 @@ def devpool_run_argv(record: Path, suite: Path, lock: Path) -> list[str]:
         str(suite),
         "--devices",
         "sim:0-1",
-        "--devpool-lock-dir",
-        str(lock),
+        f"--devpool-lock-dir={lock}",
         "-q",
         *FAST,
     ]

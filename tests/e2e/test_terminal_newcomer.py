@@ -329,3 +329,42 @@ def _flaky_lines(output: str, flaky_result: str) -> str:
     log = next(line for line in lines[start:] if line.startswith("  log: "))
     earlier = next(line for line in lines[start:] if line.startswith("  earlier attempts: "))
     return earlier.split(": ", 1)[1] + " " + log.split(": ", 1)[1]
+
+
+# ---- issue 21: notes that do not apply to the run -----------------------------------------
+
+
+def test_sim_memory_note_names_no_nvidia_library(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile(
+        test_m="""
+        import pytest
+
+        @pytest.mark.device_memory("1GiB")
+        def test_m():
+            pass
+        """
+    )
+    result = run(pytester, tmp_path / "locks", "--devices", "sim:0-1")
+    assert result.ret == 0, text(result)
+    assert "memory of sim devices is unknown" in text(result)  # the note is there ...
+    assert "pynvml" not in text(result)  # ... without advice that cannot apply to sim
+
+
+def test_a_run_with_every_test_deselected_says_nothing_of_the_fork_server(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    pytester.makepyfile(
+        test_d="""
+        import pytest
+
+        @pytest.mark.device_count(1)
+        def test_dev():
+            pass
+
+        def test_cpu():
+            pass
+        """
+    )
+    result = run(pytester, tmp_path / "locks", "--devices", "sim:0-1", "-k", "no_such_test")
+    assert result.ret == 5, text(result)  # pytest's own: no tests ran
+    assert "fork server" not in text(result)

@@ -1,8 +1,9 @@
 """The selection tests under Python >= 3.12, where recording watches code through
 sys.monitoring (select/watch.py, Monitor), as this suite itself runs on 3.11.
 
-The interpreter is named by DEVPOOL_TEST_PYTHON312 (.ci/run builds Python 3.13 and sets it),
-with pytest, hypothesis and devpool installed. Skipped where it is not set, except in CI.
+The interpreter is named by DEVPOOL_TEST_PYTHON312 (.ci/run finds an installed one and
+sets it), with pytest, hypothesis and devpool installed. Skipped where it is not set, except
+in CI.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def test_selection_records_and_selects_under_sys_monitoring(tmp_path: Path) -> N
         pytest.skip("this interpreter has sys.monitoring: the suite itself runs that watch")
     if not python:
         if os.environ.get("CI"):
-            pytest.fail("DEVPOOL_TEST_PYTHON312 is not set: .ci/run builds Python 3.13 for it")
+            pytest.fail("DEVPOOL_TEST_PYTHON312 unset: .ci/run found no installed Python >= 3.12")
         pytest.skip("set DEVPOOL_TEST_PYTHON312 to a Python >= 3.12 with devpool's [dev] extra")
     version = subprocess.run(
         [python, "-c", "import sys; print(sys.version_info >= (3, 12))"],

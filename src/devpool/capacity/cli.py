@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from devpool.errors import DevpoolError
+from devpool.wording import counted
 
 
 def _history_path(args: argparse.Namespace) -> tuple[Path, bool]:
@@ -228,8 +229,14 @@ def _shard(args: argparse.Namespace) -> int:
         return 0
     over = f"; budget {budget:,.0f} s" if budget is not None else ""
     print(
-        f"devpool shard: {len(tests)} tests in {count} shards on runners of {devices} devices"
+        f"devpool shard: {counted(len(tests), 'test')} in {counted(count, 'shard')} on runners "
+        f"of {counted(devices, 'device')}"
         f"{over}; estimates: {known} from history, {len(tests) - known} at {default:g} s"
+    )
+    print(
+        "device-s = devices x share x estimate (a device_memory test: declared / memory where "
+        "the platform's memory is set; a CPU test: its seconds); devpool capacity counts "
+        "whole devices"
     )
     print(f"  {'shard':>7}  {'tests':>6}  {'device-s':>10}  {'wall':>10}")
     for k, (shard, wall) in enumerate(zip(split, walls, strict=True), 1):
@@ -278,6 +285,13 @@ def _history_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_ESTIMATE: dict[str, Any] = {
+    "default": "1.0",
+    "metavar": "SECONDS",
+    "help": "seconds assumed for a test with no history (default 1.0)",
+}
+
+
 def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
     """The capacity, shard and history commands, under the `devpool` parser."""
     history_help = "duration history (default .devpool/history.sqlite here)"
@@ -300,7 +314,12 @@ def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
         metavar="NAME=N",
         help="a CI runner class and its devices, e.g. cuda-8=8 (repeatable)",
     )
-    capacity.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    capacity.add_argument(
+        "--format",
+        choices=("text", "markdown", "json"),
+        default="text",
+        help="how to print the report (default text)",
+    )
     capacity.add_argument(
         "--timeline",
         "--devpool-timeline",
@@ -315,8 +334,14 @@ def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "(peak × 1.25, rounded up to 256 MiB below 4 GiB, to whole GiB above)",
     )
     capacity.add_argument("--history", help=history_help)
-    capacity.add_argument("--drift-factor", default="2.0", metavar="F")
-    capacity.add_argument("--default-estimate", default="1.0", metavar="SECONDS")
+    capacity.add_argument(
+        "--drift-factor",
+        default="2.0",
+        metavar="F",
+        help="list tests whose p90 duration moved more than F times between the last two "
+        "windows of history (default 2.0)",
+    )
+    capacity.add_argument("--default-estimate", **DEFAULT_ESTIMATE)
     capacity.set_defaults(func=_capacity)
 
     shard = commands.add_parser(
@@ -340,21 +365,26 @@ def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "--by-module", action="store_true", help="keep each module's tests in one shard"
     )
     shard.add_argument("--history", help=history_help)
-    shard.add_argument("--default-estimate", default="1.0", metavar="SECONDS")
-    shard.add_argument("--format", choices=("text", "json"), default="text")
+    shard.add_argument("--default-estimate", **DEFAULT_ESTIMATE)
+    shard.add_argument(
+        "--format", choices=("text", "json"), default="text", help="how to print the split"
+    )
     shard.set_defaults(func=_shard)
 
     history = commands.add_parser("history", help="move the duration history between runners")
     actions = history.add_subparsers(dest="action", required=True, metavar="ACTION")
-    export = actions.add_parser("export", help="write the history as a plain JSON-lines file")
-    export.add_argument("out")
+    what = "write the history as a plain JSON-lines file"
+    export = actions.add_parser("export", help=what, description=what.capitalize() + ".")
+    export.add_argument("out", help="the JSON-lines file to write")
     export.add_argument("--history", help=history_help)
     export.set_defaults(func=_history_export)
-    merge = actions.add_parser(
-        "merge",
-        help="add exports (or history files) to the history; with none, the pending "
-        "results of shard runs (.devpool/history.d)",
+    what = (
+        "add exports (or history files) to the history; with none, the pending "
+        "results of shard runs (.devpool/history.d)"
     )
-    merge.add_argument("sources", nargs="*", metavar="SOURCE")
+    merge = actions.add_parser("merge", help=what, description=what.capitalize() + ".")
+    merge.add_argument(
+        "sources", nargs="*", metavar="SOURCE", help="an export or a history file to add"
+    )
     merge.add_argument("--history", help=history_help)
     merge.set_defaults(func=_history_merge)

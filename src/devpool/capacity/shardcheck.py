@@ -18,6 +18,7 @@ from pathlib import Path
 
 from devpool.errors import DevpoolError
 from devpool.report.record import RunRecord, read_record
+from devpool.wording import counted
 
 
 @dataclass(frozen=True)
@@ -101,10 +102,11 @@ class Verdict:
             dropped = set().union(*(r.deselected for r in self.runs))
             note = f", {len(dropped)} deselected by the shards' own options" if dropped else ""
             return (
-                f"devpool shard verify: OK: {run.n} shards, {len(self.suite) - len(dropped)} "
-                f"tests, each ran exactly once{note} (split {run.fingerprint})\n"
+                f"devpool shard verify: OK: {counted(run.n, 'shard')}, "
+                f"{counted(len(self.suite) - len(dropped), 'test')}, each ran exactly once"
+                f"{note} (split {run.fingerprint})\n"
             )
-        lines = [f"devpool shard verify: FAILED ({len(self.runs)} records)"]
+        lines = [f"devpool shard verify: FAILED ({counted(len(self.runs), 'record')})"]
         for sentence, tests in self.problems:
             lines.append(f"  {sentence}")
             lines += [f"    {test}" for test in tests]
@@ -167,4 +169,4 @@ def verify(runs: Sequence[ShardRun]) -> Verdict:
 
 
 def _tests(count: int) -> str:
-    return f"{count} test{'s' if count != 1 else ''}"
+    return counted(count, "test")

@@ -167,10 +167,12 @@ def build_plan(
         if job.request.device_memory is not None and not memory:
             job.request = replace(job.request, device_memory=None)
             if not plan.notes:
+                # pynvml reads only NVIDIA devices' memory: advice for cuda alone.
+                nvml = ", or install pynvml" if inventory.platform.kind == "cuda" else ""
                 plan.notes.append(
                     f"device_memory tests hold whole devices: the memory of "
                     f"{inventory.platform.name} devices is unknown (set memory under "
-                    "[tool.devpool.platforms], or install pynvml)"
+                    f"[tool.devpool.platforms]{nvml})"
                 )
         reason = unsatisfiable_reason(job.request, inventory, backend, memory, resources)
         if reason is None:

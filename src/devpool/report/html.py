@@ -13,10 +13,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from devpool.outcomes import Outcome
+from devpool.report.html_tables import (
+    UNFINISHED,
+    every_test_section,
+    not_run_section,
+    troubles_section,
+)
+from devpool.report.htmltext import duration as _duration
 from devpool.report.htmltext import escape
+from devpool.report.htmltext import ints as _ints
+from devpool.report.htmltext import ranges as _ranges
 from devpool.report.memory_lane import CSS as MEMORY_CSS
 from devpool.report.memory_lane import capacities, memory_section, read_holds
 from devpool.report.record import JobRun, RunRecord
+from devpool.report.summary import ORDER, XFAILED, XPASSED, verdict
+from devpool.wording import counted
 
 # Bar colors by outcome; "running" is a job the record never saw end (a cut run).
 OUTCOME_COLORS: dict[str, str] = {
@@ -28,10 +39,12 @@ OUTCOME_COLORS: dict[str, str] = {
     Outcome.INFRA.value: "#8c959f",
     Outcome.SKIPPED.value: "#d0d7de",
     Outcome.FLAKY.value: "#e3b341",
+    XFAILED: "#bf8700",
+    XPASSED: "#6fdd8b",
     "running": "#54aeff",
 }
-UNFINISHED = "running"
-_QUIET = frozenset({Outcome.PASSED.value, Outcome.SKIPPED.value})
+NOT_RUN = "not-run"
+STARTUP_COLOR = "#8c959f"  # worker start-up (or a lease's wait) before the test began
 
 LABEL_WIDTH = 96
 PLOT_WIDTH = 1180
@@ -47,9 +60,23 @@ class _Bar:
     """One attempt of one job, placed on the time axis (seconds since session start)."""
 
     run: JobRun
-    begin: float
+    begin: float  # its devices held from here (worker start-up included)
     finish: float
-    outcome: str  # an Outcome value, or UNFINISHED
+    outcome: str  # an Outcome value, xfailed/xpassed, or UNFINISHED
+    index: int = 0  # its row in the table of every test
+
+    @property
+    def test_begin(self) -> float:
+        """Where the test's own time starts: what came before it is start-up."""
+        if self.run.end is None:
+            return self.begin
+        return min(self.finish, max(self.begin, self.finish - self.run.test_time))
+
+    def extent(self, scale: float) -> tuple[float, float]:
+        """Left and right edge in pixels as drawn (a short test still MIN_BAR_WIDTH wide)."""
+        left = self.begin * scale
+        right = max(self.finish * scale, self.test_begin * scale + MIN_BAR_WIDTH)
+        return left, right
 
 
 def render_html(record: RunRecord) -> str:
@@ -75,7 +102,9 @@ def render_html(record: RunRecord) -> str:
             PLOT_WIDTH,
             span,
         ),
-        _troubles(record),
+        troubles_section(record),
+        not_run_section(record),
+        every_test_section(record),
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
@@ -96,12 +125,12 @@ def _bars(record: RunRecord, origin: float) -> list[_Bar]:
     """Every attempt that ran for some time; one still running at the cut ends at the cut."""
     cut_at = record.duration() if record.finished else max(record.last_time - origin, 0.0)
     bars = []
-    for run in record.jobs:
+    for index, run in enumerate(record.jobs):
         if run.start is None:
             continue  # never held anything: infra before a lease, or unsatisfiable
         begin = run.start - origin
         finish = run.end - origin if run.end is not None else max(cut_at, begin)
-        bars.append(_Bar(run, begin, max(finish, begin), run.outcome or UNFINISHED))
+        bars.append(_Bar(run, begin, max(finish, begin), run.shown or UNFINISHED, index))
     return bars
 
 
@@ -112,33 +141,22 @@ def _device_ids(record: RunRecord, bars: Iterable[_Bar]) -> list[int]:
     return sorted(ids)
 
 
-def _ints(values: Iterable[object]) -> list[int]:
-    out = []
-    for value in values:
-        try:
-            out.append(int(str(value)))
-        except ValueError:
-            continue
-    return out
-
-
-def _lanes(bars: Sequence[_Bar]) -> list[list[_Bar]]:
-    """Stack overlapping bars into as few lanes as needed (first lane that is free)."""
+def _lanes(bars: Sequence[_Bar], scale: float) -> list[list[_Bar]]:
+    """Stack bars into as few lanes as needed (first lane that is free), by their drawn
+    extent: no bar covers another, however short the tests."""
     lanes: list[list[_Bar]] = []
+    rights: list[float] = []
     for bar in sorted(bars, key=lambda b: (b.begin, b.finish)):
-        for lane in lanes:
-            if lane[-1].finish <= bar.begin:
-                lane.append(bar)
+        left, right = bar.extent(scale)
+        for number, edge in enumerate(rights):
+            if edge <= left + 1e-6:
+                lanes[number].append(bar)
+                rights[number] = right
                 break
         else:
             lanes.append([bar])
+            rights.append(right)
     return lanes
-
-
-def _troubled(record: RunRecord) -> list[JobRun]:
-    """Final attempts that did not pass, then jobs the cut left running."""
-    done = [run for run in record.final_attempts() if run.outcome not in _QUIET]
-    return done + [run for run in record.jobs if run.outcome is None]
 
 
 # ---- header --------------------------------------------------------------------------------
@@ -147,10 +165,9 @@ def _troubled(record: RunRecord) -> list[JobRun]:
 def _header(record: RunRecord, origin: float, title: str) -> str:
     devices = record.devices
     where = f"{record.platform}:{_ranges(devices)}" if devices else record.platform
-    plural = "" if len(devices) == 1 else "s"
     started = datetime.datetime.fromtimestamp(origin, tz=datetime.timezone.utc)
     facts = [
-        ("platform", f"{where} ({len(devices)} device{plural})"),
+        ("platform", f"{where} ({counted(len(devices), 'device')})"),
         ("host", str(record.start.get("host", "?"))),
         ("started", started.strftime("%Y-%m-%d %H:%M:%S UTC")),
         ("duration", _duration(record.duration())),
@@ -161,7 +178,9 @@ def _header(record: RunRecord, origin: float, title: str) -> str:
     lines += [f"<dt>{escape(name)}</dt><dd>{escape(value)}</dd>" for name, value in facts]
     lines.append("</dl>")
     cut = record.cut_sentence()
-    if cut is None:
+    if record.interrupted:
+        lines.append(f'<p class="status cut">{escape(verdict(record))}.</p>')
+    elif cut is None:
         status = (record.end or {}).get("exitstatus", 0)
         tone = "finished" if status == 0 else "finished failing"
         lines.append(f'<p class="status {tone}">The run finished.</p>')
@@ -177,7 +196,7 @@ def _header(record: RunRecord, origin: float, title: str) -> str:
 def _totals(record: RunRecord) -> str:
     counts = record.counts()
     running = sum(1 for run in record.jobs if run.outcome is None)
-    order = [outcome.value for outcome in Outcome] + sorted(set(counts) - set(OUTCOME_COLORS))
+    order = ORDER + sorted(set(counts) - set(ORDER))
     chips = [
         f'<span class="count outcome-{escape(name)}" data-outcome="{escape(name)}">'
         f"{counts[name]:,} {escape(name)}</span>"
@@ -189,6 +208,12 @@ def _totals(record: RunRecord) -> str:
             f'<span class="count outcome-{UNFINISHED}" data-outcome="{UNFINISHED}">'
             f"{running:,} running when cut</span>"
         )
+    missing = len(record.not_run()) - running
+    if missing > 0:
+        chips.append(
+            f'<span class="count outcome-{NOT_RUN}" data-outcome="{NOT_RUN}">'
+            f"{missing:,} not run</span>"
+        )
     total = f"{record.total_tests:,} tests planned"
     return f'<p class="totals">{" ".join(chips) or "no test finished"} <span>— {total}</span></p>'
 
@@ -198,6 +223,7 @@ def _legend() -> str:
         f'<span class="key"><i class="swatch outcome-{name}"></i>{name}</span>'
         for name in OUTCOME_COLORS
     ]
+    items.append('<span class="key"><i class="swatch startup"></i>start-up (thin)</span>')
     return f'<p class="legend">{"".join(items)}</p>'
 
 
@@ -207,9 +233,14 @@ def _legend() -> str:
 def _timeline(record: RunRecord, bars: Sequence[_Bar], span: float) -> str:
     scale = PLOT_WIDTH / span
     on_devices = [bar for bar in bars if bar.run.devices]
-    cpu_lanes = _lanes([bar for bar in bars if not bar.run.devices])
+    cpu_lanes = _lanes([bar for bar in bars if not bar.run.devices], scale)
     device_ids = _device_ids(record, on_devices)
-    rows_height = ROW_HEIGHT * (len(device_ids) + len(cpu_lanes))
+    device_lanes = {
+        device: _lanes([bar for bar in on_devices if device in _ints(bar.run.devices)], scale)
+        or [[]]
+        for device in device_ids
+    }
+    rows_height = ROW_HEIGHT * (sum(map(len, device_lanes.values())) + len(cpu_lanes))
     height = AXIS_HEIGHT + rows_height + (GROUP_GAP if cpu_lanes else 0) + 8
     width = LABEL_WIDTH + PLOT_WIDTH + 16
     out = [
@@ -220,12 +251,12 @@ def _timeline(record: RunRecord, bars: Sequence[_Bar], span: float) -> str:
     out.append(_axis(span, scale, height))
     y = AXIS_HEIGHT
     for device in device_ids:
-        mine = [bar for bar in on_devices if device in _ints(bar.run.devices)]
-        label = f"{record.platform}:{device}"
         out.append(f'<g class="device-row" data-device="{device}">')
-        out.append(_row(label, y, mine, scale, record.platform, device))
+        for number, lane in enumerate(device_lanes[device]):
+            label = f"{record.platform}:{device}" if number == 0 else ""
+            out.append(_row(label, y, lane, scale, record.platform, device))
+            y += ROW_HEIGHT
         out.append("</g>")
-        y += ROW_HEIGHT
     if cpu_lanes:
         y += GROUP_GAP
         out.append('<g class="cpu-group">')
@@ -281,15 +312,25 @@ def _row(
         f'height="{ROW_HEIGHT - 4}"/>',
     ]
     for bar in bars:
-        x = LABEL_WIDTH + bar.begin * scale
-        width = max((bar.finish - bar.begin) * scale, MIN_BAR_WIDTH)
         where = "" if device is None else f' data-device="{device}"'
+        top = middle - BAR_HEIGHT / 2
+        startup = (bar.test_begin - bar.begin) * scale
+        if startup >= 1:  # start-up drawn apart: thin and grey, under the test's own bar
+            out.append(
+                f'<rect class="startup"{where} data-nodeid="{escape(bar.run.nodeid)}" '
+                f'x="{LABEL_WIDTH + bar.begin * scale:.2f}" y="{top + BAR_HEIGHT / 3:.1f}" '
+                f'width="{startup:.2f}" height="{BAR_HEIGHT / 3:.1f}">'
+                f"<title>{escape(bar.run.nodeid)}: start-up "
+                f"{escape(_duration(bar.test_begin - bar.begin))}</title></rect>"
+            )
+        x = LABEL_WIDTH + bar.test_begin * scale
+        width = max((bar.finish - bar.test_begin) * scale, MIN_BAR_WIDTH)
         out.append(
-            f'<rect class="bar outcome-{escape(bar.outcome)}"{where} '
+            f'<a href="#test-{bar.index}"><rect class="bar outcome-{escape(bar.outcome)}"{where} '
             f'data-nodeid="{escape(bar.run.nodeid)}" data-attempt="{bar.run.attempt}" '
             f'data-outcome="{escape(bar.outcome)}" x="{x:.2f}" '
-            f'y="{middle - BAR_HEIGHT / 2:.1f}" width="{width:.2f}" height="{BAR_HEIGHT}">'
-            f"<title>{escape(_tooltip(bar, platform))}</title></rect>"
+            f'y="{top:.1f}" width="{width:.2f}" height="{BAR_HEIGHT}">'
+            f"<title>{escape(_tooltip(bar, platform))}</title></rect></a>"
         )
     return "\n".join(out)
 
@@ -297,13 +338,14 @@ def _row(
 def _tooltip(bar: _Bar, platform: str) -> str:
     run = bar.run
     devices = f"{platform}:{_ranges(_ints(run.devices))}" if run.devices else "cpu"
-    took = _duration(bar.finish - bar.begin)
+    took = _duration(bar.finish - bar.test_begin)
     if bar.outcome == UNFINISHED:
         took += " (still running when the run was cut)"
     lines = [
         run.nodeid,
         f"devices: {devices}",
         f"duration: {took}",
+        f"start-up: {_duration(bar.test_begin - bar.begin)}",
         f"queue wait: {_duration(run.queue_wait)}",
         f"attempt: {run.attempt}",
         f"outcome: {bar.outcome}",
@@ -320,68 +362,7 @@ def _tooltip(bar: _Bar, platform: str) -> str:
     return "\n".join(lines)
 
 
-# ---- tests that did not pass ---------------------------------------------------------------
-
-
-def _troubles(record: RunRecord) -> str:
-    runs = _troubled(record)
-    if not runs:
-        passed = record.counts()[Outcome.PASSED.value]
-        return f'<section class="troubles"><h2>All {passed:,} tests passed</h2></section>'
-    out = [
-        f'<section class="troubles"><h2>Tests that did not pass ({len(runs):,})</h2>',
-        "<table><thead><tr><th>test</th><th>outcome</th><th>devices</th><th>attempt</th>"
-        "<th>duration</th><th>detail</th><th>log</th></tr></thead><tbody>",
-    ]
-    for run in runs:
-        outcome = run.outcome or UNFINISHED
-        devices = f"{record.platform}:{_ranges(_ints(run.devices))}" if run.devices else "cpu"
-        took = _duration(run.test_time) if run.end is not None else "—"
-        out.append(
-            f'<tr class="trouble outcome-{escape(outcome)}" data-nodeid="{escape(run.nodeid)}">'
-            f'<td class="nodeid">{escape(run.nodeid)}</td>'
-            f'<td><span class="count outcome-{escape(outcome)}">{escape(outcome)}</span></td>'
-            f"<td>{escape(devices)}</td><td>{run.attempt}</td><td>{escape(took)}</td>"
-            f'<td class="detail">{escape(run.detail)}</td>'
-            f'<td class="log"><code>{escape(run.log)}</code></td></tr>'
-        )
-        if run.tail:
-            out.append(
-                f'<tr class="tail-row"><td colspan="7"><pre class="tail">'
-                f"{escape(chr(10).join(run.tail))}</pre></td></tr>"
-            )
-    out.append("</tbody></table></section>")
-    return "\n".join(out)
-
-
 # ---- formatting ----------------------------------------------------------------------------
-
-
-def _ranges(ids: Sequence[int]) -> str:
-    """[0, 1, 2, 3, 5] → '0-3,5'."""
-    parts: list[str] = []
-    ordered = sorted(set(ids))
-    index = 0
-    while index < len(ordered):
-        end = index
-        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
-            end += 1
-        first, last = ordered[index], ordered[end]
-        parts.append(str(first) if first == last else f"{first}-{last}")
-        index = end + 1
-    return ",".join(parts)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 10:
-        return f"{seconds:.2f} s"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    minutes, rest = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes} m {rest:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} m"
 
 
 def _clock(seconds: float) -> str:
@@ -425,6 +406,9 @@ _CSS = (
     ".track{fill:#f3f4f6}"
     ".bar{fill:#57606a;stroke:#fff;stroke-width:0.5}.bar:hover{stroke:#1f2328;stroke-width:1.5}"
     ".bar.outcome-running{stroke:#0969da;stroke-dasharray:3 2}"
+    f".startup,.swatch.startup{{fill:{STARTUP_COLOR};background:{STARTUP_COLOR}}}"
+    f".count.outcome-{NOT_RUN}{{border-color:#1f2328}}"
+    "tr:target{background:#fff8c5}"
     "table{border-collapse:collapse;width:100%}"
     "th,td{text-align:left;vertical-align:top;padding:4px 8px;border-bottom:1px solid #d8dee4}"
     ".nodeid{font-family:ui-monospace,monospace;word-break:break-all}"

@@ -1,9 +1,11 @@
-"""Text made safe for the HTML report: one escaping rule for every part of the page."""
+"""Text for the HTML report: one escaping rule for every part of the page, and the few
+formats (device ranges, durations) its parts share."""
 
 from __future__ import annotations
 
 import html
 import re
+from collections.abc import Iterable, Sequence
 
 from devpool.report.terminal import strip_ansi
 
@@ -18,3 +20,40 @@ def escape(value: object) -> str:
     # Lone surrogates (from JSON "\udc80") cannot be written as UTF-8; show them as U+FFFD.
     text = _SURROGATE.sub("\ufffd", text)
     return html.escape(text, quote=True)
+
+
+def ranges(ids: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 5] → '0-3,5'."""
+    parts: list[str] = []
+    ordered = sorted(set(ids))
+    index = 0
+    while index < len(ordered):
+        end = index
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        first, last = ordered[index], ordered[end]
+        parts.append(str(first) if first == last else f"{first}-{last}")
+        index = end + 1
+    return ",".join(parts)
+
+
+def duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} m {rest:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} m"
+
+
+def ints(values: Iterable[object]) -> list[int]:
+    out = []
+    for value in values:
+        try:
+            out.append(int(str(value)))
+        except ValueError:
+            continue
+    return out

@@ -25,7 +25,14 @@ def render_json(record: RunRecord) -> str:
         "damage": record.damage,
         "duration": round(duration, 3),
         "totals": dict(totals(record)),
+        "interrupted": record.interrupted,
+        "not_run": record.not_run(),
+        # share of the run a lease held each device (worker start-up included) ...
         "utilisation": {str(u.device): round(u.share(duration), 4) for u in device_use(record)},
+        # ... and share of the run its tests ran
+        "test_utilisation": {
+            str(u.device): round(u.test_share(duration), 4) for u in device_use(record)
+        },
         "repeats": [
             {
                 "nodeid": row.nodeid,
@@ -39,6 +46,7 @@ def render_json(record: RunRecord) -> str:
             {
                 "nodeid": job.nodeid,
                 "outcome": job.outcome,
+                "category": job.shown,
                 "devices": job.devices,
                 "attempt": job.attempt,
                 "start": job.start,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import html
 
 from devpool.report.record import RunRecord
-from devpool.report.summary import device_use, repeats, totals, troubles, verdict
+from devpool.report.summary import device_use, not_run_lines, repeats, totals, troubles, verdict
 from devpool.report.terminal import strip_ansi
+from devpool.wording import counted
 
 
 def clean(text: str) -> str:
@@ -21,7 +22,7 @@ def render_markdown(record: RunRecord) -> str:
         f"## devpool: {clean(verdict(record))}",
         "",
         f"Run `{start.get('run_id', '?')}` on {record.platform} "
-        f"({len(record.devices)} devices), {record.duration():.1f} s.",
+        f"({counted(len(record.devices), 'device')}), {record.duration():.1f} s.",
         "",
     ]
     if record.damage:
@@ -29,6 +30,11 @@ def render_markdown(record: RunRecord) -> str:
     lines += ["| outcome | tests |", "| --- | ---: |"]
     lines += [f"| {name} | {count} |" for name, count in totals(record)]
     lines.append("")
+    missing = not_run_lines(record)
+    if missing:
+        lines += [f"### {clean(missing[0].rstrip(':'))}", ""]
+        lines += [f"- `{clean(nodeid)}`" for nodeid in missing[1:]]
+        lines.append("")
     rows = repeats(record)
     if rows:
         lines += [
@@ -69,11 +75,13 @@ def render_markdown(record: RunRecord) -> str:
         lines += [
             "<details><summary>Device utilisation</summary>",
             "",
-            "| device | busy | jobs |",
-            "| --- | ---: | ---: |",
+            "| device | leased | tests ran | jobs |",
+            "| --- | ---: | ---: | ---: |",
         ]
         lines += [
-            f"| {record.platform}:{u.device} | {u.share(duration):.0%} | {u.jobs} |" for u in use
+            f"| {record.platform}:{u.device} | {u.share(duration):.0%} | "
+            f"{u.test_share(duration):.0%} | {u.jobs} |"
+            for u in use
         ]
         lines += ["", "</details>", ""]
     return "\n".join(lines) + "\n"

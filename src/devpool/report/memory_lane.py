@@ -23,6 +23,8 @@ from devpool.report.htmltext import escape
 
 LANE_HEIGHT = 44
 LANE_GAP = 6
+MIN_BAND = 3.0  # px: a test's band stays readable beside a device's whole capacity
+MIN_WIDTH = 2.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ def lane(
     ]
     tooltips: dict[tuple[str, int], str] = {}
     for begin, end, inside in segments:
-        x, width = left + begin * scale, max((end - begin) * scale, 0.5)
+        x, width = left + begin * scale, max((end - begin) * scale, MIN_WIDTH)
         level = bottom
         for hold in inside:
             size = hold.height(device)
@@ -164,7 +166,7 @@ def lane(
                 f'data-device="{device}" data-declared="{hold.declared or ""}" '
                 f'data-peak="{"" if peak is None else peak}"'
             )
-            height = size * unit
+            height = max(size * unit, MIN_BAND) if size else 0.0
             out.append(
                 f'<rect class="memory-hold" {data} x="{x:.2f}" y="{level - height:.2f}" '
                 f'width="{width:.2f}" height="{height:.2f}"><title>{escape(tooltips[key])}</title>'

@@ -7,7 +7,8 @@ a run that was cut. The reader takes a damaged file up to the damage and says, i
 sentence, where and what was lost.
 
 Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
-  session_start  run_id, host, pid, args, cwd, platform, kind, devices, options, tests
+  session_start  run_id, host, pid, args, cwd, platform, kind, devices, options, tests,
+                 planned (the node ids of every planned test)
   lease          job, nodeid, devices, holder_pid, wait (seconds blocked on other runs)
   job_start      job, nodeid, devices, host, worker_pid, queue_wait, attempt, log
   report         nodeid, when, outcome, duration
@@ -15,6 +16,7 @@ Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
                  attempt, log, detail, tail (last lines of the log, for tests that did not pass),
                  ports, resources (when its worker held leased ports or named resources)
   host_lease     job, nodeid, ports, resources (taken with the devices, issue 22)
+                 category (pytest's own category where it is not the outcome: xfailed, xpassed)
   shard          (--devpool-shard runs, right after session_start) shard "K/N", k, n,
                  fingerprint, costs, split (node ids of every shard), deselected (this
                  shard's tests deselected after the split), history, pending
@@ -39,6 +41,7 @@ from typing import IO, Any
 from devpool.errors import DevpoolError
 
 SCHEMA_VERSION = 1
+INTERRUPTED = 2  # pytest.ExitCode.INTERRUPTED
 _GATING_NAMES = frozenset({"failed", "error", "timeout", "crashed", "infra"})
 
 
@@ -116,6 +119,12 @@ class JobRun:
     retried: bool = False  # this attempt was run again: not the test's final word
     ports: list[int] = field(default_factory=list)  # leased TCP ports its worker held
     resources: dict[str, int] = field(default_factory=dict)  # named host resources held
+    category: str = ""  # pytest's category where it differs: "xfailed" (skipped), "xpassed"
+
+    @property
+    def shown(self) -> str | None:
+        """The category pytest's closing line counts this attempt in (None while running)."""
+        return self.category or self.outcome
 
     @property
     def test_id(self) -> str:
@@ -174,7 +183,19 @@ class RunRecord:
         return list(last.values())
 
     def counts(self) -> Counter[str]:
-        return Counter(job.outcome or "running" for job in self.final_attempts())
+        """Tests per category as pytest counts them (xfailed and xpassed apart)."""
+        return Counter(job.shown or "running" for job in self.final_attempts())
+
+    @property
+    def interrupted(self) -> bool:
+        """The run ended early at a signal or Ctrl-C (pytest's exit status 2)."""
+        return self.end is not None and self.end.get("exitstatus") == INTERRUPTED
+
+    def not_run(self) -> list[str]:
+        """The planned tests with no finished attempt, in plan order ([] for a record that
+        does not list its plan)."""
+        ended = {job.nodeid for job in self.finished_jobs()}
+        return [str(nodeid) for nodeid in self.start.get("planned", []) if nodeid not in ended]
 
     def duration(self) -> float:
         begin = float(self.start.get("time", 0.0))
@@ -300,6 +321,7 @@ def _apply(record: RunRecord, open_jobs: dict[int, JobRun], event: dict[str, Any
         run.retried = bool(event.get("retried", False))
         run.ports = [int(p) for p in event.get("ports", [])]
         run.resources = {str(k): int(v) for k, v in dict(event.get("resources", {})).items()}
+        run.category = str(event.get("category") or "")
 
 
 def _unstarted(event: Mapping[str, Any]) -> JobRun:

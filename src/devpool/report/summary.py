@@ -9,18 +9,37 @@ from dataclasses import dataclass
 from devpool.devices.inventory import format_ids
 from devpool.outcomes import Outcome
 from devpool.report.record import JobRun, RunRecord
+from devpool.wording import counted
 
-ORDER = [o.value for o in Outcome]
+# pytest's own categories beside devpool's outcomes: a test that xfailed is no skip.
+XFAILED, XPASSED = "xfailed", "xpassed"
+ORDER = [o.value for o in Outcome] + [XFAILED, XPASSED]
+NOT_RUN_SHOWN = 50  # not-run tests named in text and Markdown; JSON names them all
 
 
 @dataclass(frozen=True)
 class DeviceUse:
+    """One device over the run: how long leases held it, and how much of that tests ran."""
+
     device: int
-    busy: float  # seconds some job held it
+    busy: float  # seconds some job held its lease (worker start-up included)
     jobs: int
+    tested: float = 0.0  # seconds tests ran on it (their own time, no start-up)
 
     def share(self, duration: float) -> float:
+        """Lease-held share of the run."""
         return self.busy / duration if duration > 0 else 0.0
+
+    def test_share(self, duration: float) -> float:
+        """Share of the run its tests ran."""
+        return self.tested / duration if duration > 0 else 0.0
+
+    def line(self, platform: str, duration: float) -> str:
+        """'sim:0 leased 90%, tests 2%'."""
+        return (
+            f"{platform}:{self.device} leased {self.share(duration):.0%}, "
+            f"tests {self.test_share(duration):.0%}"
+        )
 
 
 def totals(record: RunRecord) -> list[tuple[str, int]]:
@@ -33,21 +52,35 @@ def totals(record: RunRecord) -> list[tuple[str, int]]:
     return rows
 
 
+def not_run_lines(record: RunRecord, shown: int = NOT_RUN_SHOWN) -> list[str]:
+    """'not run: 3' then the first `shown` node ids of tests that did not run, for text forms."""
+    missing = record.not_run()
+    if not missing:
+        return []
+    lines = [f"not run ({len(missing)}):", *missing[:shown]]
+    if len(missing) > shown:
+        lines.append(f"… and {len(missing) - shown} more (see --format json)")
+    return lines
+
+
 def troubles(record: RunRecord) -> list[JobRun]:
     """The final attempt of every test that did not pass, in the order they ended."""
     return [job for job in record.final_attempts() if job.gating]
 
 
 def device_use(record: RunRecord) -> list[DeviceUse]:
+    """Per device: lease-held seconds and the tests' own seconds, apart."""
     busy: dict[int, float] = {d: 0.0 for d in record.devices}
+    tested: dict[int, float] = {d: 0.0 for d in record.devices}
     jobs: dict[int, int] = {d: 0 for d in record.devices}
     for job in record.jobs:
         end = job.end if job.end is not None else record.last_time
         held = max(0.0, end - job.start) if job.start is not None else 0.0
         for device in job.devices:
             busy[device] = busy.get(device, 0.0) + held
+            tested[device] = tested.get(device, 0.0) + min(job.test_time, held)
             jobs[device] = jobs.get(device, 0) + 1
-    return [DeviceUse(d, busy[d], jobs[d]) for d in sorted(busy)]
+    return [DeviceUse(d, busy[d], jobs[d], tested.get(d, 0.0)) for d in sorted(busy)]
 
 
 def verdict(record: RunRecord) -> str:
@@ -57,8 +90,15 @@ def verdict(record: RunRecord) -> str:
         return cut.capitalize()
     status = record.end.get("exitstatus") if record.end else None
     bad = len(troubles(record))
+    if record.interrupted:
+        ran = len(record.final_attempts())
+        failing = f", {counted(bad, 'test')} did not pass" if bad else ""
+        return (
+            f"interrupted (exit code {status}): {ran} of {counted(record.total_tests, 'test')} "
+            f"ran{failing}"
+        )
     if bad:
-        return f"{bad} test{'s' if bad != 1 else ''} did not pass (exit code {status})"
+        return f"{counted(bad, 'test')} did not pass (exit code {status})"
     return f"all tests passed (exit code {status})"
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from devpool.outcomes import Outcome
 from devpool.report.summary import repeat_rows
+from devpool.wording import counted
 
 TAIL_LINES = 50  # of a test's log, in the run record (reports rendered from it show them)
 SUMMARY_TAIL = 5  # of a test's log, in the end-of-run summary: pytest showed the failure above
@@ -169,7 +170,7 @@ def print_summary(tr: Any, troubles: Sequence[Trouble], cwd: Path) -> None:
     if not troubles:
         return
     count = len(troubles)
-    tr.write_sep("=", f"devpool: {count} test{'s' if count != 1 else ''} did not pass", red=True)
+    tr.write_sep("=", f"devpool: {counted(count, 'test')} did not pass", red=True)
     for trouble in troubles:
         tr.write_line(
             f"{trouble.outcome.value.upper():8} {trouble.nodeid}  [{trouble.devices}]  "

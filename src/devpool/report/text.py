@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from devpool.report.record import RunRecord
-from devpool.report.summary import device_use, repeats, totals, troubles, verdict
+from devpool.report.summary import device_use, not_run_lines, repeats, totals, troubles, verdict
+from devpool.wording import counted
 
 
 def render_text(record: RunRecord, tail_lines: int = 50) -> str:
@@ -11,12 +12,15 @@ def render_text(record: RunRecord, tail_lines: int = 50) -> str:
     start = record.start
     out = [
         f"devpool run {start.get('run_id', '?')} on {record.platform} "
-        f"({len(record.devices)} devices), {record.duration():.1f} s",
+        f"({counted(len(record.devices), 'device')}), {record.duration():.1f} s",
         verdict(record),
     ]
     if record.damage:
         out.append(f"record damaged: {record.damage}")
     out.append(", ".join(f"{count} {name}" for name, count in totals(record)) or "no tests ran")
+    missing = not_run_lines(record)
+    if missing:
+        out += [missing[0], *[f"  {line}" for line in missing[1:]]]
     rows = repeats(record)
     if rows:
         out.append("repeat results (lowest pass rate first):")
@@ -34,7 +38,7 @@ def render_text(record: RunRecord, tail_lines: int = 50) -> str:
     use = device_use(record)
     if use:
         out.append(
-            "utilisation: "
-            + ", ".join(f"{record.platform}:{u.device} {u.share(duration):.0%}" for u in use)
+            "utilisation (share of the run a lease held each device, and its tests ran): "
+            + "; ".join(u.line(record.platform, duration) for u in use)
         )
     return "\n".join(out) + "\n"

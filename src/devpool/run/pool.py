@@ -82,6 +82,7 @@ class WorkerPool:
     def __init__(self, ctx: RunContext, backend: Backend, plan: Plan) -> None:
         self.ctx = ctx
         self.backend = backend
+        self.forked = False  # whether any worker asked a template for a fork
         self.slots: dict[int, Slot] = {}
         self.idle: dict[int, Slot] = {}
         self.starting: dict[int, tuple[Placement, set[int]]] = {}  # job id → retirees
@@ -180,6 +181,7 @@ class WorkerPool:
         modules = self.modules_of_size.get(job.devices_needed)
         if modules is not None:
             template_env["DEVPOOL_COLLECT_ONLY"] = str(modules)
+        self.forked = True
         worker = backend.fork(kind, template_env, devices, lease, env, start=fresh)
         self._fork_notes()
         return worker
@@ -340,7 +342,12 @@ class WorkerPool:
         self.slots.clear()
         self.idle.clear()
         self.backend.close()
-        self._fork_notes()
+        if self.forked:
+            self._fork_notes()
+        elif isinstance(self.backend, Forks):
+            # No worker asked for a fork (every test deselected, or none ran here): a
+            # template that ended or was closed unused is nothing to tell.
+            self.backend.notes()
 
 
 def template_kind(devices: int) -> str:

@@ -97,7 +97,9 @@ def _bucket_arguments(parser: argparse.ArgumentParser) -> None:
 def add_select_command(commands: Any) -> None:
     """`devpool select` on the devpool command's subparsers."""
     parser = commands.add_parser(
-        "select", help="which tests a change can affect, from the newest baseline"
+        "select",
+        help="which tests a change can affect, from the newest baseline; "
+        "`devpool select export|import ARCHIVE` moves a baseline between machines",
     )
     parser.add_argument("--base", default="HEAD", help="the baseline's commit must precede it")
     parser.add_argument("--explain", action="store_true", help="say why for every test")
@@ -107,7 +109,12 @@ def add_select_command(commands: Any) -> None:
 
 def build_transfer_parser(parser_class: type[argparse.ArgumentParser], verb: str) -> Any:
     """`devpool select export|import ARCHIVE` (their own parsers: select takes paths)."""
-    parser = parser_class(prog=f"devpool select {verb}")
+    what = {
+        "export": "Write the newest baseline generation of the run's bucket (paths, -m, -k) "
+        "to ARCHIVE.",
+        "import": "Add the baseline generation in ARCHIVE to this project's baselines.",
+    }
+    parser = parser_class(prog=f"devpool select {verb}", description=what.get(verb))
     parser.add_argument("archive", help="the .tar.gz file of one generation")
     if verb == "export":
         _bucket_arguments(parser)

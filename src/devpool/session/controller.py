@@ -150,6 +150,7 @@ class Controller:
             source=inventory.source,
             options=options,
             tests=len(plan.jobs) + len(plan.unsatisfiable),
+            planned=[job.display for job in plan.jobs] + [j.display for j, _ in plan.unsatisfiable],
             log_dir=str(self.log_dir),
             memory={str(d): b for d, b in self.memory.items()},
         )

@@ -14,6 +14,10 @@ RUN_ID = re.compile(r"\d{8}-\d{6}-\d+")  # the folders devpool itself made under
 
 
 def run_id() -> str:
+    """This run's id: the one `devpool run` gave its run folder (DEVPOOL_RUN_ID), else new."""
+    given = os.environ.get("DEVPOOL_RUN_ID", "")
+    if RUN_ID.fullmatch(given):
+        return given
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 

@@ -51,15 +51,16 @@ def run_pytest(args: Sequence[str], record: Path | None) -> int:
     settings = project_settings(cwd, pytest_args, given)
     extra: list[str] = []
     ours: Path | None = None  # the run folder this wrapper made up (and keeps pruned)
+    # One id for the run: its folder's name and the record's run_id (the controller takes it).
+    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
     record = settings.run_record
     if record is None:
         run_dir = settings.run_dir
         if run_dir is None:
-            stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
             run_dir = ours = cwd / ".devpool" / "runs" / stamp
             extra.append(f"--devpool-run-dir={run_dir}")
         record = run_dir / "record.jsonl"
-    env = dict(os.environ, DEVPOOL_SUMMARY_BY_PARENT="1")
+    env = dict(os.environ, DEVPOOL_SUMMARY_BY_PARENT="1", DEVPOOL_RUN_ID=stamp)
     argv = [sys.executable, "-m", "pytest", *pytest_args, *extra, f"--devpool-run-record={record}"]
     child = subprocess.Popen(argv, env=env)
 
