@@ -1,32 +1,19 @@
-"""The Ray end-to-end tests' cluster and sessions, shared by test_ray.py and
-test_ray_select.py: two Ray nodes on loopback (the `cluster` fixture of conftest.py starts
-them with two_node_cluster) and a devpool session on them. A test module imports this
-first: without Ray it skips the module (outside CI).
+"""The Ray end-to-end tests' sessions, shared by test_ray.py and test_ray_select.py: a
+devpool session on the two loopback Ray nodes of tests/ray_nodes.py (the `cluster`
+fixture of conftest.py starts them). A test module imports this first: without Ray it
+skips the module (outside CI).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-# Ray reads it when imported: every Ray process of these tests binds to 127.0.0.1 only.
-# Set for this process and so for every child session (and their Ray workers) too.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-
-try:
-    import ray  # noqa: F401
-    from ray.cluster_utils import Cluster
-except ImportError:
-    if os.environ.get("CI") == "true":
-        raise
-    pytest.skip("Ray is not installed (pip install -e '.[ray]')", allow_module_level=True)
+from ray_nodes import NODE_NPU, Cluster, two_node_cluster
 
 PLUGIN_ARGS = ("-p", "devpool.plugin", "-p", "no:cacheprovider")
 # The built-in sim platform, counted in the cluster's NPU resource.
@@ -34,21 +21,7 @@ PYPROJECT = """
 [tool.devpool.platforms]
 sim = { kind = "sim", ray-resource = "NPU" }
 """
-NODE_NPU = 4
-
-
-@contextmanager
-def two_node_cluster() -> Iterator[Cluster]:
-    """Two Ray nodes on 127.0.0.1, 4 NPU each; stopped through its own API."""
-    started = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"NPU": NODE_NPU}}
-    )
-    try:
-        started.add_node(num_cpus=1, resources={"NPU": NODE_NPU})
-        started.wait_for_nodes()
-        yield started
-    finally:
-        started.shutdown()
+__all__ = ["NODE_NPU", "Cluster", "two_node_cluster"]
 
 
 def ray_args(cluster: Cluster) -> tuple[str, ...]:

@@ -224,11 +224,14 @@ def _columns_of(conn: sqlite3.Connection) -> str:
 
 
 class History:
-    """The duration history of one project: add results, ask estimates, move it as a file."""
+    """The duration history of one project: add results, ask estimates, move it as a file.
 
-    def __init__(self, path: Path) -> None:
+    ``read_only``: opened with SQLite's mode=ro, never created, migrated or written (what
+    `devpool serve` reads)."""
+
+    def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = Path(path)
-        self._conn = _connect(self.path, create=True)
+        self._conn = _connect(self.path, create=not read_only)
         self._select = _columns_of(self._conn)
 
     def __enter__(self) -> History:

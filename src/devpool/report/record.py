@@ -8,7 +8,8 @@ sentence, where and what was lost.
 
 Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
   session_start  run_id, host, pid, args, cwd, platform, kind, devices, options, tests,
-                 planned (the node ids of every planned test)
+                 planned (the node ids of every planned test), ray_address (with
+                 --devpool-backend ray: the cluster it joins)
   lease          job, nodeid, devices, holder_pid, wait (seconds blocked on other runs)
   job_start      job, nodeid, devices, host, worker_pid, queue_wait, attempt, log
   report         nodeid, when, outcome, duration

@@ -33,7 +33,7 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from devpool.serve import pages, views
+from devpool.serve import cluster, pages, views
 from devpool.serve.hosts import names_loopback
 
 COOKIE = "devpool_serve_token"
@@ -55,6 +55,8 @@ class Sources:
 
     lock_dir: Path
     projects: list[views.Project]
+    ray_addresses: list[str] = field(default_factory=list)  # --ray-address
+    ray: cluster.RayWatch = field(default_factory=cluster.RayWatch)
     index: views.RunIndex = field(init=False)
 
     def __post_init__(self) -> None:
@@ -62,6 +64,8 @@ class Sources:
         self._lock = threading.Lock()  # requests run in threads; the caches are shared
         self._looks_lock = threading.Lock()
         self._looks: dict[str, tuple[float, tuple[Any, ...]]] = {}
+        # Per pyproject stamp: the files the tests view reads, the projects' Ray clusters.
+        self._watched: tuple[tuple[Any, ...], list[Path], list[tuple[str, str]]] | None = None
 
     def overview(self) -> dict[str, Any]:
         """Every view at once (one read of the lock folder for devices and waiting)."""
@@ -80,26 +84,53 @@ class Sources:
         states = views.lock_states(self.lock_dir)
         summaries = self.index.summaries()
         live = [s for s in summaries if s.live]
-        known = [(s.platform, d) for s in live for d in s.devices]
-        memory = {(s.platform, d): size for s in live for d, size in s.memory.items()}
+        # A ray-backed run's devices are the cluster's (the Ray view), not this host's.
+        here = [s for s in live if s.ray_address is None]
+        known = [(s.platform, d) for s in here for d in s.devices]
+        memory = {(s.platform, d): size for s in here for d, size in s.memory.items()}
+        live_runs = views.runs_view(summaries, live=True)
+        clusters = self.clusters(live_runs["runs"])
+        answers = self.ray.answers(address for address, _ in clusters)
         return {
             "schema": views.SCHEMA,
             "time": time.time(),
             "devices": views.devices_view(states, self.lock_dir, known, memory),
             "waiting": views.waiting_view(views.waiters(self.lock_dir), states),
-            "live": views.runs_view(summaries, live=True),
+            "live": live_runs,
             "recent": views.runs_view(summaries, live=False),
             "tests": self.tests(),
+            "ray": cluster.ray_view(clusters, answers, live_runs["runs"]),
         }
 
+    def clusters(self, live: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+        """The Ray clusters to show: --ray-address, the projects' tables, live runs'."""
+        self.test_files()  # reads the projects' tables again when a pyproject moved
+        assert self._watched is not None
+        return cluster.wanted(self.ray_addresses, self._watched[2], live)
+
     def tests(self) -> dict[str, Any]:
-        """The tests view, read again only when a history file changed."""
-        stamp = tuple(_mtime(p.folder / "history.sqlite") for p in self.projects)
-        stamp += tuple(_mtime(p.root / "pyproject.toml") for p in self.projects)
+        """The tests view, read again only when a history, pyproject or quarantine file
+        changed."""
+        stamp = tuple(_mtime(path) for path in self.test_files())
         if getattr(self, "_tests_stamp", None) != stamp:
             self._tests = views.tests_view(self.projects)
             self._tests_stamp = stamp
         return self._tests
+
+    def test_files(self) -> list[Path]:
+        """What the tests view reads: each history, and the pyproject.toml and quarantine
+        file of each project (which file that is, asked again when a pyproject moved)."""
+        from devpool.serve.history import watched_files
+
+        pyprojects = tuple(_mtime(p.root / "pyproject.toml") for p in self.projects)
+        with self._looks_lock:
+            if self._watched is None or self._watched[0] != pyprojects:
+                files = [p.folder / "history.sqlite" for p in self.projects]
+                files += [f for p in self.projects for f in watched_files(p.root)]
+                configured = [(p.key, cluster.configured_address(p.root)) for p in self.projects]
+                ray = [(key, address) for key, address in configured if address is not None]
+                self._watched = (pyprojects, files, ray)
+            return self._watched[1]
 
     def signature(self) -> tuple[Any, ...]:
         """Sizes and mtimes of everything the views read; it moves when a view may have.
@@ -128,14 +159,18 @@ class Sources:
             marks.extend(_entries(folder))
         for project in self.projects:
             marks.append(_mtime(project.runs))
-            marks.append(_mtime(project.folder / "history.sqlite"))
+        marks.extend((str(path), _mtime(path)) for path in self.test_files())
         for _, path in self.index.record_files():
             marks.append((str(path), _mtime(path)))
         return tuple(marks)
 
     def _lock_signature(self) -> tuple[Any, ...]:
         states = views.lock_states(self.lock_dir)
-        return tuple((s.platform, s.device, s.held, s.holder, s.shares) for s in states)
+        held = tuple((s.platform, s.device, s.held, s.holder, s.shares) for s in states)
+        with self._lock:
+            live = views.runs_view(self.index.summaries(), live=True)["runs"]
+        # Ray's answers come in the background: a node or actor that moved is a change too.
+        return (held, self.ray.signature(a for a, _ in self.clusters(live)))
 
 
 def _mtime(path: Path) -> tuple[int, int] | None:
@@ -198,9 +233,14 @@ class TokenCheck(BaseHTTPMiddleware):
         return response
 
 
-def build_app(lock_dir: Path, folders: Sequence[Path], token: str | None = None) -> Starlette:
-    """The app over one lock folder and the given .devpool folders."""
-    sources = Sources(lock_dir, views.projects_of(folders))
+def build_app(
+    lock_dir: Path,
+    folders: Sequence[Path],
+    token: str | None = None,
+    ray_addresses: Sequence[str] = (),
+) -> Starlette:
+    """The app over one lock folder, the given .devpool folders and Ray clusters."""
+    sources = Sources(lock_dir, views.projects_of(folders), list(ray_addresses))
 
     def partial(request: Request) -> bool:
         return request.headers.get("x-devpool-partial") == "1"
@@ -281,7 +321,7 @@ def build_app(lock_dir: Path, folders: Sequence[Path], token: str | None = None)
     routes = [
         Route("/", home),
         Route("/api/v1/overview", api("overview")),
-        *(Route(f"/api/v1/{name}", api(name)) for name in ("devices", "waiting", "tests")),
+        *(Route(f"/api/v1/{n}", api(n)) for n in ("devices", "waiting", "tests", "ray")),
         Route("/api/v1/runs/live", api("live")),
         Route("/api/v1/runs/recent", api("recent")),
         Route("/api/v1/runs/{project}/{run}", run_json),
@@ -324,9 +364,11 @@ def safe_file(run_dir: Path, relative: str) -> Path | None:
 
 async def changes(sources: Sources, request: Request) -> AsyncIterator[str]:
     """Server-sent events: one ``change`` message whenever the files or lock states move."""
-    yield "retry: 1000\n\n"
+    # The baseline comes before the first byte: the page refreshes once when the stream
+    # opens, so whatever moved between its render and this baseline is shown too.
     seen = await asyncio.to_thread(sources.signature)
     locks = await asyncio.to_thread(sources.lock_signature)
+    yield "retry: 1000\n\n"
     asked = time.monotonic()
     quiet = 0
     while not await request.is_disconnected():

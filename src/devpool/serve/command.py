@@ -38,7 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
     for folder in folders:
         if folder.exists() and not folder.is_dir():
             raise DevpoolError(f"{folder} is not a .devpool folder")
-    app = build_app(lock_dir, folders, token)
+    app = build_app(lock_dir, folders, token, args.ray_address)
     where = f"http://{args.host}:{args.port}/"
     print(f"devpool serve: {where} (lock folder {lock_dir}; read only)", flush=True)
     # An open /events stream never ends by itself: give such clients a second at shutdown.
@@ -63,6 +63,14 @@ def add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--lock-dir", help="lock folder (default: as for devpool locks)")
     serve.add_argument(
         "--token", help=f"every request must carry it (or set {TOKEN_ENV}); needed off loopback"
+    )
+    serve.add_argument(
+        "--ray-address",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="also show this Ray cluster (GCS address, or auto); repeatable. Projects with "
+        "backend = ray and live ray-backed runs show theirs anyway",
     )
     serve.add_argument(
         "folders",

@@ -10,21 +10,12 @@ from typing import Any
 
 from devpool.capacity.report import CollectedTest, report
 from devpool.errors import DevpoolError
-from devpool.history.durations import History, TestResult, _columns_of, _connect
+from devpool.history.durations import History, TestResult
 from devpool.history.quarantine import Entry, entries_from_file, entries_from_table
 
 
-class ReadOnlyHistory(History):
-    """A history opened with SQLite's mode=ro: never created, migrated or written."""
-
-    def __init__(self, path: Path) -> None:  # noqa: D107 - History's, without create
-        self.path = Path(path)
-        self._conn = _connect(self.path, create=False)
-        self._select = _columns_of(self._conn)
-
-
 def _results(path: Path) -> list[TestResult]:
-    with ReadOnlyHistory(path) as history:
+    with History(path, read_only=True) as history:
         return list(history.results())
 
 
@@ -68,7 +59,7 @@ def capacity_rows(path: Path) -> list[dict[str, Any]]:
     latest: dict[tuple[str, str], TestResult] = {}
     for result in _results(path):
         latest[(result.platform, result.nodeid)] = result
-    with ReadOnlyHistory(path) as history:
+    with History(path, read_only=True) as history:
         estimates = history.estimates()
     by_platform: dict[str, list[CollectedTest]] = defaultdict(list)
     pools: dict[str, int] = {}
@@ -102,9 +93,9 @@ def quarantine_entries(root: Path, today: dt.date) -> tuple[list[dict[str, Any]]
     try:
         settings = project_settings(root, (), {})
         entries: list[Entry] = entries_from_table(settings.quarantine, "[tool.devpool.quarantine]")
-        if settings.quarantine_file:
-            file = Path(settings.quarantine_file)
-            entries += entries_from_file(file if file.is_absolute() else root / file)
+        file = _quarantine_file(root, settings.quarantine_file)
+        if file is not None:
+            entries += entries_from_file(file)
     except DevpoolError as exc:
         return [], str(exc)
     out = []
@@ -122,3 +113,23 @@ def quarantine_entries(root: Path, today: dt.date) -> tuple[list[dict[str, Any]]
             }
         )
     return out, None
+
+
+def watched_files(root: Path) -> list[Path]:
+    """The files the project's tests view reads besides its history: pyproject.toml and the
+    quarantine file it names (an edit to either changes the page)."""
+    from devpool.project import project_settings
+
+    files = [root / "pyproject.toml"]
+    try:
+        quarantine = _quarantine_file(root, project_settings(root, (), {}).quarantine_file)
+    except DevpoolError:
+        return files
+    return files if quarantine is None else [*files, quarantine]
+
+
+def _quarantine_file(root: Path, named: Path | str | None) -> Path | None:
+    if not named:
+        return None
+    file = Path(named)
+    return file if file.is_absolute() else root / file

@@ -217,6 +217,7 @@ class RunSummary:
     memory: dict[int, int] = field(default_factory=dict)  # bytes each device hands out
     damage: str | None = None
     logs: list[str] = field(default_factory=list)
+    ray_address: str | None = None  # the cluster a ray-backed run joined
 
     def to_json(self) -> dict[str, Any]:
         done = sum(self.counts.values())
@@ -240,6 +241,7 @@ class RunSummary:
             "exitstatus": self.exitstatus,
             "ending": self.ending,
             "damage": self.damage,
+            "ray_address": self.ray_address,
             "report": f"/runs/{self.project}/{self.run_id}/report.html",
             "page": f"/runs/{self.project}/{self.run_id}",
             "logs": [f"/runs/{self.project}/{self.run_id}/files/{name}" for name in self.logs],
@@ -253,7 +255,12 @@ def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
     counts = Counter(job.outcome or "running" for job in finals)
     done_ids = {job.nodeid for job in finals}
     running = [
-        {"test": job.nodeid, "devices": job.devices, "since": job.start}
+        {
+            "test": job.nodeid,
+            "devices": job.devices,
+            "since": job.start,
+            "worker": Path(job.log).stem if job.log else "",  # "worker-3": its Ray actors' name
+        }
         for job in record.jobs
         if job.outcome is None and job.nodeid not in done_ids
     ]
@@ -302,6 +309,7 @@ def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
         memory=capacities(record.start),
         damage=record.damage,
         logs=_logs(record.path.parent),
+        ray_address=str(start["ray_address"]) if start.get("ray_address") else None,
     )
 
 

@@ -153,7 +153,16 @@ class Controller:
             planned=[job.display for job in plan.jobs] + [j.display for j, _ in plan.unsatisfiable],
             log_dir=str(self.log_dir),
             memory={str(d): b for d, b in self.memory.items()},
+            **self._ray_field(),
         )
+
+    def _ray_field(self) -> dict[str, str]:
+        """The Ray cluster a ray-backed run joins, for readers of the record (devpool serve)."""
+        if self.settings.backend != "ray":
+            return {}
+        from devpool.backends.ray.cluster import cluster_address
+
+        return {"ray_address": cluster_address(self.settings.ray_address)}
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:

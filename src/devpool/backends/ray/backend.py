@@ -27,10 +27,12 @@ from devpool.backends.ray.actor import STOP_WAIT, RankProcess, RankSpec, shipped
 from devpool.backends.ray.cluster import alive_nodes, connect, describe_cluster, import_ray, plural
 from devpool.backends.ray.handle import Rank, RayWorker
 from devpool.backends.ray.merge import Merge
+from devpool.backends.ray.names import ActorName
 from devpool.config import Settings
 from devpool.devices.inventory import Inventory
 from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
+from devpool.report.record import host_name
 from devpool.report.terminal import read_log
 from devpool.worker import protocol
 from devpool.worker.session import stacks_file
@@ -144,7 +146,8 @@ class RayBackend:
     ) -> None:
         code = LOST_EXIT
         try:
-            if self._place(worker, request) and self._launch(worker, request, env):
+            placed = self._place(worker, request, env.get("DEVPOOL_RUN_ID", ""))
+            if placed and self._launch(worker, request, env):
                 code = self._pump(worker, write_end)
         except Exception as exc:  # noqa: BLE001 - any Ray failure ends this worker, not the run
             worker.lost = worker.lost or f"Ray worker failed: {type(exc).__name__}: {exc}"
@@ -162,8 +165,9 @@ class RayBackend:
         ray = import_ray()
         return ray.remote(RankProcess)
 
-    def _place(self, worker: RayWorker, request: Request) -> bool:
-        """Placement group and actors, bounded by --devpool-lease-timeout; False when not placed."""
+    def _place(self, worker: RayWorker, request: Request, run_id: str) -> bool:
+        """Placement group and actors, bounded by --devpool-lease-timeout; False when not placed.
+        Each actor is named for its run, worker and rank (names.py), for Ray's state API."""
         ray = import_ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -188,10 +192,15 @@ class RayBackend:
                 strategy = PlacementGroupSchedulingStrategy(
                     worker.placement_group, placement_group_bundle_index=index
                 )
-                actor = actor_class.options(scheduling_strategy=strategy, **options).remote()
+                actor = actor_class.options(
+                    name=self._actor_name(worker, run_id, index),
+                    scheduling_strategy=strategy,
+                    **options,
+                ).remote()
                 worker.ranks.append(Rank(index, actor))
         else:
-            worker.ranks.append(Rank(0, actor_class.options(**options).remote()))
+            name = self._actor_name(worker, run_id, 0)
+            worker.ranks.append(Rank(0, actor_class.options(name=name, **options).remote()))
         refs = [rank.actor.place.remote() for rank in worker.ranks]
         if not self._ready(refs, worker, deadline):
             return False
@@ -199,6 +208,9 @@ class RayBackend:
             rank.node_id = where["node_id"]
             rank.address = where["address"]
         return True
+
+    def _actor_name(self, worker: RayWorker, run_id: str, rank: int) -> str:
+        return str(ActorName(host_name(), run_id or "unknown", worker.log.stem, rank))
 
     def _ready(self, refs: list[Any], worker: RayWorker, deadline: float) -> bool:
         ray = import_ray()

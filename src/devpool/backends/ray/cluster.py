@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from devpool.backends.ray.names import NAMESPACE
 from devpool.devices.inventory import Inventory, Platform
 from devpool.errors import DevpoolError
 
@@ -21,16 +22,22 @@ def import_ray() -> Any:
     return ray
 
 
+def cluster_address(address: str | None) -> str:
+    """The address a run joins: --devpool-ray-address, else $RAY_ADDRESS, else "auto" (the
+    cluster started on this host)."""
+    return address or os.environ.get("RAY_ADDRESS") or "auto"
+
+
 def connect(address: str | None, runtime_env: Mapping[str, Any] | None = None) -> str:
     """Join the cluster (quietly); the address it was reached at."""
     ray = import_ray()
-    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    target = cluster_address(address)
     if ray.is_initialized():
         return target
     try:
         ray.init(
             address=target,
-            namespace="devpool",
+            namespace=NAMESPACE,
             logging_level=logging.ERROR,
             log_to_driver=False,
             runtime_env=dict(runtime_env) if runtime_env else None,

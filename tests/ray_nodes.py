@@ -1,0 +1,51 @@
+"""A two-node Ray cluster on loopback, shared by the Ray end-to-end tests (tests/e2e) and
+the host page's Ray view (tests/serve). Importing it skips the importing module without
+Ray, except under CI=true, where [ray] must be installed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+# Ray reads it when imported: every Ray process of these tests binds to 127.0.0.1 only.
+# Set for this process and so for every child session (and their Ray workers) too.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+try:
+    import ray  # noqa: F401
+    from ray.cluster_utils import Cluster
+except ImportError:
+    if os.environ.get("CI") == "true":
+        raise
+    pytest.skip("Ray is not installed (pip install -e '.[ray]')", allow_module_level=True)
+
+NODE_NPU = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def two_node_cluster(dashboard: bool = False) -> Iterator[Cluster]:
+    """Two Ray nodes on 127.0.0.1, 4 NPU each; stopped through its own API. With
+    ``dashboard`` the head serves Ray's dashboard, and so its state API, on a free
+    loopback port."""
+    head = {"num_cpus": 1, "resources": {"NPU": NODE_NPU}}
+    if dashboard:
+        head.update(include_dashboard=True, dashboard_host="127.0.0.1")
+        head["dashboard_port"] = _free_port()
+    started = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        started.add_node(num_cpus=1, resources={"NPU": NODE_NPU})
+        started.wait_for_nodes()
+        yield started
+    finally:
+        started.shutdown()
