@@ -7,12 +7,19 @@ then starts `devpool serve` over it and times GET / and /api/v1/overview (the fi
 the median of the next --repeat), and reads the server's RSS (VmRSS and peak VmHWM).
 Target: a page in under 200 ms, the server under 80 MB RSS.
 
-    python benchmarks/serve.py [--repeat 20] [--devpool-src PATH]
+With --ray gcs|dashboard it also starts a two-node Ray cluster on loopback (its dashboard
+serves Ray's state API) and shows it with --ray-address: its GCS address (read through
+Ray's client) or its dashboard URL (read over HTTP): the Ray view's cost, in time and RSS,
+beside the same host without it (run them one after the other).
+
+    python benchmarks/serve.py [--repeat 20] [--ray gcs|dashboard] [--devpool-src PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import socket
 import statistics
@@ -21,6 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -117,8 +125,41 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--devpool-src", default=str(HERE.parent / "src"))
+    parser.add_argument(
+        "--ray", choices=("gcs", "dashboard"), help="show a loopback Ray cluster too, by it"
+    )
     args = parser.parse_args()
     sys.path.insert(0, args.devpool_src)
+    with contextlib.ExitStack() as stack:
+        extra = []
+        if args.ray:
+            gcs, dashboard = stack.enter_context(_ray_cluster())
+            address = gcs if args.ray == "gcs" else dashboard
+            extra = [f"--ray-address={address}"]
+            print(f"Ray cluster at {address}", flush=True)
+        _measure(args, extra)
+    return 0
+
+
+@contextlib.contextmanager
+def _ray_cluster() -> Iterator[tuple[str, str]]:
+    """Two loopback nodes of 4 NPU; the head serves Ray's dashboard (its state API).
+    Its GCS address and its dashboard URL."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray.cluster_utils import Cluster
+
+    head = {"num_cpus": 1, "resources": {"NPU": 4}, "include_dashboard": True}
+    head.update(dashboard_host="127.0.0.1", dashboard_port=_port())
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        cluster.add_node(num_cpus=1, resources={"NPU": 4})
+        cluster.wait_for_nodes()
+        yield str(cluster.address), "http://" + cluster.head_node.address_info["webui_url"]
+    finally:
+        cluster.shutdown()
+
+
+def _measure(args: argparse.Namespace, extra: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="devpool-serve-bench-") as temp:
         root = Path(temp)
         started = time.perf_counter()
@@ -126,7 +167,7 @@ def main() -> int:
         print(f"synthesised in {time.perf_counter() - started:.1f} s", flush=True)
         port = _port()
         env = dict(os.environ, PYTHONPATH=args.devpool_src)
-        argv = [sys.executable, "-m", "devpool.cli", "serve", "--port", str(port)]
+        argv = [sys.executable, "-m", "devpool.cli", "serve", "--port", str(port), *extra]
         server = subprocess.Popen([*argv, f"--lock-dir={lock_dir}", str(folder)], env=env)
         try:
             base = f"http://127.0.0.1:{port}"
@@ -139,6 +180,12 @@ def main() -> int:
                     assert time.monotonic() < deadline, "devpool serve did not listen"
                     time.sleep(0.05)
             idle_rss, _ = _rss(server.pid)
+            if extra:  # the Ray view answers in the background: wait for its first answer
+                while not json.loads(urllib.request.urlopen(base + "/api/v1/ray").read())[
+                    "clusters"
+                ][0]["nodes"]:
+                    assert time.monotonic() < deadline + 60, "the Ray view never answered"
+                    time.sleep(0.2)
             for path in ("/", "/api/v1/overview"):
                 first, size = _get(base + path)
                 warm = [_get(base + path)[0] for _ in range(args.repeat)]
@@ -154,7 +201,6 @@ def main() -> int:
             server.wait(timeout=10)
             for lease in leases:
                 lease.release()  # type: ignore[attr-defined]
-    return 0
 
 
 if __name__ == "__main__":

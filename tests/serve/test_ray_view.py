@@ -123,6 +123,7 @@ def test_a_two_node_test_shows_a_rank_on_each_node_and_its_devices(
     serve: Callable[..., Server],
     sessions: Callable[..., Session],
     cluster: Cluster,
+    tmp_path: Path,
 ) -> None:
     _on_ray(project, cluster.address)
     (project.root / "test_pair.py").write_text(
@@ -131,7 +132,7 @@ def test_a_two_node_test_shows_a_rank_on_each_node_and_its_devices(
         "def test_pair(devpool_node):\n    hold(f'pair-{devpool_node.rank}')\n"
     )
     server = serve()
-    page = browser.new_page()
+    page = browser.new_page(viewport={"width": 1300, "height": 700})
     page.goto(server.url + "/")
     run = sessions("pair", "--devices=sim", "test_pair.py")
     wait_for(
@@ -148,6 +149,36 @@ def test_a_two_node_test_shows_a_rank_on_each_node_and_its_devices(
     assert [n["resources"]["NPU"] for n in nodes] == [{"total": 4.0, "devpool": 3.0}] * 2
     assert {a["test"] for n in nodes for a in n["actors"]} == {pair}
     assert all(not name.count("_group_") for n in nodes for name in n["resources"])
+    page.locator("#live").scroll_into_view_if_needed()
+    page.screenshot(path=str(tmp_path / "ray-pair.png"), full_page=True)
+    page.locator("#ray").screenshot(path=str(tmp_path / "ray-section.png"))
     run.release()
     assert run.wait() == 0, run.output()
     page.locator("#ray .ray-actor").first.wait_for(state="detached", timeout=15000)
+
+
+def test_a_dashboard_url_is_read_over_http_without_loading_ray(
+    serve: Callable[..., Server], cluster: Cluster
+) -> None:
+    from ray.util import state
+
+    dashboard = "http://" + cluster.head_node.address_info["webui_url"]
+    server = serve(f"--ray-address={dashboard}")
+    view = wait_for(
+        lambda: (v := server.json("/api/v1/ray")["clusters"][0])["nodes"] and v,
+        "the Ray view to answer",
+        30,
+    )
+    assert view["address"] == dashboard and view["problem"] is None
+    expected = {n.node_id: n.is_head_node for n in state.list_nodes(address=cluster.address)}
+    assert {n["node_id"]: n["head"] for n in view["nodes"]} == expected
+    assert [n["resources"]["NPU"]["total"] for n in view["nodes"]] == [4.0, 4.0]
+    maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
+    assert "_raylet" not in maps  # Ray's client (and its ~57 MB) never loaded
+
+    # A URL that is no dashboard is one line too.
+    other = serve(f"--ray-address={server.url}")
+    problem = wait_for(
+        lambda: other.json("/api/v1/ray")["clusters"][0]["problem"], "a problem line", 30
+    )
+    assert problem == f"Ray's state API at {server.url} did not answer: HTTP 404"

@@ -255,3 +255,28 @@ def test_a_shared_device_shows_its_free_memory(tmp_path: Path) -> None:
     assert (device["memory_free"], device["memory_total"]) == (72 << 30, 80 << 30)
     html = _parsed(pages.devices_section(view, {}, time.time())).text
     assert "72 GiB free of 80 GiB" in html and "t.py::test_small" in html
+
+
+def test_an_edit_of_the_quarantine_file_reaches_the_tests_view_and_moves_the_signature(
+    tmp_path: Path,
+) -> None:
+    from devpool.serve.app import Sources
+
+    (tmp_path / "pyproject.toml").write_text('[tool.devpool]\nquarantine-file = "q.toml"\n')
+    quarantine = tmp_path / "q.toml"
+    quarantine.write_text('["t.py::test_a"]\nreason = "races"\n')
+    sources = Sources(tmp_path / "locks", views.projects_of([tmp_path / ".devpool"]))
+    assert [e["test"] for e in sources.tests()["projects"][0]["quarantine"]] == ["t.py::test_a"]
+    before = sources._signature()
+    time.sleep(0.01)  # a new mtime even on coarse clocks: the size changes anyway
+    quarantine.write_text(
+        '["t.py::test_a"]\nreason = "races"\n\n["t.py::test_b"]\nreason = "leaks"\n'
+    )
+    shown = [e["test"] for e in sources.tests()["projects"][0]["quarantine"]]
+    assert shown == ["t.py::test_a", "t.py::test_b"]
+    assert sources._signature() != before
+    # Another file named in pyproject: that one is followed from then on.
+    (tmp_path / "other.toml").write_text('["t.py::test_c"]\nreason = "r"\n')
+    (tmp_path / "pyproject.toml").write_text('[tool.devpool]\nquarantine-file = "other.toml"\n')
+    assert [e["test"] for e in sources.tests()["projects"][0]["quarantine"]] == ["t.py::test_c"]
+    assert tmp_path / "other.toml" in sources.test_files()

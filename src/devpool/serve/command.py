@@ -69,8 +69,9 @@ def add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
         action="append",
         default=[],
         metavar="ADDRESS",
-        help="also show this Ray cluster (GCS address, or auto); repeatable. Projects with "
-        "backend = ray and live ray-backed runs show theirs anyway",
+        help="also show this Ray cluster: its dashboard URL (http://head:8265, read without "
+        "loading Ray), a GCS address or auto; repeatable. Projects with backend = ray and "
+        "live ray-backed runs show theirs anyway",
     )
     serve.add_argument(
         "folders",

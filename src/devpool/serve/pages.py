@@ -361,63 +361,65 @@ def tests_section(view: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
+def _table(title: str, headers: Sequence[str], rows: Sequence[str]) -> str:
+    """A titled table of server-rendered rows (each ``<tr>`` already escaped)."""
+    head = "".join(f"<th>{name}</th>" for name in headers)
+    return f"<h4>{title}</h4><table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
 def _flaky_table(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "<p>Flakiest tests: none in the history.</p>"
-    out = [
-        "<h4>Flakiest tests</h4><table><tr><th>test</th><th>runs</th><th>passed</th>"
-        "<th>failed</th><th>flaky</th><th>flips</th><th>last</th></tr>"
-    ]
-    for row in rows:
-        out.append(
+    return _table(
+        "Flakiest tests",
+        ("test", "runs", "passed", "failed", "flaky", "flips", "last"),
+        [
             f'<tr class="flaky"><td class="test">{escape(row["test"])}</td>'
-            f"<td class=num>{row['runs']}</td><td class=num>{row['passed']}</td>"
-            f"<td class=num>{row['failed']}</td><td class=num>{row['flaky']}</td>"
-            f"<td class=num>{row['flips']}</td><td>{escape(row['last'])}</td></tr>"
-        )
-    out.append("</table>")
-    return "".join(out)
+            + "".join(f"<td class=num>{row[k]}</td>" for k in ("runs", "passed", "failed"))
+            + "".join(f"<td class=num>{row[k]}</td>" for k in ("flaky", "flips"))
+            + f"<td>{escape(row['last'])}</td></tr>"
+            for row in rows
+        ],
+    )
+
+
+def _until(row: Mapping[str, Any]) -> str:
+    if row["until"] is None:
+        return "no expiry"
+    if row["expired"]:
+        return f'<span class="bad">{escape(row["until"])} (expired)</span>'
+    return f"{escape(row['until'])} ({row['days_left']} days left)"
 
 
 def _quarantine_table(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "<p>Quarantine: no entries in [tool.devpool.quarantine] or its file.</p>"
-    out = [
-        "<h4>Quarantine</h4><table><tr><th>test</th><th>reason</th><th>owner</th>"
-        "<th>until</th></tr>"
-    ]
-    for row in rows:
-        if row["until"] is None:
-            until = "no expiry"
-        elif row["expired"]:
-            until = f'<span class="bad">{escape(row["until"])} (expired)</span>'
-        else:
-            until = f"{escape(row['until'])} ({row['days_left']} days left)"
-        out.append(
+    return _table(
+        "Quarantine",
+        ("test", "reason", "owner", "until"),
+        [
             f'<tr class="quarantine"><td class="test">{escape(row["test"])}</td>'
             f"<td>{escape(row['reason'])}</td><td>{escape(row['owner'])}</td>"
-            f"<td>{until}</td></tr>"
-        )
-    out.append("</table>")
-    return "".join(out)
+            f"<td>{_until(row)}</td></tr>"
+            for row in rows
+        ],
+    )
 
 
 def _capacity_table(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return ""
-    out = [
-        "<h4>Capacity by device count (from the history)</h4><table><tr><th>platform</th>"
-        "<th>devices</th><th>tests</th><th>test time</th><th>device time</th></tr>"
-    ]
-    for row in rows:
-        out.append(
+    return _table(
+        "Capacity by device count (from the history)",
+        ("platform", "devices", "tests", "test time", "device time"),
+        [
             f'<tr class="capacity"><td>{escape(row["platform"])}</td>'
             f"<td class=num>{escape(row['devices'])}</td><td class=num>{row['tests']}</td>"
             f"<td class=num>{_duration(row['test_seconds'])}</td>"
             f"<td class=num>{_duration(row['device_seconds'])}</td></tr>"
-        )
-    out.append("</table>")
-    return "".join(out)
+            for row in rows
+        ],
+    )
 
 
 def run_page(run: Mapping[str, Any]) -> str:
