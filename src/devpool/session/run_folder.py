@@ -25,10 +25,14 @@ def prune_runs(run_dir: Path, settings: Settings) -> None:
     """Keep the newest --devpool-keep-runs run folders under .devpool/runs, not all ever."""
     if settings.run_dir is not None:
         return  # the user chose where this run goes: leave their folders alone
-    runs = run_dir.parent
+    prune_folders(run_dir.parent, settings.keep_runs)
+
+
+def prune_folders(runs: Path, keep: int) -> None:
+    """Keep the newest ``keep`` of the run folders devpool made under ``runs``."""
     old = sorted(
         (p for p in runs.iterdir() if p.is_dir() and RUN_ID.fullmatch(p.name)),
         key=lambda p: p.name,
     )
-    for folder in old[: max(0, len(old) - settings.keep_runs)]:
+    for folder in old[: max(0, len(old) - keep)]:
         shutil.rmtree(folder, ignore_errors=True)

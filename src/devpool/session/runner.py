@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from devpool.project import project_settings
 from devpool.report.github import write_step_summary
 from devpool.report.record import read_record
 from devpool.report.text import render_text
+from devpool.session.run_folder import prune_folders
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 
@@ -78,18 +78,9 @@ def run_pytest(args: Sequence[str], record: Path | None) -> int:
     (record.parent / "exitcode").write_text(f"{exit_code}\n", encoding="utf-8")
     _after(record, code)
     if ours is not None:
-        _prune(ours.parent, settings.keep_runs)
+        # The run was given --devpool-run-dir, so it leaves pruning to us, as its chooser.
+        prune_folders(ours.parent, settings.keep_runs)
     return exit_code
-
-
-def _prune(runs: Path, keep: int) -> None:
-    """Keep the newest `keep` run folders devpool made, as a run does for its own folder
-    (a run given --devpool-run-dir, as here, leaves pruning to whoever chose the folder)."""
-    from devpool.session.run_folder import RUN_ID
-
-    old = sorted(p for p in runs.iterdir() if p.is_dir() and RUN_ID.fullmatch(p.name))
-    for folder in old[: max(0, len(old) - keep)]:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _after(record_path: Path, code: int) -> None:
