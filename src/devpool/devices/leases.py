@@ -71,10 +71,11 @@ class Holder:
             user=_login_name(),
         )
 
-    def describe(self) -> str:
-        """One line for humans: pid, user, session, test and start time."""
+    def describe(self, tests: Sequence[str] | None = None) -> str:
+        """One line for humans: pid, user, session, test (or `tests`) and start time."""
         where = "" if self.host == socket.gethostname() else f" on {self.host}"
-        doing = f"test {self.job}" if self.job else "idle"
+        tests = [self.job] if tests is None and self.job else list(tests or ())
+        doing = f"test{'s' if len(tests) > 1 else ''} {', '.join(tests)}" if tests else "idle"
         return (
             f"pid {self.pid}{where} (user {self.user}, session {self.session}, "
             f"{doing}, since {_clock(self.since)})"

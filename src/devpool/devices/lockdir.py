@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devpool.devices.inventory import format_ids
 from devpool.devices.leases import (
     _OPEN_FLAGS,
     LOCK_NAME,
@@ -29,6 +30,7 @@ from devpool.devices.leases import (
     _write_record,
     lock_path,
 )
+from devpool.devices.resources import host_status
 from devpool.devices.shares import acquire_shares, held_shares
 from devpool.errors import DevpoolError
 
@@ -131,8 +133,55 @@ class LockDir:
                 states.append(LockState(platform, device, held, holder, shares))
         return sorted(states, key=lambda state: (state.platform, state.device))
 
+    def held_by_others(self, session: str) -> list[tuple[str, Holder | None]]:
+        """What runs other than `session` hold in the folder now, read from the files
+        themselves: (``sim:3``, ``sim:2 (8 GiB)``, ``port 29500``, ``resource hccl``, holder)."""
+        held: list[tuple[str, Holder | None]] = []
+        for state in self.status():
+            name = f"{state.platform}:{state.device}"
+            if state.held:
+                held.append((name, state.holder))
+            for share in state.shares:
+                held.append((name, share.holder))
+        for host in host_status(self.path):
+            what = f"port {host.name}" if host.kind == "port" else f"resource {host.name}"
+            held.append((what, host.holder))
+        return [(what, h) for what, h in held if h is None or h.session != session]
+
     def __repr__(self) -> str:
         return f"LockDir({str(self.path)!r})"
+
+
+def describe_holders(held: Sequence[tuple[str, Holder | None]]) -> str:
+    """One part per holding run, each run and each of its tests named once:
+    ``sim:0-3, port 29500 held by pid 12 (user ..., session ..., tests a, b, since ...)``."""
+    by_run: dict[tuple[str, int] | None, list[tuple[str, Holder | None]]] = {}
+    for what, holder in held:
+        key = None if holder is None else (holder.session, holder.pid)
+        by_run.setdefault(key, []).append((what, holder))
+    parts = []
+    for entries in by_run.values():
+        things = list(dict.fromkeys(what for what, _ in entries))
+        holders = [h for _, h in entries if h is not None]
+        if not holders:
+            parts.append(f"{', '.join(things)} held by an unknown holder")
+            continue
+        tests = list(dict.fromkeys(h.job for h in holders if h.job))
+        parts.append(f"{', '.join(_compact(things))} held by {holders[0].describe(tests)}")
+    return "; ".join(parts)
+
+
+def _compact(things: list[str]) -> list[str]:
+    """``sim:0, sim:1, port 9`` → ``sim:0,1, port 9``: devices of one platform together."""
+    devices: dict[str, list[str]] = {}
+    rest = []
+    for thing in things:
+        platform, colon, device = thing.partition(":")
+        if colon and device.isdigit():
+            devices.setdefault(platform, []).append(device)
+        else:
+            rest.append(thing)
+    return [f"{p}:{format_ids(int(d) for d in ds)}" for p, ds in devices.items()] + rest
 
 
 def _blocked_whole(folder: Path, platform: str, handle: _Handle) -> Blocked:

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from devpool.devices import probes
-from devpool.devices.inventory import format_ids
 from devpool.devices.leases import Blocked, Holder, Lease
+from devpool.devices.lockdir import describe_holders
 from devpool.devices.probes import CONTEXT, Fatal
 from devpool.run.context import RunContext
 
@@ -98,30 +98,34 @@ class Foreign:
         A run's tests come and go on its devices, and its devices on and off our list as
         we recheck them: the line is said again only when a run it has not named yet holds
         what we wait for, and it names each run once with all the devices it holds now.
+        Our own run is never named: a memory request may not fit beside our own shares.
         """
         for entry in blocked:
             self.blocked[entry.device] = entry
             self.retry_at[entry.device] = now + FOREIGN_RETRY
-        runs = {_run_of(b) for b in self._leased()}
+        holders = self._holders()
+        runs = {(h.session, h.pid) if h is not None else None for _, h in holders}
         if runs - self.named:
             self.named |= runs
             self.say("waiting for devices held by other runs: " + self._held())
+
+    def _holders(self) -> list[tuple[str, Holder | None]]:
+        """(device, holder) for each other run's hold on a device we wait for."""
+        found: list[tuple[str, Holder | None]] = []
+        for entry in self._leased():
+            name = f"{self.platform}:{entry.device}"
+            holders = [s.holder for s in entry.shares] if entry.shares else [entry.holder]
+            found += [(name, h) for h in holders if h is None or h.session != self.ctx.run_id]
+        return found
 
     def _leased(self) -> list[Blocked]:
         """Devices we wait for that another run's lease holds (not a foreign process)."""
         return [b for d, b in sorted(self.blocked.items()) if d not in self.busy_notes]
 
     def _held(self) -> str:
-        """The leased devices grouped by the run that holds them: `sim:0,1 held by pid ...`."""
-        by_run: dict[tuple[str, int] | None, list[Blocked]] = {}
-        for entry in self._leased():
-            by_run.setdefault(_run_of(entry), []).append(entry)
-        parts = []
-        for entries in by_run.values():
-            holder = entries[0].holder
-            who = holder.describe() if holder is not None else "an unknown holder"
-            parts.append(f"{self.platform}:{format_ids(e.device for e in entries)} held by {who}")
-        return "; ".join(parts)
+        """The leased devices grouped by the run that holds them: `sim:0,1 held by pid ...`,
+        each run and each of its tests named once."""
+        return describe_holders(self._holders())
 
     def recheck(self, now: float) -> None:
         """Forget devices that other runs released, so waits are charged to them only while true."""
@@ -282,8 +286,3 @@ class DeviceHealth:
 
     def _name(self, device: int) -> str:
         return f"{self.platform.name}:{device}"
-
-
-def _run_of(blocked: Blocked) -> tuple[str, int] | None:
-    holder = blocked.holder
-    return (holder.session, holder.pid) if holder is not None else None

@@ -30,7 +30,7 @@ from devpool.report.terminal import read_log
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.exits import describe_exit, own_output, worker_log_tail
-from devpool.run.health import DeviceHealth, Foreign
+from devpool.run.health import FOREIGN_RETRY, DeviceHealth, Foreign
 from devpool.run.memory_watch import MemoryWatches
 from devpool.run.placing import Placing
 from devpool.run.pool import Slot, WorkerPool
@@ -136,7 +136,7 @@ class Loop:
                 if self.stopped or (not self.scheduler.queue and not self.pool.starting):
                     self.pool.retire_idle(time.monotonic())
                 if not placed:
-                    self.placing.end_stall()
+                    self.placing.end_stall(time.monotonic())
                 if self.live is not None:
                     self.live.update(self._snapshot())
         finally:
@@ -158,6 +158,8 @@ class Loop:
         due += self.pool.due(now)
         if self.foreign:
             due.append(self.foreign.next_retry(now))
+        if self.placing.stalled_since is not None:
+            due.append(now + FOREIGN_RETRY)  # other runs' holds change at any moment
         if self.health.checks:
             due.append(now + CHECK_POLL)
         due += [at for at, _ in self.placing.delayed]

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from devpool.backends import Backend
 from devpool.devices.fairshare import Waiter, WaitingRoom, fair_limit
 from devpool.devices.leases import Holder, Lease
+from devpool.devices.lockdir import describe_holders
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
 from devpool.plan.scheduler import IdleWorker, Placement, Scheduler
@@ -61,6 +62,10 @@ class Placing:
         self.shared_at = 0.0
         self.waiting_since: float | None = None  # wall clock, while other runs block us
         self.blocked_since: dict[int, float] = {}
+        # Since when nothing of ours runs and nothing fits: other runs hold, or wait for, what
+        # the queue needs (their leases, or the fair share their waiting gives us). It waits.
+        self.stalled_since: float | None = None
+        self.said_share = False  # the line saying we wait for a fair share, said once
         self.delayed: list[tuple[float, Job]] = []  # reruns waiting out their delay
         self.host = HostLeases(self)  # ports and named resources (run/host_leases.py)
 
@@ -89,15 +94,19 @@ class Placing:
 
     def share(self, now: float) -> None:
         """Hold no more than a fair share of the pool while other runs wait for it."""
-        newly_blocked = bool(self.blocked_since) and self.waiting_since is None
+        waits = dict(self.blocked_since)
+        if self.stalled_since is not None and len(self.scheduler.queue):
+            head = min(self.scheduler.queue.heads(), key=lambda job: job.priority())
+            waits.setdefault(head.devices_needed, self.stalled_since)
+        newly_blocked = bool(waits) and self.waiting_since is None
         if now - self.shared_at < FOREIGN_RETRY and not newly_blocked:
             return
         self.shared_at = now
         mine = None
-        if self.blocked_since:
+        if waits:
             if self.waiting_since is None:
-                self.waiting_since = time.time() - (now - min(self.blocked_since.values()))
-            wants = min(self.blocked_since, key=lambda k: self.blocked_since[k])
+                self.waiting_since = time.time() - (now - min(waits.values()))
+            wants = min(waits, key=lambda k: waits[k])
             mine = Waiter(
                 self.ctx.run_id,
                 os.getpid(),
@@ -245,6 +254,7 @@ class Placing:
             self.pool.kill(slot)  # its exit is handled as usual
 
     def job_started(self, slot: Slot, job: Job, now: float) -> None:
+        self.stalled_since = None
         job.waited = now - job.queued_at
         for device in slot.worker.devices:
             job.device_uses[device] = job.device_uses.get(device, 0) + 1
@@ -335,23 +345,56 @@ class Placing:
                 )
                 self.replay.synthesize(self.attempts[job.id], Outcome.INFRA, reason, 0.0)
 
-    def end_stall(self) -> None:
-        """Nothing runs, nothing waits on anyone, and nothing was placed: end what is left."""
+    def end_stall(self, now: float) -> None:
+        """Nothing of ours runs and nothing was placed: wait for the other runs.
+
+        A job no healthy pool of this host could ever take has already ended
+        (`fail_unplaceable`, the plan's unsatisfiable requests). What is left fits an empty
+        host, so only other runs keep it out: their leases, or the fair share their waiting
+        leaves us. That can change at any moment (a run between two leases holds nothing
+        for a while), so the queue waits, as `flock` would, and ends `infra` only after
+        --devpool-lease-timeout, naming who held what in the lock folder then."""
         if self.stopped or not len(self.scheduler.queue) or self.delayed:
             return
         if self.pool.slots or self.pool.starting or self.health.pending or self.foreign:
             return
-        if self.limit == 0:
-            return  # other runs' turn: they hold what we wait for
-        if self.start(time.monotonic()):
+        if self.start(now):
             return  # jobs that came back to the queue after this turn's placing
-        healthy = self.scheduler.devices
+        if self.stalled_since is None:
+            self.stalled_since = now
+            self.share(now)  # in the waiting room at once: the others make room for us
+            held = self.ctx.lock_dir.held_by_others(self.ctx.run_id)
+            runs = {(h.session, h.pid) if h else None for _, h in held}
+            if held and runs - self.foreign.named:
+                self.foreign.named |= runs
+                self.foreign.say("waiting for devices other runs hold: " + describe_holders(held))
+            elif not held and not self.said_share:
+                self.said_share = True
+                waiting = len(self.room.others(self.platform.name))
+                self.foreign.say(
+                    f"waiting for a fair share of the devices: {waiting} other "
+                    f"run{'s' if waiting != 1 else ''} wait for them too"
+                )
+            return
+        timeout = self.ctx.settings.lease_timeout
+        waited = now - self.stalled_since
+        if waited < timeout:
+            return
+        holders = self.ctx.lock_dir.held_by_others(self.ctx.run_id)
+        who = describe_holders(holders)
+        if not who:
+            waiters = self.room.others(self.platform.name)
+            pids = ", ".join(f"pid {w.pid}" for w in waiters) or "none"
+            who = f"no other run held anything then; runs waiting for a share: {pids}"
         for job in self.scheduler.queue.take_all():
+            job.foreign_wait = waited
+            k = job.devices_needed
             reason = (
-                f"nothing is running and no device can take it (needs {job.devices_needed}; "
-                f"healthy {self.platform.name} devices: {len(healthy)})"
+                f"not placed within --devpool-lease-timeout {timeout:g}s (waited {waited:.0f}s; "
+                f"needs {k} {self.platform.name} device{'s' if k != 1 else ''}): {who}"
             )
             self.replay.synthesize(self.attempts[job.id], Outcome.INFRA, reason, 0.0)
+        self.stalled_since = None
 
 
 def _small(job: Job) -> float:
