@@ -317,3 +317,68 @@ def test_a_timeout_in_a_forked_worker_dumps_its_stacks_and_ends_that_test(
     assert "in _stuck_here" in output, output  # the forked child's faulthandler, its own file
     assert "template," in records(out)["hangs"]["parent"]
     assert gone({int(records(out)["hangs"]["pid"])})
+
+
+OPENMP = """
+double parallel_sum(int n) {
+    double total = 0;
+    #pragma omp parallel for reduction(+:total)
+    for (int i = 0; i < n; i++) total += i * 0.5;
+    return total;
+}
+"""
+
+
+def openmp_library(folder: Path) -> Path:
+    """A real OpenMP (libgomp) library, built here: its pool is what torch's CPU ops start."""
+    import os
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no C compiler (cc) to build the OpenMP library of this test")
+        pytest.skip("no C compiler (cc) to build the OpenMP library of this test")
+    (folder / "par.c").write_text(OPENMP)
+    target = folder / "libpar.so"
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-fopenmp", "-O1", "-o", str(target), str(folder / "par.c")],
+        check=True,
+    )
+    return target
+
+
+@pytest.mark.timeout(180)
+def test_an_openmp_pool_started_at_import_means_fresh_interpreters_naming_libgomp(
+    pytester: pytest.Pytester, out: Path, lock: Path, tmp_path: Path
+) -> None:
+    """A module that runs a parallel op at import starts libgomp's threads in the template;
+    `threading` cannot see them, and every child forked from it would hang on its first
+    parallel op. The template says so and its workers start fresh: the tests pass."""
+    library = openmp_library(tmp_path)
+    module(
+        pytester,
+        out,
+        "test_golden.py",
+        f"""
+        import ctypes
+
+        LIB = ctypes.CDLL({str(library)!r})
+        LIB.parallel_sum.restype = ctypes.c_double
+        GOLDEN = LIB.parallel_sum(200000)  # a parallel op at import, as torch.softmax is
+
+
+        @pytest.mark.device_count(1)
+        @pytest.mark.parametrize("i", range(2))
+        def test_parallel(i):
+            assert LIB.parallel_sum(200000) == GOLDEN
+            seen(f"t{{i}}")
+        """,
+    )
+    result = run(pytester, lock, "--devices", "sim:0-1", timeout=120)
+    output = text(result)
+    assert "2 passed" in closing_line(result), output
+    assert "fork server for 1-device workers off: not safe to fork" in output, output
+    assert "libgomp" in output and "native thread" in output, output
+    assert not any("template," in r["parent"] for r in records(out).values())

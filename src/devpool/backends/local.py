@@ -159,6 +159,14 @@ class LocalBackend:
         if kind not in self.templates:
             self._start_template(kind, template_env)
 
+    def template_state(self, kind: str) -> str | None:
+        """starting, ready, closing or off; None when no template of that kind was started."""
+        template = self.templates.get(kind)
+        if template is None:
+            return None
+        template.pump(0.0)
+        return template.state
+
     def notes(self) -> list[str]:
         """What the templates said once (why one could not fork), taken once."""
         taken = []
@@ -275,6 +283,8 @@ class LocalBackend:
         if self.closed:
             return
         self.closed = True
+        for template in self.templates.values():
+            template.stop()  # all at once: they end side by side
         for template in self.templates.values():
             if not template.ended:
                 self.pipes.uncall(template.sock.fileno())

@@ -222,12 +222,17 @@ class Template:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signum)
 
-    def close(self, grace: float = 2.0) -> None:
-        """Stop the template once its children have ended; kill it if it will not go."""
+    def stop(self) -> None:
+        """Ask the template to end once its children have (close() waits for it)."""
         if self.state != "off":
             self.state = "closing"  # its end is no news
-        with contextlib.suppress(OSError):
-            self.sock.send(json.dumps({"op": "stop"}).encode())
+        if not self.ended:
+            with contextlib.suppress(OSError):
+                self.sock.send(json.dumps({"op": "stop"}).encode())
+
+    def close(self, grace: float = 2.0) -> None:
+        """Stop the template once its children have ended; kill it if it will not go."""
+        self.stop()
         deadline = time.monotonic() + grace
         while self.process.poll() is None and time.monotonic() < deadline:
             self.pump(0.05)

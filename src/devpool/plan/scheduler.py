@@ -367,9 +367,15 @@ class Scheduler:
         self.queue.push(job)
 
     def schedule(
-        self, now: float, unavailable: Iterable[int] = (), idle: Sequence[IdleWorker] = ()
+        self,
+        now: float,
+        unavailable: Iterable[int] = (),
+        idle: Sequence[IdleWorker] = (),
+        cold: Iterable[int] = (),
     ) -> list[Placement]:
-        """Placements to start now; each is already counted as running."""
+        """Placements to start now; each is already counted as running.
+
+        cold: request sizes that cannot start yet (their worker template still collects)."""
         if any(run.job.request.quiet for run in self.running.values()):
             return []  # a benchmark is timing itself: nothing starts beside it
         if not self.running and len(self.queue) == self.queue.held_quiet:
@@ -394,6 +400,7 @@ class Scheduler:
             capacity={d: c for d, c in self.capacity.items() if d in self.devices},
             shared={d: used for d, used in shared.items() if d not in out | busy},
             resources=free_resources(self.resources, self.running.values()),
+            closed=set(cold),
         )
         placements = self.policy.select(self.queue, pool, now, self.isolate_all)
         for placement in placements:

@@ -117,6 +117,7 @@ class Loop:
                 self._tend_health(now)
                 placed = False
                 if not self.stopped:
+                    self.pool.warm()  # templates for the kinds the plan needs, ahead of leases
                     self.foreign.recheck(now)
                     self.placing.share(now)
                     placed = self.placing.start(now)

@@ -87,6 +87,63 @@ class WorkerPool:
         self.idle: dict[int, Slot] = {}
         self.starting: dict[int, tuple[Placement, set[int]]] = {}  # job id → retirees
         self.modules_for, self.modules_of_size = _module_lists(ctx, plan)
+        # Device and CPU workers fork from a warm template of their kind: the kinds the plan
+        # needs, the first needed first, each template started before any lease is taken.
+        first: dict[int, tuple[float, int, int]] = {}
+        for job in plan.jobs:
+            key = job.priority()
+            if job.devices_needed not in first or key < first[job.devices_needed]:
+                first[job.devices_needed] = key
+        self.kinds = sorted(first, key=lambda size: first[size])  # request sizes, in order
+        self.warming = self._forks_warm()
+
+    # ---- warm templates ---------------------------------------------------------------------
+
+    def _forks_warm(self) -> bool:
+        """Whether workers fork from templates this run (else every worker starts fresh)."""
+        from devpool.compat.coverage import measuring
+
+        if not self.ctx.settings.fork_server or not isinstance(self.backend, Forks):
+            return False
+        return measuring() is None  # a template that measures coverage may not fork
+
+    def _states(self) -> dict[int, str | None]:
+        backend = self.backend
+        assert isinstance(backend, Forks)
+        return {size: backend.template_state(template_kind(size)) for size in self.kinds}
+
+    def warm(self) -> None:
+        """Start the next templates the plan needs, no more at once than the host has cores:
+        they collect in parallel with each other and with the tests already running."""
+        if not self.warming:
+            return
+        backend = self.backend
+        assert isinstance(backend, Forks)
+        states = self._states()
+        starting = sum(1 for state in states.values() if state == "starting")
+        for size, state in states.items():
+            if starting >= max(1, os.cpu_count() or 1):
+                break
+            if state is None:
+                backend.prepare(template_kind(size), self._template_env(size))
+                self.forked = True
+                starting += 1
+
+    def cold_sizes(self) -> set[int]:
+        """Request sizes whose workers cannot start at fork cost yet: their template has not
+        collected. No lease is taken for them until it has (or it turned out unsafe)."""
+        if not self.warming:
+            return set()
+        return {size for size, state in self._states().items() if state in (None, "starting")}
+
+    def _template_env(self, size: int) -> dict[str, str]:
+        # The template sees as many devices as its workers will (an import-time
+        # `skipif(device_count() < 2)` decides alike) but initialises none.
+        env = templates_env(self.ctx, tuple(self.ctx.inventory.devices[:size]))
+        modules = self.modules_of_size.get(size)
+        if modules is not None:
+            env["DEVPOOL_COLLECT_ONLY"] = str(modules)
+        return env
 
     # ---- what is held ---------------------------------------------------------------------
 
@@ -165,24 +222,15 @@ class WorkerPool:
     def _fork(
         self, devices: tuple[int, ...], lease: Lease | None, env: dict[str, str], job: Job
     ) -> Worker | None:
-        """A worker forked from a template of its kind that has collected already; None:
-        start a fresh interpreter. A process that must be fresh forks from a template
-        (started now if there is none); a warm worker forks only from one that exists
-        (the CPU-only template the controller starts while it collects)."""
+        """A worker forked from the warm template of its kind (started now if it was not);
+        None: the template cannot fork (unsafe, failed), so a fresh interpreter starts."""
         backend = self.backend
-        if not self.ctx.settings.fork_server or not isinstance(backend, Forks):
+        if not self.warming:
             return None
-        fresh = job.fresh or self.ctx.settings.isolation != "worker"
-        kind = template_kind(job.devices_needed)
-        # The template sees as many devices as its workers will (an import-time
-        # `skipif(device_count() < 2)` decides alike) but initialises none.
-        seen = tuple(self.ctx.inventory.devices[: len(devices)])
-        template_env = templates_env(self.ctx, seen)
-        modules = self.modules_of_size.get(job.devices_needed)
-        if modules is not None:
-            template_env["DEVPOOL_COLLECT_ONLY"] = str(modules)
+        assert isinstance(backend, Forks)
+        size = job.devices_needed
         self.forked = True
-        worker = backend.fork(kind, template_env, devices, lease, env, start=fresh)
+        worker = backend.fork(template_kind(size), self._template_env(size), devices, lease, env)
         self._fork_notes()
         return worker
 

@@ -94,6 +94,26 @@ class WorkerSession:
         self._stacks: Any = None
         self._log: Path | None = None  # this process's log (the backends name it so)
         self._open_stacks()
+        self.forked = False  # a child of a template: it ends without interpreter shutdown
+        self.exitstatus = 0
+        # The first cleanup registered runs last (they unwind in reverse): after pytest's own
+        # exit work and every other plugin's.
+        config.add_cleanup(self._exit_forked)
+
+    def _exit_forked(self) -> None:
+        """A forked worker ends here, once pytest and the plugins are done: the atexit
+        handlers (tests', plugins', logging's) run, and then the process exits without
+        tearing the interpreter down. Finalising every module and object it shares with its
+        template would copy most of its pages (seconds of CPU with torch imported)."""
+        if not self.forked:
+            return
+        import atexit
+
+        atexit._run_exitfuncs()  # noqa: SLF001 - exactly what interpreter exit would run
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(self.exitstatus)
 
     def _open_stacks(self) -> None:
         """faulthandler writes every thread's stack to this file when the controller asks."""
@@ -122,8 +142,11 @@ class WorkerSession:
             capture.remove_empty(Path(stacks))
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_sessionfinish(self) -> Generator[None, None, None]:
+    def pytest_sessionfinish(
+        self, session: pytest.Session, exitstatus: int
+    ) -> Generator[None, None, None]:
         """After every plugin's pytest_sessionfinish: what they published, to the controller."""
+        self.exitstatus = int(exitstatus)
         try:
             return (yield)
         finally:
@@ -157,6 +180,10 @@ class WorkerSession:
         if os.getppid() != fork.template_pid:  # the template died before prctl took effect
             os._exit(3)
         forkserver.become_worker(self.config, fork, self._log)
+        # The template froze what it collected (its pages stay shared while it forks); a
+        # test must find every object in the collector's sight, as in plain pytest.
+        gc.unfreeze()
+        self.forked = True
         self.template = None
         self.fd_in, self.fd_out = fork.commands, fork.events
         self._open_stacks()
@@ -191,9 +218,6 @@ class WorkerSession:
             self._become(session, fork)
         items = {item.nodeid: item for item in session.items}
         order = {item.nodeid: index for index, item in enumerate(session.items)}
-        # What collection built lives as long as the process: out of the collector's sight,
-        # each later collection (and pytest's five at exit) scans only what tests create.
-        gc.freeze()
         memory.apply_torch_limit()  # a share of a device: torch's allocator stays inside it
         self.send({"ev": "ready", "pid": os.getpid(), "collected": len(items)})
         setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
@@ -242,6 +266,11 @@ class WorkerSession:
             setup_state.teardown_exact(None)
         except Exception as exc:  # noqa: BLE001 - a teardown error must not hide the run's end
             print(f"devpool worker: error tearing down fixtures: {exc!r}", file=sys.stderr)
+        if self.forked:
+            # Every test and fixture has ended. pytest collects the cycles five times at exit
+            # (unraisableexception); over the template's whole heap each pass would write
+            # every page it shares with the template. Tests can no longer see the difference.
+            gc.freeze()
         self._no_summary()
         return True
 

@@ -37,6 +37,8 @@ from typing import Any
 
 import pytest
 
+from devpool.worker.native_threads import unsafe_native_threads
+
 MAX_FDS = 64  # commands, events, log, and the lease fds of one worker
 PACKET = 1 << 20  # one fork request: its environment is the largest part
 
@@ -102,7 +104,7 @@ def unsafe_reason(config: pytest.Config) -> str:
     threads = other_threads()
     if threads:
         return f"it runs {len(threads)} thread(s) besides the main one: {', '.join(threads)}"
-    return ""
+    return unsafe_native_threads()  # OpenMP and other C libraries' pools
 
 
 @dataclass

@@ -118,6 +118,8 @@ def _select_shared(queue: Queue, pool: Pool, now: float, isolate_all: bool) -> l
     for job in queue:  # a snapshot in priority order: popping while walking is safe
         if pool.slots <= 0 or passed > LOOK_PAST:
             break
+        if job.devices_needed in pool.closed:
+            continue
         if held.blocked(job, pool, placements, now) or not held.allows(job, now):
             continue
         isolate = isolate_all or job.fresh
