@@ -115,7 +115,8 @@ def unsafe_native_threads() -> str:
             # A pool that just ran spins a while before it blocks (OpenBLAS does): a running
             # thread's stack pointer cannot be read. Look again once it has settled.
             time.sleep(0.02)
-            origins = [o if o is not None else _origin(t, maps) for t, o in zip(tids, origins)]
+            pairs = zip(tids, origins, strict=True)
+            origins = [o if o is not None else _origin(t, maps) for t, o in pairs]
         unsafe = [o for o in origins if o is None or not FORK_SAFE.search(o)]
         if not unsafe:
             return ""
