@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +45,28 @@ def test_locks_help_names_the_default_a_run_here_uses() -> None:
     locks = dict(parsers())["devpool locks"]
     text = locks.format_help()
     assert "[tool.devpool]" in text and str(default_lock_dir()) in "".join(text.split())
+
+
+def test_pytest_help_exits_0_with_devpool_installed(tmp_path: Path) -> None:
+    """The plugin loads in every pytest of the venv: `pytest --help` must work there."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--devpool-memory-reserve" in done.stdout and "(5%)" in done.stdout
+
+
+@pytest.mark.parametrize("name", [n for n, _ in parsers()])
+def test_every_devpool_help_exits_0(name: str, tmp_path: Path) -> None:
+    words = name.split()[1:]
+    argv = [sys.executable, "-c", "import sys; from devpool.cli import main; sys.exit(main())"]
+    done = subprocess.run(
+        [*argv, *words, "--help"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, f"{name} --help: {done.stderr[-2000:]}"
+    assert "usage:" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr

@@ -162,7 +162,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "fork-server",
         _flag,
-        "isolated processes fork from a process that has collected (default on)",
+        "workers fork from a warm template of their kind that has collected (default on)",
         flag=True,
         negatable=True,
     ),
@@ -270,9 +270,11 @@ def add_options(parser: pytest.Parser) -> None:
         help="devices for this run: auto, PLATFORM, PLATFORM:IDS (cuda:0-7, sim:0-3) or IDS",
     )
     for option in OPTIONS:
+        # argparse formats help with %: a literal one (5%) must be written %%.
+        text = option.help.replace("%", "%%")
         if option.flag:
             group.addoption(
-                option.cli, dest=option.dest, action="store_true", default=None, help=option.help
+                option.cli, dest=option.dest, action="store_true", default=None, help=text
             )
             if option.negatable:
                 group.addoption(
@@ -283,7 +285,7 @@ def add_options(parser: pytest.Parser) -> None:
                     help=f"turn {option.cli} off",
                 )
         else:
-            group.addoption(option.cli, dest=option.dest, default=None, help=option.help)
+            group.addoption(option.cli, dest=option.dest, default=None, help=text)
     # The worker role: how a child pytest finds its controller. Not for users.
     group.addoption(
         "--devpool-worker",

@@ -45,6 +45,10 @@ def detectors(
     return {"cuda": fixed(cuda), "ascend": fixed(ascend), "rocm": fixed(rocm)}
 
 
+# A host where every platform's probe sees 8 devices.
+HARDWARE = detectors(list(range(8)), list(range(8)), list(range(8)))
+
+
 def fake_tool(folder: Path, name: str, script: str) -> None:
     path = folder / name
     path.write_text("#!/bin/sh\n" + script + "\n")
@@ -223,18 +227,25 @@ def test_config_that_is_not_a_table_is_rejected() -> None:
 # --- resolve_inventory: spec forms ---------------------------------------------------------
 
 
-def test_platform_and_ids_needs_no_detection() -> None:
-    def boom() -> list[int] | None:
-        raise AssertionError("explicit ids must not detect")
-
-    found = {k: boom for k in ("cuda", "ascend", "rocm")}
-    inv = resolve_inventory("cuda:0-3,6", PLATFORMS, {}, found)
+def test_platform_and_ids_are_taken_as_given_where_the_platform_has_devices() -> None:
+    inv = resolve_inventory("cuda:0-3,6", PLATFORMS, {}, HARDWARE)
     assert inv == Inventory(CUDA, (0, 1, 2, 3, 6), "--devices cuda:0-3,6")
+
+
+@pytest.mark.parametrize("spec", ["cuda:0-3", "rocm:0", "a2a3:0-1"])
+def test_explicit_ids_on_a_platform_with_no_device_or_driver_are_refused(spec: str) -> None:
+    """A run that did not use the hardware must never read green."""
+    with pytest.raises(DevpoolError) as error:
+        resolve_inventory(spec, PLATFORMS, {}, detectors())
+    message = str(error.value)
+    ids = spec.split(":")[1]
+    assert message.startswith(f"--devices {spec}: this host has no {spec.split(':')[0]} device")
+    assert message.endswith(f"to run on simulated devices, write --devices sim:{ids}")
 
 
 @pytest.mark.parametrize("name", ["sim", "a2a3", "a2a3sim"])
 def test_platform_and_ids_for_custom_and_sim_platforms(name: str) -> None:
-    inv = resolve_inventory(f"{name}:0,2,5", PLATFORMS, {}, detectors())
+    inv = resolve_inventory(f"{name}:0,2,5", PLATFORMS, {}, HARDWARE)
     assert inv.platform is PLATFORMS[name]
     assert inv.devices == (0, 2, 5)
 
@@ -408,7 +419,7 @@ def test_unreadable_variable_is_an_error() -> None:
 
 def test_explicit_ids_inside_the_variable_pass() -> None:
     env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-    inv = resolve_inventory("cuda:1-2", PLATFORMS, env, detectors())
+    inv = resolve_inventory("cuda:1-2", PLATFORMS, env, HARDWARE)
     assert inv.devices == (1, 2)
 
 

@@ -662,6 +662,44 @@ def test_quiet():
     pass
 """
 
+# What a test sees of the cyclic collector: import-time objects are referrers and referents
+# as in plain pytest, and a cycle dropped at import is collected (a frozen heap hid all
+# three; anyio's tests failed on the first).
+GC_SEES = """\
+import gc
+import weakref
+
+import pytest
+
+
+class Node:
+    pass
+
+
+MODULE_THING = Node()
+_cycle = Node()
+_cycle.me = _cycle
+DROPPED = weakref.ref(_cycle)
+del _cycle
+
+
+@pytest.mark.device_count(1)
+def test_module_object_has_its_module_as_referrer():
+    assert any(r is globals() for r in gc.get_referrers(MODULE_THING))
+
+
+def test_module_object_is_in_get_objects():
+    assert any(o is MODULE_THING for o in gc.get_objects())
+
+
+@pytest.mark.device_count(1)
+def test_a_cycle_dropped_at_import_is_collected():
+    gc.collect()
+    assert DROPPED() is None
+"""
+
+GC_FILES = {"pytest.ini": "[pytest]\nmarkers =\n    device_count(n)\n", "test_gc.py": GC_SEES}
+
 PINNED = {
     "300 one-liners, 30% assert False": (
         {"pytest.ini": "[pytest]\n", "test_many.py": ONE_LINERS},
@@ -685,6 +723,17 @@ PINNED = {
         (),
         {"passed": 5, "warnings": 5},
     ),
+    **{
+        f"gc sees what plain pytest sees, {mode}, fork server {fork}": (
+            GC_FILES,
+            ("--devices", "sim:0-1", f"--devpool-isolation={mode}")
+            + (() if fork == "on" else ("--devpool-no-fork-server",)),
+            (),
+            {"passed": 3},
+        )
+        for mode in ("worker", "module", "job")
+        for fork in ("on", "off")
+    },
     "failing subtests": (
         {"pytest.ini": "[pytest]\n", "test_sub.py": SUBTESTS},
         ("--devices", "sim:0-1"),

@@ -423,6 +423,13 @@ def resolve_inventory(
         platform = known(name)
         ids = _parse_spec_ids(spec, ids_text)
         _check_visible(spec, platform, ids, environ, allow_uuid=False)
+        if platform.kind != "sim" and not run_detector(platform.kind):
+            # Tests that need the hardware would otherwise run beside it and read green.
+            raise DevpoolError(
+                f"--devices {text}: this host has no {platform.name} device "
+                f"({_DETECTED_BY[platform.kind]} found none, or its driver is missing); "
+                f"to run on simulated devices, write --devices sim:{ids_text}"
+            )
         return Inventory(platform, tuple(ids), f"--devices {text}")
 
     if text == "auto":

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from devpool.errors import DevpoolError
+from devpool.folders import devpool_dir
 
 HISTORY_SCHEMA = 2
 EXPORT_FORMAT = "devpool-history"
@@ -85,7 +86,7 @@ SELECT nodeid, duration FROM rest WHERE n <= ?
 
 def default_history_path(root: Path) -> Path:
     """Where a project keeps its history: ROOT/.devpool/history.sqlite."""
-    return root / ".devpool" / "history.sqlite"
+    return devpool_dir(root) / "history.sqlite"
 
 
 def pending_dir(history_path: Path) -> Path:

@@ -19,6 +19,7 @@ import pytest
 from devpool import __version__
 from devpool.config import Settings
 from devpool.errors import DevpoolError
+from devpool.folders import devpool_dir
 from devpool.plan.markers import request_for
 from devpool.select.baseline import (
     SCHEMA,
@@ -42,7 +43,7 @@ _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 
 def store_for(root: Path) -> Store:
     """The project's baseline store: <rootdir>/.devpool/select."""
-    return Store(root / ".devpool" / "select")
+    return Store(devpool_dir(root) / "select")
 
 
 class SelectSession:

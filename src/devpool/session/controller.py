@@ -25,6 +25,7 @@ from devpool.devices.inventory import Inventory
 from devpool.devices.lockdir import LockDir
 from devpool.devices.probes import FatalPatterns
 from devpool.errors import DevpoolError
+from devpool.folders import devpool_dir
 from devpool.history.durations import TestResult, default_history_path, pending_dir
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
@@ -341,6 +342,8 @@ class Controller:
             jobs.print_plan(self.config, plan, self.inventory, self.settings)
             backend.close()
             return True
+        if self.settings.run_dir is None:
+            devpool_dir(session.config.rootpath)  # with its .gitignore
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # With --devpool-repeat, progress counts every repetition.
         session.testscollected = len(plan.jobs) + len(plan.unsatisfiable)

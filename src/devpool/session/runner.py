@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from devpool.errors import DevpoolError
+from devpool.folders import devpool_dir
 from devpool.project import project_settings
 from devpool.report.github import write_step_summary
 from devpool.report.record import read_record
@@ -57,7 +58,7 @@ def run_pytest(args: Sequence[str], record: Path | None) -> int:
     if record is None:
         run_dir = settings.run_dir
         if run_dir is None:
-            run_dir = ours = cwd / ".devpool" / "runs" / stamp
+            run_dir = ours = devpool_dir(cwd) / "runs" / stamp
             extra.append(f"--devpool-run-dir={run_dir}")
         record = run_dir / "record.jsonl"
     env = dict(os.environ, DEVPOOL_SUMMARY_BY_PARENT="1", DEVPOOL_RUN_ID=stamp)

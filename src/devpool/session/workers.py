@@ -18,6 +18,7 @@ from devpool.backends.local import LocalBackend
 from devpool.compat import coverage
 from devpool.config import Settings
 from devpool.devices.inventory import Inventory
+from devpool.folders import devpool_dir
 from devpool.run.pool import template_kind, templates_env
 from devpool.select import session as select_session
 from devpool.worker import worklist
@@ -50,6 +51,8 @@ def early_backend(
     args, env = worker_setup(config)
     cwd = config.invocation_params.dir
     backend = LocalBackend(args, cwd, log_dir, env, settings.worker_start_timeout)
+    if settings.run_dir is None:
+        devpool_dir(config.rootpath)  # with its .gitignore
     log_dir.mkdir(parents=True, exist_ok=True)
     backend.prepare(template_kind(0), templates_env(ctx, ()))
     return backend
