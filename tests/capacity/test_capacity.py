@@ -168,6 +168,15 @@ def test_drift_lists_worst_first_beyond_the_factor() -> None:
     assert "drift (p90 moved more than 2x): 2" in render_text(rep)
 
 
+def test_drift_leaves_out_tests_under_50_ms_both_times() -> None:
+    """A 44x jump from 0.001 s to 0.044 s is the clock's noise; 0.01 s to 0.5 s is not."""
+    tests = [collected("noise"), collected("real")]
+    latest = {"noise": 0.044, "real": 0.5}
+    previous = {"noise": 0.001, "real": 0.01}
+    rep = report(tests, "sim", None, latest, 1.0, previous=previous, drift_factor=2.0)
+    assert [d.nodeid for d in rep.drift] == ["real"]
+
+
 def test_timeline_simulates_devpools_scheduler() -> None:
     assert pool_sizes(8) == [1, 2, 4, 8]
     assert pool_sizes(6) == [1, 2, 4, 6]

@@ -10,6 +10,7 @@ from devpool.capacity.collect import CollectedTest
 from devpool.errors import DevpoolError
 from devpool.plan.markers import Request
 
+DRIFT_FLOOR = 0.05  # seconds: a test this short both times is never listed as drifting
 DRIFT_SHOWN = 20  # drift rows shown in text and Markdown; JSON has them all
 
 
@@ -214,7 +215,9 @@ def _drift(
     found = [
         Drift(t.nodeid, previous[t.nodeid], latest[t.nodeid])
         for t in tests
+        # Under DRIFT_FLOOR seconds both times, a change is the clock's noise, not drift.
         if previous.get(t.nodeid, 0.0) > 0 and latest.get(t.nodeid, 0.0) > 0
+        and max(previous[t.nodeid], latest[t.nodeid]) >= DRIFT_FLOOR
     ]
     found = [d for d in found if d.factor > factor]
     found.sort(key=lambda d: (-d.factor, d.nodeid))

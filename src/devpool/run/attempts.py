@@ -132,13 +132,14 @@ class Attempt:
             **fields,
         )
 
-    def start(self, emit: Emit, worker_log_size: int) -> None:
-        """The worker began running it: its deadline starts now."""
+    def start(self, emit: Emit, worker_log_size: int, **fields: Any) -> None:
+        """The worker began running it: its deadline starts now. fields: what its worker's
+        start cost it (startup, lease_to_start), for the run record."""
         self.started = time.monotonic()
         self.started_wall = time.time()
         self.output_from = worker_log_size
         timeout = self.job.request.timeout
-        self.move(State.STARTED, emit)
+        self.move(State.STARTED, emit, **fields)
         self.deadline = self.started + timeout if timeout else None
 
     def due(self, now: float) -> bool:

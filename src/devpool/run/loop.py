@@ -191,13 +191,29 @@ class Loop:
         event = message.get("ev")
         if event == "ready":
             slot.ready_by = None
+            slot.startup = time.monotonic() - slot.spawned
+            self.ctx.emit(
+                "worker_ready",
+                worker=slot.key,
+                worker_pid=int(message.get("pid", slot.worker.pid)),
+                startup=round(slot.startup, 3),
+                devices=list(slot.worker.devices),
+            )
         elif event == "start":
             attempt = self._sent(slot, message["nodeid"])
             if attempt is None:
                 return
             if attempt.job is not slot.head:
                 self.placing.job_started(slot, attempt.job, time.monotonic())
-            attempt.start(self.ctx.emit, slot.log_size())
+            now = time.monotonic()
+            cost: dict[str, float] = {}
+            if slot.startup is not None:  # the first test of a new worker waited for its start
+                cost["startup"] = round(slot.startup, 3)
+                slot.startup = None
+            if slot.leased is not None:  # a lease held from its taking to the first test
+                cost["lease_to_start"] = round(now - slot.leased, 3)
+                slot.leased = None
+            attempt.start(self.ctx.emit, slot.log_size(), **cost)
             self.memory.watch(slot, attempt)
             self.replay.logstart(attempt.display, tuple(message["location"]))
             self.placing.stream(slot)

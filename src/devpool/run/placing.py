@@ -202,6 +202,10 @@ class Placing:
             if not self.foreign.probe_lease(placement.devices, lease, now, ours):
                 self.scheduler.unplace(job)
                 return False
+            marks = (self.blocked_since.get(job.devices_needed), self.stalled_since)
+            since = [t for t in marks if t is not None]
+            if since:  # what it waited for other runs before this lease
+                job.foreign_wait = max(job.foreign_wait, now - min(since))
             self.ctx.emit(
                 "lease",
                 job=job.id,
@@ -265,6 +269,7 @@ class Placing:
             nodeid=job.display,
             devices=list(slot.worker.devices),
             host=self.ctx.host,
+            worker=slot.key,  # its pid: worker_ready's, for a fork not made yet (pid 0)
             worker_pid=slot.worker.pid,
             queue_wait=round(job.waited, 3),
             attempt=job.attempt,

@@ -47,6 +47,9 @@ class Slot:
     later: list[Job] = field(default_factory=list)  # queued again once the placement ends
     streamed: int = 0  # parts sent after the batch's first ("more"), numbered from 1
     memory_file: Path | None = None  # sim: where its tests write the device memory they use
+    spawned: float = field(default_factory=time.monotonic)
+    startup: float | None = None  # seconds from spawn to ready, until its first test took it
+    leased: float | None = None  # when its lease was taken (monotonic), until its first test
 
     @property
     def key(self) -> int:
@@ -178,7 +181,8 @@ class WorkerPool:
         limit = self.ctx.settings.worker_start_timeout
         if not self.backend.local_leases:  # a cluster may first wait for room, up to this
             limit += self.ctx.settings.lease_timeout
-        slot = Slot(worker, ready_by=now + limit, memory_file=memory_file)
+        slot = Slot(worker, ready_by=now + limit, memory_file=memory_file, spawned=now)
+        slot.leased = now if lease is not None and lease.devices else None
         self.slots[worker.key] = slot
         return slot
 
