@@ -216,7 +216,8 @@ def _drift(
         Drift(t.nodeid, previous[t.nodeid], latest[t.nodeid])
         for t in tests
         # Under DRIFT_FLOOR seconds both times, a change is the clock's noise, not drift.
-        if previous.get(t.nodeid, 0.0) > 0 and latest.get(t.nodeid, 0.0) > 0
+        if previous.get(t.nodeid, 0.0) > 0
+        and latest.get(t.nodeid, 0.0) > 0
         and max(previous[t.nodeid], latest[t.nodeid]) >= DRIFT_FLOOR
     ]
     found = [d for d in found if d.factor > factor]
