@@ -159,6 +159,11 @@ class LocalBackend:
         if kind not in self.templates:
             self._start_template(kind, template_env)
 
+    def template_started(self, kind: str) -> float | None:
+        """When the template of a kind was started (monotonic); None if it was not."""
+        template = self.templates.get(kind)
+        return None if template is None else template.started
+
     def template_state(self, kind: str) -> str | None:
         """starting, ready, closing or off; None when no template of that kind was started."""
         template = self.templates.get(kind)

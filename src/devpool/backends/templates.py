@@ -99,6 +99,7 @@ class Template:
     children: dict[int, ForkedProcess] = field(default_factory=dict)  # pid → process
     notes: list[str] = field(default_factory=list)  # said once, at the end of the run
     ended: bool = False  # its socket reached end of file
+    started: float = field(default_factory=time.monotonic)
 
     def fork(self, request: ForkRequest) -> ForkedProcess:
         process = ForkedProcess(self, request)

@@ -69,6 +69,9 @@ class Pool:
     held_back: set[int] = field(default_factory=set)  # a retiring whole worker's, this pass
     # Named host resources: units free now ([tool.devpool.resources] less running jobs').
     resources: dict[str, int] = field(default_factory=dict)
+    # Request sizes whose workers cannot start at fork cost yet (their template collects),
+    # and when each is expected to: such a job reserves, as a job waiting for devices does.
+    cold: dict[int, float] = field(default_factory=dict)
 
     def resources_fit(self, job: Job) -> bool:
         """The job's named resources are free now (plan/resources.py reserves them); one
@@ -90,7 +93,7 @@ class Pool:
         k = job.devices_needed
         if self.slots <= 0 or (k == 0 and self.cpu_slots <= 0):
             return None
-        if not self.resources_fit(job):
+        if k in self.cold or not self.resources_fit(job):
             return None
         memory = self.memory_of(job)
         if memory is not None:
@@ -371,11 +374,12 @@ class Scheduler:
         now: float,
         unavailable: Iterable[int] = (),
         idle: Sequence[IdleWorker] = (),
-        cold: Iterable[int] = (),
+        cold: Mapping[int, float] | None = None,
     ) -> list[Placement]:
         """Placements to start now; each is already counted as running.
 
-        cold: request sizes that cannot start yet (their worker template still collects)."""
+        cold: request sizes that cannot start yet (their worker template still collects),
+        each with the moment it is expected to be ready."""
         if any(run.job.request.quiet for run in self.running.values()):
             return []  # a benchmark is timing itself: nothing starts beside it
         if not self.running and len(self.queue) == self.queue.held_quiet:
@@ -400,7 +404,7 @@ class Scheduler:
             capacity={d: c for d, c in self.capacity.items() if d in self.devices},
             shared={d: used for d, used in shared.items() if d not in out | busy},
             resources=free_resources(self.resources, self.running.values()),
-            closed=set(cold),
+            cold=dict(cold or {}),
         )
         placements = self.policy.select(self.queue, pool, now, self.isolate_all)
         for placement in placements:

@@ -47,6 +47,7 @@ class RunContext(Protocol):
     retried: dict[str, list[JunitAttempt]]
     bad_devices: dict[int, str]  # device → why it was retired
     device_notes: list[str]  # devices that were checked after an error and kept, and why
+    startup_estimate: float  # seconds a worker template is expected to take to collect
     run_notes: list[str]  # how the run went otherwise, said once at its end (fork server)
 
     def emit(self, event_type: str, **fields: Any) -> None: ...

@@ -132,12 +132,20 @@ class WorkerPool:
                 self.forked = True
                 starting += 1
 
-    def cold_sizes(self) -> set[int]:
-        """Request sizes whose workers cannot start at fork cost yet: their template has not
-        collected. No lease is taken for them until it has (or it turned out unsafe)."""
+    def cold_sizes(self, now: float) -> dict[int, float]:
+        """Request sizes whose workers cannot start at fork cost yet (their template has not
+        collected), each with when it is expected to have. No lease is taken for them until
+        then (or until it turned out unsafe); the scheduler reserves for them meanwhile."""
         if not self.warming:
-            return set()
-        return {size for size, state in self._states().items() if state in (None, "starting")}
+            return {}
+        backend = self.backend
+        assert isinstance(backend, Forks)
+        cold = {}
+        for size, state in self._states().items():
+            if state in (None, "starting"):
+                since = backend.template_started(template_kind(size))
+                cold[size] = (now if since is None else since) + self.ctx.startup_estimate
+        return cold
 
     def _template_env(self, size: int) -> dict[str, str]:
         # The template sees as many devices as its workers will (an import-time

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import time
 from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -73,6 +74,10 @@ class Controller:
         self.bad_devices: dict[int, str] = {}  # device → why it was retired this session
         self.device_notes: list[str] = []  # devices checked after an error and kept
         self.run_notes: list[str] = []  # e.g. why the fork server could not fork
+        # Seconds a worker template is expected to take to start and collect: this process
+        # did the same work (interpreter, plugins, imports, collection) in about the CPU
+        # time it had used once it had collected. Set then; a guess until then.
+        self.startup_estimate = 1.0
         self.memory: dict[int, int] = {}  # bytes each device hands out to device_memory tests
         self.artifacts_dir = self.run_dir / "artifacts"
         self.fatal = FatalPatterns.for_platform(
@@ -222,6 +227,7 @@ class Controller:
         Markers a conftest adds there count; tryfirst, so that the terminal's
         "collected / deselected" line and --collect-only see devpool's selection."""
         config, items = session.config, session.items
+        self.startup_estimate = max(0.1, time.process_time())
         platform = self.inventory.platform
         keep: list[pytest.Item] = []
         dropped: list[pytest.Item] = []

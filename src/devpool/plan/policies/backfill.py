@@ -39,6 +39,13 @@ class Backfill:
             if held.blocked(job, pool, placements, now) or not held.allows(job, now):
                 continue
             k = job.devices_needed
+            if k in pool.cold:
+                # Its workers' template still collects: it reserves from when that is
+                # expected to be done (or its devices free), as a job too big for now does.
+                if shadow is None and k > 0:
+                    when, spare = _reservation(k, pool, placements, now)
+                    shadow = max(when, pool.cold[k])
+                continue
             if k > len(pool.free) or (k == 0 and pool.cpu_slots <= 0):
                 if shadow is None and k > 0:
                     shadow, spare = _reservation(k, pool, placements, now)
@@ -80,6 +87,8 @@ def _walk(queue: Queue, pool: Pool) -> Iterator[Job]:
         if too_big:
             first_blocked = False  # this one sets the reservation; later ones can't fit
         yield job
+        if size in pool.cold:
+            continue  # none of its size starts this pass; the first one may reserve
         following = next(iterators[size], None)
         if following is not None:
             heapq.heappush(frontier, (following.priority(), following.id, following))
@@ -118,8 +127,8 @@ def _select_shared(queue: Queue, pool: Pool, now: float, isolate_all: bool) -> l
     for job in queue:  # a snapshot in priority order: popping while walking is safe
         if pool.slots <= 0 or passed > LOOK_PAST:
             break
-        if job.devices_needed in pool.closed:
-            continue
+        if job.devices_needed in pool.cold:
+            continue  # its template still collects (no reservation on shared devices)
         if held.blocked(job, pool, placements, now) or not held.allows(job, now):
             continue
         isolate = isolate_all or job.fresh
