@@ -63,3 +63,46 @@ def test_no_lease_is_held_while_its_worker_starts(
     ready = events(record, "worker_ready")
     assert ready and all(e["worker_pid"] > 0 for e in ready)
     assert not [e for e in events(record, "fork_server")], "a template could not fork"
+
+
+EDIT_LOOP = """
+import pytest
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.parametrize("i", range(2))
+def test_one(i):
+    pass
+
+
+@pytest.mark.device_count(2)
+def test_two():
+    pass
+"""
+
+
+def latest_record(pytester: pytest.Pytester) -> Path:
+    return max(pytester.path.glob(".devpool/runs/*/record.jsonl"), key=lambda p: p.stat().st_mtime)
+
+
+def test_the_history_starts_the_kinds_a_selection_needs_while_the_controller_collects(
+    pytester: pytest.Pytester, lock: Path
+) -> None:
+    """The edit-run loop: after one run, `pytest file::test` finds its kind's template
+    already collecting; a module the history has not seen gets a template that has it."""
+    pytester.makepyfile(test_a=EDIT_LOOP)
+    args = (*FAST, f"--devpool-lock-dir={lock}", "--devices", "sim:0-3")
+    assert pytester.runpytest_subprocess(*args, timeout=120).ret == 0  # the history
+    result = pytester.runpytest_subprocess(*args, "test_a.py::test_one[0]", timeout=120)
+    assert result.ret == 0, result.stdout.str()
+    [early] = events(latest_record(pytester), "early_templates")
+    assert early == {**early, "kept": [1], "ended": []}, early
+    pytester.makepyfile(
+        test_new="import pytest\n\n@pytest.mark.device_count(1)\ndef test_new():\n    pass\n"
+    )
+    result = pytester.runpytest_subprocess(*args, "test_a.py", "test_new.py", timeout=120)
+    assert result.ret == 0, result.stdout.str()
+    assert "4 passed" in result.stdout.str()
+    [early] = events(latest_record(pytester), "early_templates")
+    # test_new.py is in no template the history could guess: a 1-device one is replaced.
+    assert 1 not in early["kept"], early

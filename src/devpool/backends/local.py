@@ -159,6 +159,21 @@ class LocalBackend:
         if kind not in self.templates:
             self._start_template(kind, template_env)
 
+    def covers(self, kind: str, modules: frozenset[str]) -> bool:
+        """Whether the template of a kind imported every one of these test modules."""
+        template = self.templates.get(kind)
+        return template is not None and (template.modules is None or modules <= template.modules)
+
+    def discard(self, kind: str) -> None:
+        """End the template of a kind (a guess that did not fit): a later prepare or fork
+        starts a new one."""
+        template = self.templates.pop(kind, None)
+        if template is None:
+            return
+        if not template.ended:
+            self.pipes.uncall(template.sock.fileno())
+        template.close(grace=0.5)
+
     def template_started(self, kind: str) -> float | None:
         """When the template of a kind was started (monotonic); None if it was not."""
         template = self.templates.get(kind)
@@ -242,6 +257,9 @@ class LocalBackend:
         # they then start fresh, with a full start timeout of their own.
         limit = self.start_timeout * TEMPLATE_SHARE
         template = Template(kind, process, ours, str(log), time.monotonic() + limit, limit)
+        only = child_env.get("DEVPOOL_COLLECT_ONLY")
+        if only:
+            template.modules = frozenset(Path(only).read_text(encoding="utf-8").split())
         self.templates[kind] = template
         fd = ours.fileno()
 

@@ -100,6 +100,7 @@ class Template:
     notes: list[str] = field(default_factory=list)  # said once, at the end of the run
     ended: bool = False  # its socket reached end of file
     started: float = field(default_factory=time.monotonic)
+    modules: frozenset[str] | None = None  # the only test modules it imports (None: all)
 
     def fork(self, request: ForkRequest) -> ForkedProcess:
         process = ForkedProcess(self, request)

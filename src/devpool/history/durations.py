@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from devpool.errors import DevpoolError
-from devpool.folders import devpool_dir
 
 HISTORY_SCHEMA = 2
 EXPORT_FORMAT = "devpool-history"
@@ -86,7 +85,7 @@ SELECT nodeid, duration FROM rest WHERE n <= ?
 
 def default_history_path(root: Path) -> Path:
     """Where a project keeps its history: ROOT/.devpool/history.sqlite."""
-    return devpool_dir(root) / "history.sqlite"
+    return root / ".devpool" / "history.sqlite"  # made with the run folder (folders.py)
 
 
 def pending_dir(history_path: Path) -> Path:

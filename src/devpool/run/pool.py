@@ -99,6 +99,29 @@ class WorkerPool:
                 first[job.devices_needed] = key
         self.kinds = sorted(first, key=lambda size: first[size])  # request sizes, in order
         self.warming = self._forks_warm()
+        if self.warming:
+            self._check_guesses()
+
+    def _check_guesses(self) -> None:
+        """Templates started from the history's guess before the plan: one of a kind the
+        plan does not need, or that lacks a module its kind's tests live in, is ended (a
+        new one starts when needed)."""
+        backend = self.backend
+        assert isinstance(backend, Forks)
+        kept, ended = [], []
+        for size in range(1, len(self.ctx.inventory.devices) + 1):
+            kind = template_kind(size)
+            if backend.template_state(kind) is None:
+                continue
+            listed = self.modules_of_size.get(size)
+            modules = frozenset(listed.read_text(encoding="utf-8").split()) if listed else None
+            if size not in self.kinds or modules is None or not backend.covers(kind, modules):
+                backend.discard(kind)
+                ended.append(size)
+            else:
+                kept.append(size)
+        if kept or ended:
+            self.ctx.emit("early_templates", kept=kept, ended=ended)
 
     # ---- warm templates ---------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ final selection, and the fork server's template that collects while this process
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from devpool.devices.inventory import Inventory
 from devpool.folders import devpool_dir
 from devpool.run.pool import template_kind, templates_env
 from devpool.select import session as select_session
+from devpool.session.early_kinds import early_kinds
 from devpool.worker import worklist
 
 
@@ -55,6 +57,24 @@ def early_backend(
         devpool_dir(config.rootpath)  # with its .gitignore
     log_dir.mkdir(parents=True, exist_ok=True)
     backend.prepare(template_kind(0), templates_env(ctx, ()))
+    # The device kinds the history says these tests need start now too, no more templates
+    # collecting at once than the host has cores (this process collects as well).
+    guessed = early_kinds(
+        ctx.history_path,
+        ctx.inventory.platform.name,
+        len(ctx.inventory.devices),
+        config.rootpath,
+        config.args,
+        cwd,
+    )
+    room = max(1, (os.cpu_count() or 1) - 1)
+    for kind in guessed[:room]:
+        env = templates_env(ctx, tuple(ctx.inventory.devices[: kind.size]))
+        modules = log_dir.parent / "collect" / f"early-{kind.size}.txt"
+        modules.parent.mkdir(parents=True, exist_ok=True)
+        modules.write_text("\n".join(sorted(kind.modules)) + "\n", encoding="utf-8")
+        env["DEVPOOL_COLLECT_ONLY"] = str(modules)
+        backend.prepare(template_kind(kind.size), env)
     return backend
 
 

@@ -1,0 +1,85 @@
+"""Which kinds of worker a run will need, guessed from the duration history before it has
+collected: their templates start collecting beside this process, so a lease never waits
+for one (the edit-run loop's single test, the first phase of a big suite).
+
+A guess only: once the plan is made, a template whose modules do not cover its kind's
+modules is replaced (run/pool.py), and a kind no test needs is closed.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+RECENT = 20000  # history rows read: the last runs' worth, whatever the history's size
+
+
+@dataclass(frozen=True)
+class EarlyKind:
+    """A request size the last runs of these tests needed, and the modules of its tests."""
+
+    size: int
+    modules: frozenset[str]  # absolute paths, as a worker's collect list names them
+    first: float  # the most device-seconds one of its tests took: the scheduler's order
+
+
+def early_kinds(
+    history: Path, platform: str, devices: int, rootpath: Path, args: Sequence[str], cwd: Path
+) -> list[EarlyKind]:
+    """Device kinds (size ≥ 1) the history's latest results of the selected paths needed,
+    in the order the scheduler will start them (biggest single test first)."""
+    if not history.is_file():
+        return []
+    try:
+        with sqlite3.connect(f"file:{history}?mode=ro", uri=True, timeout=1.0) as conn:
+            rows = conn.execute(
+                "SELECT nodeid, device_count, duration FROM results WHERE platform = ? "
+                "ORDER BY time DESC LIMIT ?",
+                (platform, RECENT),
+            ).fetchall()
+    except sqlite3.Error:
+        return []  # an old or foreign file: the run says so itself when it reads it
+    prefixes = _selected(args, cwd, rootpath)
+    modules: dict[int, set[str]] = {}
+    first: dict[int, float] = {}
+    for nodeid, size, duration in rows:
+        file = str(nodeid).split("::", 1)[0]
+        size = int(size)
+        if not 0 < size <= devices or not _under(str(nodeid), prefixes):
+            continue
+        modules.setdefault(size, set()).add(os.path.normpath(rootpath / file))
+        first[size] = max(first.get(size, 0.0), size * float(duration))
+    kinds = [EarlyKind(size, frozenset(modules[size]), first[size]) for size in modules]
+    return sorted(kinds, key=lambda kind: -kind.first)
+
+
+def _selected(args: Sequence[str], cwd: Path, rootpath: Path) -> list[str] | None:
+    """The invocation's paths and node ids, relative to the rootdir (None: everything)."""
+    out = []
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        path, colons, rest = arg.partition("::")
+        try:
+            relative = os.path.relpath(os.path.normpath(cwd / path), rootpath)
+        except ValueError:
+            return None
+        if relative == "." and not colons:
+            return None
+        out.append(relative + colons + rest)
+    return out or None
+
+
+def _under(nodeid: str, prefixes: list[str] | None) -> bool:
+    """Whether a test is one the invocation names: its file, folder, node id or parent."""
+    if prefixes is None:
+        return True
+    for prefix in prefixes:
+        if nodeid == prefix or nodeid.startswith((prefix + "::", prefix + "[")):
+            return True
+        if "::" not in prefix and nodeid.startswith(prefix.rstrip("/") + "/"):
+            return True
+    return False
