@@ -70,6 +70,14 @@ def files(import_seconds: float) -> dict[str, str]:
     return out
 
 
+def lease_to_start(record: Path) -> list[float]:
+    """Seconds from each lease to the first line of its first test, from the run record."""
+    import json
+
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    return [e["lease_to_start"] for e in lines if "lease_to_start" in e]
+
+
 def utilisation(record: Path) -> tuple[float, float]:
     """Device-seconds held by jobs, and the device-seconds tests ran, as reports count them."""
     from devpool.report.record import read_record
@@ -104,9 +112,17 @@ def main() -> None:
         )
         alternate(variants, root, args.repeat)
         held, ran = utilisation(runs / "record.jsonl")
+        waits = lease_to_start(runs / "record.jsonl")
     value = variants[0].median / bound
     verdict = "met" if value <= 1.10 else f"MISSED by {value / 1.10 - 1:.0%}"
     print(f"  devpool / lower bound = {value:.2f}x  target ≤ 1.10x: {verdict}")
+    if waits:
+        import statistics
+
+        print(
+            f"  lease to first line: median {1000 * statistics.median(waits):.0f} ms, "
+            f"max {1000 * max(waits):.0f} ms over {len(waits)} leases; target ≤ 50 ms median"
+        )
     if held:
         print(
             f"  last run: tests ran {ran / held:.0%} of the leased device time "

@@ -57,9 +57,10 @@ def test_no_lease_is_held_while_its_worker_starts(
     leased = [e for e in events(record, "lease")]
     assert len(held) == len(leased)  # every lease reached its first test
     if held:
-        # A fork: milliseconds. A fresh interpreter under a lease would take a second.
-        assert statistics.median(held) <= 0.1, held
-        assert max(held) < 0.5, held
+        # A fork: milliseconds on a quiet host (benchmarks/ml_suite.py measures it); a fresh
+        # interpreter under its lease would take a second or more. Bounds with room for CI.
+        assert statistics.median(held) <= 0.25, held
+        assert max(held) < 1.0, held
     ready = events(record, "worker_ready")
     assert ready and all(e["worker_pid"] > 0 for e in ready)
     assert not [e for e in events(record, "fork_server")], "a template could not fork"
