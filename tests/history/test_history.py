@@ -250,3 +250,23 @@ def test_recent_outcomes_counts_newer_results_first(history: History) -> None:
     newer = [result("t::a", 1.0, T0 + 9, "r9", outcome="failed"), result("t::b", 1.0, T0, "x")]
     assert history.recent_outcomes("t::a", 3, newer) == ["failed", "passed", "passed"]
     assert history.recent_outcomes("t::a", 3) == ["passed"] * 3
+
+
+def test_fixed_cost_is_the_median_over_recent_runs_of_about_the_same_size(
+    history: History,
+) -> None:
+    assert history.fixed_cost("sim", 8, 100) == (0.0, 0)  # none recorded yet
+    for k, (tests, wall) in enumerate([(100, 13.0), (90, 14.0), (120, 12.5), (1, 2.0)]):
+        history.add_run_cost(f"r{k}", "sim", 8, tests, wall, 10.0)
+    history.add_run_cost("other", "sim", 4, 100, 50.0, 10.0)  # another pool size
+    # Runs of 1 test say little of a suite of 100; the 4-device pool is another runner.
+    assert history.fixed_cost("sim", 8, 100) == (3.0, 3)
+    assert history.fixed_cost("sim", 8, 1) == (0.0, 1)  # a wall below the bound counts 0
+    assert history.fixed_cost("cuda", 8, 100) == (0.0, 0)
+
+
+def test_a_history_without_run_costs_has_no_fixed_cost(tmp_path: Path) -> None:
+    """An older devpool's history has no run_costs table: no fixed cost, no error."""
+    path = tmp_path / "h.sqlite"
+    with History(path) as history:
+        assert history.fixed_cost("sim", 8, 10) == (0.0, 0)

@@ -37,6 +37,17 @@ def _estimates(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, fl
         return history.estimates(), history.previous_estimates()
 
 
+def _fixed(args: argparse.Namespace, platform: str, devices: int, tests: int) -> tuple[float, int]:
+    """Start-up and fixed costs of recent runs like this one (see History.fixed_cost)."""
+    from devpool.history.durations import History
+
+    path, _ = _history_path(args)
+    if not path.exists():
+        return 0.0, 0
+    with History(path) as history:
+        return history.fixed_cost(platform, devices, tests)
+
+
 def _peaks(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
     """(watched results, highest peak) per test; empty without a history file."""
     from devpool.history.durations import History
@@ -141,6 +152,7 @@ def _capacity(args: argparse.Namespace) -> int:
         drift_factor=factor,
         timeline=args.timeline,
         kind=kind,
+        fixed=_fixed(args, platform, devices, len(seen.tests)),
     )
     renderers = {
         "text": capacity.render_text,
@@ -180,10 +192,19 @@ def _shard(args: argparse.Namespace) -> int:
         for t in tests
     ]
     by_id = {item.nodeid: item for item in items}
-    count = args.runners if budget is None else shards.shards_for_budget(items, budget, devices)
+    if budget is None:
+        count = args.runners
+    else:
+        # Each runner pays the fixed costs of a run of its share of the suite: the estimate
+        # is refined once from the shard count it gives.
+        count = shards.shards_for_budget(items, budget, devices)
+        fixed, _ = _fixed(args, name, devices, max(1, len(tests) // count))
+        if fixed and fixed < budget:
+            count = shards.shards_for_budget(items, budget - fixed, devices)
+    fixed, _ = _fixed(args, name, devices, max(1, len(tests) // max(count, 1)))
     whole = shards.split_suite([t.nodeid for t in tests], items, count)
     split = [[by_id[nodeid] for nodeid in shard] for shard in whole.shards]
-    walls = [shards.wall_estimate(shard, devices) for shard in split]
+    walls = [shards.wall_estimate(shard, devices) + fixed for shard in split]
     commands = [
         shlex.join(
             ["python", "-m", "pytest", f"--devpool-shard={k}/{count}"]

@@ -86,6 +86,10 @@ class CapacityReport:
     timeline: list[TimelineRow] | None
     # Named host resources: units × seconds of the tests that run, per resource.
     resource_seconds: dict[str, float] = field(default_factory=dict)
+    # What a run costs beyond its tests (start-up, collection, gaps, exit): the median of
+    # recent runs' wall against their bound, from the history; in the totals' wall.
+    fixed_seconds: float = 0.0
+    fixed_runs: int = 0
 
     @property
     def totals(self) -> Row:
@@ -100,7 +104,7 @@ class CapacityReport:
             total.cpu_seconds += row.cpu_seconds
             total.memory_seconds += row.memory_seconds
             total._longest = max(total._longest, row._longest)
-        total.wall = _wall(total, self.devices_per_runner)
+        total.wall = _wall(total, self.devices_per_runner) + self.fixed_seconds
         return total
 
 
@@ -126,6 +130,7 @@ def report(
     drift_factor: float = 2.0,
     timeline: bool = False,
     kind: str | None = None,
+    fixed: tuple[float, int] = (0.0, 0),
 ) -> CapacityReport:
     """Count and cost the collected tests for one platform on runners of the given classes.
 
@@ -196,8 +201,10 @@ def report(
         skipped_by_platform=platform_skipped,
         drift=drift,
         drift_factor=drift_factor,
-        timeline=_timeline(running, devices_per_runner) if timeline else None,
+        timeline=_timeline(running, devices_per_runner, fixed[0]) if timeline else None,
         resource_seconds=dict(sorted(held.items())),
+        fixed_seconds=fixed[0],
+        fixed_runs=fixed[1],
     )
 
 
@@ -256,14 +263,15 @@ def simulate(tests: Sequence[tuple[int, float]], devices: int) -> float:
     return run_schedule(scheduler, jobs)
 
 
-def _timeline(running: Sequence[tuple[CollectedTest, float]], pool: int) -> list[TimelineRow]:
+def _timeline(
+    running: Sequence[tuple[CollectedTest, float]], pool: int, fixed: float = 0.0
+) -> list[TimelineRow]:
     rows = []
     local = [(t.device_count, s) for t, s in running if t.nodes == 1]
     for devices in pool_sizes(pool):
         fits = [(count, seconds) for count, seconds in local if count <= devices]
-        rows.append(
-            TimelineRow(devices, simulate(fits, devices), len(fits), len(local) - len(fits))
-        )
+        makespan = simulate(fits, devices) + fixed
+        rows.append(TimelineRow(devices, makespan, len(fits), len(local) - len(fits)))
     return rows
 
 

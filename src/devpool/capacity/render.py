@@ -34,8 +34,18 @@ def _header(rep: CapacityReport) -> list[str]:
         f"estimates: {rep.from_history} from history, {rep.at_default} at the default "
         f"{rep.default_estimate:g} s; wall = on one runner of "
         f"{counted(rep.devices_per_runner, 'device')}",
+        _fixed_line(rep),
         DEVICE_SECONDS,
     ]
+
+
+def _fixed_line(rep: CapacityReport) -> str:
+    if not rep.fixed_runs:
+        return "start-up and fixed costs: none measured yet (the history has no run of this size)"
+    return (
+        f"total wall includes {rep.fixed_seconds:.1f} s of start-up and fixed costs "
+        f"(median over the last {counted(rep.fixed_runs, 'run')} of this size)"
+    )
 
 
 # What device-s counts here, and how `devpool shard` counts differently (same suite, two sums).
@@ -202,6 +212,8 @@ def to_json(rep: CapacityReport) -> dict[str, Any]:
         "drift": [{**asdict(d), "factor": round(d.factor, 3)} for d in rep.drift],
         "timeline": None if rep.timeline is None else [asdict(t) for t in rep.timeline],
         "resource_seconds": {n: round(v, 3) for n, v in rep.resource_seconds.items()},
+        "fixed_seconds": round(rep.fixed_seconds, 3),
+        "fixed_runs": rep.fixed_runs,
     }
 
 

@@ -24,6 +24,8 @@ import json
 import math
 import os
 import sqlite3
+import statistics
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
@@ -81,6 +83,42 @@ rest AS (
 )
 SELECT nodeid, duration FROM rest WHERE n <= ?
 """
+
+
+# What a run cost beyond its tests' own time: its wall against the bound its tests' durations
+# give (wall_bound), per platform and pool size. Start-up, collection, the gaps between
+# phases and the exit are in the difference; capacity and shard add its recent median.
+# Written beside `results` by runs that write the history itself (not by shard runs' pending
+# files); a history without the table (an older devpool's) has no fixed costs yet.
+_RUN_COSTS = """
+CREATE TABLE IF NOT EXISTS run_costs (
+    run_id TEXT NOT NULL,
+    platform TEXT NOT NULL,
+    devices INTEGER NOT NULL,
+    tests INTEGER NOT NULL,
+    wall REAL NOT NULL,
+    bound REAL NOT NULL,
+    time REAL NOT NULL
+)
+"""
+FIXED_WINDOW = 5  # runs whose fixed cost is taken, their median
+
+
+def wall_bound(device_seconds: float, cpu_seconds: float, longest: float, devices: int) -> float:
+    """The least wall a suite can take on one runner: its device-seconds (and CPU-seconds)
+    spread over the devices, or its longest test."""
+    slots = max(devices, 1)
+    return max(device_seconds / slots, cpu_seconds / slots, longest)
+
+
+def results_bound(results: Iterable[TestResult], devices: int) -> float:
+    """wall_bound of a run's results."""
+    device = cpu = longest = 0.0
+    for result in results:
+        device += result.duration * result.device_count
+        cpu += result.duration if result.device_count == 0 else 0.0
+        longest = max(longest, result.duration)
+    return wall_bound(device, cpu, longest, devices)
 
 
 def default_history_path(root: Path) -> Path:
@@ -354,6 +392,34 @@ class History:
             path.unlink(missing_ok=True)
             merged.append(path)
         return added, merged
+
+    def add_run_cost(
+        self, run_id: str, platform: str, devices: int, tests: int, wall: float, bound: float
+    ) -> None:
+        """What this run of `tests` tests took against their bound (see _RUN_COSTS)."""
+        with self._transaction() as conn:
+            conn.execute(_RUN_COSTS)
+            conn.execute(
+                "INSERT INTO run_costs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run_id, platform, devices, tests, wall, bound, time.time()),
+            )
+
+    def fixed_cost(self, platform: str, devices: int, tests: int) -> tuple[float, int]:
+        """The median of wall - bound over the latest runs on this platform and pool size of
+        about as many tests (half to twice: a single-test run's start-up says little of a
+        suite's), and how many runs it is of: (0.0, 0) when none was recorded."""
+        try:
+            rows = self._conn.execute(
+                "SELECT wall - bound FROM run_costs WHERE platform = ? AND devices = ? "
+                "AND tests * 2 >= ? AND tests <= ? * 2 ORDER BY time DESC LIMIT ?",
+                (platform, devices, tests, tests, FIXED_WINDOW),
+            ).fetchall()
+        except sqlite3.OperationalError:
+            return 0.0, 0  # no such table: an older devpool wrote this history
+        costs = sorted(max(0.0, float(r[0])) for r in rows)
+        if not costs:
+            return 0.0, 0
+        return statistics.median(costs), len(costs)
 
     def close(self) -> None:
         self._conn.close()

@@ -182,6 +182,12 @@ class Controller:
             counts[trouble.outcome.value] = counts.get(trouble.outcome.value, 0) + 1
         self.emit("session_end", exitstatus=int(exitstatus), troubles=counts)
         self.record.close()
+        # What the run cost beyond its tests (capacity's fixed cost): runs that ended as
+        # runs do, each test once.
+        age = past_runs.process_age()
+        cost = None
+        if age is not None and self.settings.repeat == 1 and int(exitstatus) in (0, 1):
+            cost = (self.inventory.platform.name, len(self.inventory.devices), age)
         self.releasable = past_runs.write_results(
             self.history_path,
             self.results,
@@ -189,6 +195,7 @@ class Controller:
             self.run_id,
             self.quarantined,
             self.quarantine_notes,
+            cost,
         )
         # Under `devpool run` the parent writes the step summary, also when this process dies.
         if self.github is not None and not os.environ.get("DEVPOOL_SUMMARY_BY_PARENT"):

@@ -8,6 +8,7 @@ quarantined tests that passed often enough to be released.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,13 @@ import pytest
 from devpool.config import Settings
 from devpool.devices.inventory import Platform
 from devpool.errors import DevpoolError
-from devpool.history.durations import History, TestResult, pending_files, write_pending
+from devpool.history.durations import (
+    History,
+    TestResult,
+    pending_files,
+    results_bound,
+    write_pending,
+)
 from devpool.history.quarantine import Entry, Quarantine, entries_from_file, entries_from_table
 from devpool.outcomes import Outcome
 
@@ -81,6 +88,7 @@ def write_results(
     run_id: str,
     quarantined: dict[str, Entry],
     notes: list[str],
+    cost: tuple[str, int, float] | None = None,
 ) -> list[str]:
     """Add this run's durations to the history; a shard run writes a pending file instead.
     The quarantined tests now ready to release.
@@ -95,6 +103,11 @@ def write_results(
         if shard is None:
             with History(history_path) as history:
                 history.add(results)
+                if cost is not None:  # (platform, devices, wall): for capacity's fixed cost
+                    platform, devices, wall = cost
+                    bound = results_bound(results, devices)
+                    tests = len({r.nodeid for r in results})
+                    history.add_run_cost(run_id, platform, devices, tests, wall, bound)
                 releasable = _ready_to_release(history, results, quarantined)
             return releasable
         write_pending(history_path, run_id, results)
@@ -117,3 +130,16 @@ def _ready_to_release(
     names = sorted({r.nodeid for r in results if r.nodeid in quarantined})
     passed = [Outcome.PASSED.value] * RELEASE_AFTER
     return [n for n in names if history.recent_outcomes(n, RELEASE_AFTER) == passed]
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (the interpreter's start included); None where
+    the system does not say (/proc)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            started = int(stat.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as uptime:
+            now = float(uptime.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, now - started / os.sysconf("SC_CLK_TCK"))
