@@ -73,7 +73,11 @@ def main() -> None:
         base = [*PYTEST, *devpool_options(root, "auto", root / "h.sqlite")]
         variants = [
             Variant("plain pytest", [*PYTEST]),
-            Variant("devpool, warm workers", base),
+            Variant("devpool, warm workers (forked, the default)", base),
+            Variant(
+                "devpool, warm workers, fresh interpreters",
+                [*base, "--devpool-no-fork-server"],
+            ),
             Variant("devpool, isolation=module", [*base, "--devpool-isolation", "module"]),
             Variant("devpool, isolation=job", [*base, "--devpool-isolation", "job"]),
             Variant(
@@ -83,8 +87,8 @@ def main() -> None:
         ]
         print("4 modules importing torch, 40 one-line CUDA tests")
         alternate(variants, root, args.repeat)
-    _, warm, module, job, fresh = variants
-    for isolated in (module, job, fresh):
+    _, warm, warm_fresh, module, job, fresh = variants
+    for isolated in (warm_fresh, module, job, fresh):
         print(show_ratio(isolated, warm))
         cost = (isolated.median - warm.median) / 40
         print(f"  {isolated.name}: {cost * 1000:.0f} ms a test over warm workers")

@@ -299,3 +299,54 @@ def test_a_module_that_initialises_cuda_at_import_is_named_and_runs_fresh(
     assert code == 0, output
     assert "importing test_eager.py initialised torch.cuda" in output, output
     assert _finals(events) == {"test_eager": "passed"}, output
+
+
+def test_warm_device_workers_are_forks_with_one_cuda_context_each_by_default(
+    tmp_path: Path,
+) -> None:
+    """The default mode (warm workers, no isolation): every GPU worker is a fork of the
+    1-device template, creates its own CUDA context, and its lease reached its first test
+    at fork cost (lease_to_start in the record)."""
+    code, output, events = _session(tmp_path, FORKED)
+    assert code == 0, output
+    assert "fork server" not in output, output
+    assert sorted(_finals(events).values()) == ["passed"] * 8, output
+    waits = [float(str(e["lease_to_start"])) for e in events if "lease_to_start" in e]
+    assert waits and max(waits) < 1.0, waits
+
+
+GLOO_AFTER_FORK = """
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _rank(rank, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    value = torch.ones(1) * (rank + 1)
+    dist.all_reduce(value)
+    assert value.item() == 3
+    if torch.cuda.is_available():
+        assert torch.ones(1, device="cuda").item() == 1  # a context in each rank
+    dist.destroy_process_group()
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.ports(1)
+@pytest.mark.parametrize("n", range(2))
+def test_two_ranks_after_a_fork(n):
+    port = int(os.environ["DEVPOOL_PORTS"].split(",")[0])
+    mp.spawn(_rank, args=(port,), nprocs=2, join=True)
+"""
+
+
+def test_two_rank_gloo_tests_spawned_from_a_forked_worker(tmp_path: Path) -> None:
+    """mp.spawn from a worker that is itself a fork of a template that imported torch."""
+    code, output, events = _session(tmp_path, GLOO_AFTER_FORK, name="test_gloo.py")
+    assert code == 0, output
+    assert sorted(_finals(events).values()) == ["passed"] * 2, output
