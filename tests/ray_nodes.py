@@ -25,6 +25,9 @@ except ImportError:
     pytest.skip("Ray is not installed (pip install -e '.[ray]')", allow_module_level=True)
 
 NODE_NPU = 4
+# A named resource every node declares (ray start --resources='{"hccl": 1}'): Ray holds it
+# across every run on the cluster, as devpool's resources(hccl=1) asks.
+NODE_RESOURCES = {"NPU": NODE_NPU, "hccl": 1}
 
 
 def _free_port() -> int:
@@ -38,13 +41,13 @@ def two_node_cluster(dashboard: bool = False) -> Iterator[Cluster]:
     """Two Ray nodes on 127.0.0.1, 4 NPU each; stopped through its own API. With
     ``dashboard`` the head serves Ray's dashboard, and so its state API, on a free
     loopback port."""
-    head = {"num_cpus": 1, "resources": {"NPU": NODE_NPU}}
+    head: dict[str, object] = {"num_cpus": 1, "resources": dict(NODE_RESOURCES)}
     if dashboard:
         head.update(include_dashboard=True, dashboard_host="127.0.0.1")
         head["dashboard_port"] = _free_port()
     started = Cluster(initialize_head=True, head_node_args=head)
     try:
-        started.add_node(num_cpus=1, resources={"NPU": NODE_NPU})
+        started.add_node(num_cpus=1, resources=dict(NODE_RESOURCES))
         started.wait_for_nodes()
         yield started
     finally:

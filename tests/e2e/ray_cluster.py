@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ray_nodes import NODE_NPU, Cluster, two_node_cluster
+from ray_nodes import NODE_NPU, NODE_RESOURCES, Cluster, two_node_cluster
 
 PLUGIN_ARGS = ("-p", "devpool.plugin", "-p", "no:cacheprovider")
 # The built-in sim platform, counted in the cluster's NPU resource.
@@ -21,7 +21,7 @@ PYPROJECT = """
 [tool.devpool.platforms]
 sim = { kind = "sim", ray-resource = "NPU" }
 """
-__all__ = ["NODE_NPU", "Cluster", "two_node_cluster"]
+__all__ = ["NODE_NPU", "NODE_RESOURCES", "Cluster", "two_node_cluster"]
 
 
 def ray_args(cluster: Cluster) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,12 +17,14 @@ from pathlib import Path
 import pytest
 from ray_cluster import (
     NODE_NPU,
+    NODE_RESOURCES,
     PLUGIN_ARGS,
     PYPROJECT,
     Cluster,
     alive,
     job_ends,
     outcomes,
+    ray_args,
     run_ray,
     wait_until,
 )
@@ -275,7 +278,7 @@ def test_lost_node_gives_infra_then_passes_elsewhere(
         if process.poll() is None:
             process.kill()
             process.wait()
-        cluster.add_node(num_cpus=1, resources={"NPU": NODE_NPU})  # for any test after this
+        cluster.add_node(num_cpus=1, resources=dict(NODE_RESOURCES))  # for any test after this
     stdout = (pytester.path / "stdout").read_text()
     assert process.returncode == 0, stdout
     ends = job_ends(record)
@@ -289,3 +292,92 @@ def test_lost_node_gives_infra_then_passes_elsewhere(
         (f"test_slow.py::test_{victim}", "passed"),
         (f"test_slow.py::test_{survivor}", "passed"),
     }
+
+
+RING = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+HOLDS = Path({holds!r})
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.resources(hccl=1)
+@pytest.mark.parametrize("i", range(4))
+def test_ring(i):
+    start = time.time()
+    time.sleep(0.3)
+    line = f"{{os.environ['DEVPOOL_RAY_NODE_ID']}} {{start}} {{time.time()}}\\n"
+    fd = os.open(HOLDS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, line.encode())
+    os.close(fd)
+"""
+
+
+def test_two_runs_on_one_cluster_never_hold_a_nodes_ring_at_once(
+    pytester: pytest.Pytester, cluster: Cluster
+) -> None:
+    """resources(hccl=1) is Ray's custom resource, held across every run on the cluster:
+    two concurrent runs' ring holds on one node never overlap, and both end green."""
+    holds = pytester.path / "holds.txt"
+    runs = []
+    for k in range(2):
+        root = pytester.path / f"run{k}"
+        root.mkdir()
+        (root / "pyproject.toml").write_text(PYPROJECT + "\n[tool.devpool.resources]\nhccl = 2\n")
+        (root / "test_ring.py").write_text(RING.format(holds=str(holds)))
+        runs.append(root)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pytest", *PLUGIN_ARGS, *ray_args(cluster)]
+            + [f"--devpool-lock-dir={root / 'locks'}", "-q"],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for root in runs
+    ]
+    try:
+        outputs = [proc.communicate(timeout=240)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, output in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, output
+        assert "4 passed" in output, output
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for line in holds.read_text().splitlines():
+        node, start, end = line.split()
+        spans.setdefault(node, []).append((float(start), float(end)))
+    assert sum(len(v) for v in spans.values()) == 8
+    for node, held in spans.items():
+        held.sort()
+        overlaps = [(a, b) for a, b in zip(held, held[1:], strict=False) if b[0] < a[1]]
+        assert overlaps == [], (node, overlaps)
+
+
+def test_a_resource_the_cluster_does_not_declare_is_refused_with_the_ray_start_line(
+    pytester: pytest.Pytester, cluster: Cluster
+) -> None:
+    pytester.makepyprojecttoml(PYPROJECT + "\n[tool.devpool.resources]\nlicense = 1\n")
+    pytester.makepyfile(
+        test_license="""
+        import pytest
+
+        @pytest.mark.resources(license=1)
+        def test_needs_a_license():
+            pass
+        """
+    )
+    record = pytester.path / "record.jsonl"
+    result = run_ray(pytester, cluster, record)
+    out = result.stdout.str()
+    assert result.ret == 1, out
+    assert "needs the custom resource 'license'" in out, out
+    assert "ray start --resources='{\"license\": 1}'" in out, out

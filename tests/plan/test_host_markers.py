@@ -103,11 +103,6 @@ def test_explicit_ports_and_resources_run_in_a_worker_of_their_own() -> None:
     assert not Job(1, "a", ("a", 1, "a"), Request(device_count=2), 0).fresh
 
 
-def test_the_ray_backend_says_resources_are_counted_within_the_run_only() -> None:
+def test_the_ray_backend_has_no_note_on_resources_ray_holds_them_across_runs() -> None:
     jobs = [Job(1, "t.py::a", ("t.py", 1, "a"), Request(resources=(("hccl", 1),)), 0)]
-    notes = build_plan(jobs, inventory(), backend="ray", resources=DECLARED).notes
-    assert notes == [
-        "resources() markers are counted within this run only on the Ray backend: they are "
-        "not yet leased across runs on the cluster's hosts"
-    ]
-    assert build_plan(jobs, inventory(), resources=DECLARED).notes == []
+    assert build_plan(jobs, inventory(), backend="ray", resources=DECLARED).notes == []

@@ -185,10 +185,5 @@ def build_plan(
             f"MASTER_PORT={preset} is set in the environment: devpool leaves MASTER_ADDR and "
             "MASTER_PORT as they are (tests still get their leased ports in DEVPOOL_PORTS)"
         )
-    if backend != "local" and any(job.request.resources for job in plan.jobs):
-        plan.notes.append(
-            "resources() markers are counted within this run only on the Ray backend: "
-            "they are not yet leased across runs on the cluster's hosts"
-        )
     plan.jobs.sort(key=Job.priority)
     return plan

@@ -100,9 +100,23 @@ class RayBackend:
     def unsatisfiable(self, request: Request) -> str | None:
         """Why the cluster can never place this request (so it fails now instead of hanging)."""
         k, n = request.device_count, request.nodes
-        if k == 0 and n == 1:
+        for name, units in request.resources:
+            # Ray holds named resources across every run on the cluster: each node declares
+            # its units as a custom resource, and Ray places a test only where they are free.
+            if not any(node.resources.get(name, 0) >= units for node in self.nodes):
+                return (
+                    f"resources({name}={units}) on the Ray backend needs the custom resource "
+                    f"{name!r} on the cluster's nodes, which Ray holds across every run: start "
+                    f"each node with it, e.g. ray start --resources='{{\"{name}\": {units}}}'"
+                )
+        if k == 0 and n == 1 and not request.resources:
             return None
-        fitting = [node for node in self.nodes if node.count >= k]
+        fitting = [
+            node
+            for node in self.nodes
+            if node.count >= k
+            and all(node.resources.get(name, 0) >= units for name, units in request.resources)
+        ]
         if len(fitting) >= n:
             return None
         need = f"{plural(n, 'node')} × {k} {self.resource}" if n > 1 else f"{k} {self.resource}"
@@ -175,14 +189,18 @@ class RayBackend:
         k, n = request.device_count, worker.world
         actor_class = self._actor_class()
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 8}
+        named = {name: float(units) for name, units in request.resources}
         if k:
             if self.resource == "GPU":
                 options["num_gpus"] = k
             else:
                 options["resources"] = {self.resource: k}
+        if named:  # held by Ray with the devices, all or nothing, on every node of the test
+            options["resources"] = {**options.get("resources", {}), **named}
         deadline = time.monotonic() + self.settings.lease_timeout
         if n > 1:
-            bundle = {self.resource: k} if k else {"CPU": CPU_BUNDLE}
+            bundle: dict[str, float] = {self.resource: k} if k else {"CPU": CPU_BUNDLE}
+            bundle.update(named)
             if not k:
                 options["num_cpus"] = CPU_BUNDLE
             worker.placement_group = placement_group([bundle] * n, strategy="STRICT_SPREAD")

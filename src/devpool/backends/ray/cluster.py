@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from devpool.backends.ray.names import NAMESPACE
@@ -58,6 +58,8 @@ class NodeShape:
     node_id: str
     address: str
     count: int
+    # Every resource the node declares (ray start --resources), named resources included.
+    resources: dict[str, float] = field(default_factory=dict)
 
 
 def alive_nodes(resource: str) -> list[NodeShape]:
@@ -66,8 +68,9 @@ def alive_nodes(resource: str) -> list[NodeShape]:
     for node in ray.nodes():
         if not node.get("Alive"):
             continue
-        count = int(node.get("Resources", {}).get(resource, 0))
-        shapes.append(NodeShape(node["NodeID"], node["NodeManagerAddress"], count))
+        declared = {str(k): float(v) for k, v in node.get("Resources", {}).items()}
+        count = int(declared.get(resource, 0))
+        shapes.append(NodeShape(node["NodeID"], node["NodeManagerAddress"], count, declared))
     return shapes
 
 
