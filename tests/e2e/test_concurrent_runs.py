@@ -310,3 +310,83 @@ def test_a_share_that_never_comes_ends_infra_after_the_lease_timeout_naming_the_
     assert f"runs waiting for a share: {pids}" in out or all(
         f"pid {p.pid}" in out for p in others
     ), out
+
+
+HOLDER = """
+import time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.device_count(2)
+def test_holds_two():
+    Path({flag!r}).write_text("held")
+    deadline = time.monotonic() + 60
+    while not Path({release!r}).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+"""
+
+WAITER = """
+import pytest
+
+
+@pytest.mark.device_count(2)
+@pytest.mark.device_memory("30GiB")
+@pytest.mark.parametrize("i", range(3))
+def test_two_shared(i):
+    pass
+
+
+@pytest.mark.device_count(2)
+def test_two_whole():
+    pass
+"""
+
+
+def test_the_waiting_line_names_the_other_run_once_and_never_itself(tmp_path: Path) -> None:
+    """A run whose memory and whole-device requests wait for another run's lease: its
+    waiting line names that run and its test, once, on a line of its own."""
+    lock = tmp_path / "locks"
+    lock.mkdir()
+    flag, release = tmp_path / "held", tmp_path / "release"
+    roots = []
+    for name, body in (("holder", HOLDER.format(flag=str(flag), release=str(release))),):
+        root = tmp_path / name
+        root.mkdir()
+        (root / "pyproject.toml").write_text(
+            '[tool.devpool]\ndevices = "sim:0-1"\n\n[tool.devpool.platforms]\n'
+            'sim = { memory = "80GiB" }\n'
+        )
+        (root / "test_it.py").write_text(body)
+        roots.append(root)
+    waiter = tmp_path / "waiter"
+    waiter.mkdir()
+    (waiter / "pyproject.toml").write_text((roots[0] / "pyproject.toml").read_text())
+    (waiter / "test_it.py").write_text(WAITER)
+    holder = start(roots[0], lock)
+    try:
+        deadline = time.monotonic() + 60
+        while not flag.exists():
+            assert holder.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        second = start(waiter, lock)
+        room = lock / "waiting"
+        deadline = time.monotonic() + 60
+        while not list(room.glob("*.json")):  # it waits, and says so
+            assert second.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        release.write_text("")
+        out = second.communicate(timeout=120)[0]
+        assert holder.wait(timeout=60) == 0
+    finally:
+        for proc in (holder,):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert second.returncode == 0, out
+    lines = [line for line in out.splitlines() if "waiting for devices" in line]
+    assert len(lines) == 1, out
+    assert lines[0].startswith("devpool: waiting for devices held by other runs: sim:0,1 held by")
+    assert f"pid {holder.pid} " in lines[0] and "test test_it.py::test_holds_two" in lines[0]
+    assert f"pid {second.pid} " not in lines[0], lines[0]
