@@ -12,7 +12,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from devpool.devices.inventory import format_ids
@@ -30,7 +30,7 @@ from devpool.devices.leases import (
     _write_record,
     lock_path,
 )
-from devpool.devices.resources import host_status
+from devpool.devices.resources import HostBlocked, HostLease, host_status, take_host_lease
 from devpool.devices.shares import acquire_shares, held_shares
 from devpool.errors import DevpoolError
 
@@ -40,6 +40,28 @@ _FOLDER_MODE = 0o1777
 def default_lock_dir() -> Path:
     """The lock folder shared by every devpool run on this host."""
     return Path(tempfile.gettempdir()) / "devpool-locks"
+
+
+@dataclass(frozen=True)
+class Want:
+    """Everything one placement needs of the lock folder, taken in one call (LockDir.take)."""
+
+    platform: str
+    devices: tuple[int, ...] = ()
+    memory: int | None = None  # bytes on each device, shared with other such holds; None: whole
+    capacity: Mapping[int, int] = field(default_factory=dict)  # per device, for memory
+    ports: int = 0
+    port_range: tuple[int, int] = (0, 0)
+    resources: Mapping[str, int] = field(default_factory=dict)
+    resource_capacity: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Blockers:
+    """Who holds what a placement wanted: devices (or their memory), or ports or resources."""
+
+    devices: list[Blocked] = field(default_factory=list)
+    host: HostBlocked | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +119,36 @@ class LockDir:
             _close_all(taken.values())
             return blocked
         return Lease(platform, holder, [taken[device] for device in devices])
+
+    def take(self, want: Want, holder: Holder) -> Lease | Blockers:
+        """All or nothing, non-blocking, and holding nothing while anything is missing: the
+        devices (whole, or a memory share of each), then the ports and named resources, as
+        one Lease; or who holds what is in the way."""
+        if want.devices and want.memory is not None:
+            got = self.try_acquire_memory(
+                want.platform, want.devices, want.memory, want.capacity, holder
+            )
+        elif want.devices:
+            got = self.try_acquire(want.platform, want.devices, holder)
+        else:
+            got = Lease(want.platform, holder, [])
+        if not isinstance(got, Lease):
+            return Blockers(devices=got)
+        if not (want.ports or want.resources):
+            return got
+        host = take_host_lease(
+            self.path,
+            holder,
+            want.ports,
+            want.port_range,
+            dict(want.resources),
+            dict(want.resource_capacity),
+        )
+        if not isinstance(host, HostLease):
+            got.release()  # no hold-and-wait: two runs can never deadlock on the rest
+            return Blockers(host=host)
+        got.attach(host)
+        return got
 
     def try_acquire_memory(
         self,

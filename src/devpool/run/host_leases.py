@@ -1,24 +1,24 @@
 """The loop's side of ports and named host resources: take them with a placement's devices.
 
-A placement's host lease (devices/resources.py) is taken right after its device lease and
-attached to it, all or nothing and without waiting: when another run holds a resource or
-the ports run out, the device lease is given back at once and the job waits out a short
-delay in the loop's ``delayed`` list, holding nothing (no hold-and-wait, so two runs can
-never deadlock). A job that waits longer than --devpool-lease-timeout ends ``infra``
-naming the holders. A worker holds its host lease for life; its tests see the ports in
-``DEVPOOL_PORTS`` and, unless the caller set ``MASTER_PORT``, ``MASTER_ADDR`` and
-``MASTER_PORT`` (the first port), for torch.distributed's rendezvous.
+A placement's ports and resources are taken with its devices in one call into the lock
+folder (LockDir.take), all or nothing and without waiting: when another run holds a
+resource or the ports run out, nothing is held and the job waits out a short delay in the
+loop's ``delayed`` list (no hold-and-wait, so two runs can never deadlock). A job that
+waits longer than --devpool-lease-timeout ends ``infra`` naming the holders. A worker holds
+its host lease for life; its tests see the ports in ``DEVPOOL_PORTS`` and, unless the
+caller set ``MASTER_PORT``, ``MASTER_ADDR`` and ``MASTER_PORT`` (the first port), for
+torch.distributed's rendezvous.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from devpool.devices.leases import Holder, Lease
+from devpool.devices.leases import Lease
 from devpool.devices.ports import overlap_error, ports_env
-from devpool.devices.resources import HostBlocked, HostLease, take_host_lease
+from devpool.devices.resources import HostBlocked, HostLease
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
 from devpool.plan.scheduler import Scheduler
@@ -60,38 +60,40 @@ class HostLeases:
     def needed(self, job: Job) -> bool:
         return bool(job.request.ports_needed or job.request.resources)
 
-    def attach(self, job: Job, lease: Lease, now: float) -> bool:
-        """Take the job's ports and resources onto its device lease; False: it waits (the
-        device lease is released and the job is out of the scheduler, in ``delayed``)."""
-        if not self.needed(job):
-            return True
+    def want(self, job: Job) -> tuple[int, tuple[int, int], dict[str, int], dict[str, int]]:
+        """The job's ports and resources as LockDir.take asks them: (ports, range, resources,
+        capacities)."""
         ctx = self.loop.ctx
-        if not self.checked:
+        if not self.checked and self.needed(job):
             self.checked = True
             overlap = overlap_error(ctx.settings.ports)
             if overlap is not None:  # the default range; a configured one was refused early
                 ctx.run_notes.append(overlap)
-        got = take_host_lease(
-            ctx.lock_dir.path,
-            lease.holder,
+        return (
             job.request.ports_needed,
             ctx.settings.ports,
             dict(job.request.resources),
-            ctx.settings.resources,
+            dict(ctx.settings.resources),
         )
-        if isinstance(got, HostLease):
-            lease.attach(got)
-            self.since.pop(job.id, None)
-            self.blocked.pop(job.id, None)
-            ctx.emit(
+
+    def leased(self, job: Job, lease: Lease) -> None:
+        """The job's lease holds its ports and resources: the record says which."""
+        host: Any = lease.host
+        self.since.pop(job.id, None)
+        self.blocked.pop(job.id, None)
+        if isinstance(host, HostLease):
+            self.loop.ctx.emit(
                 "host_lease",
                 job=job.id,
                 nodeid=job.nodeid,
-                ports=list(got.ports),
-                resources=got.resources,
+                ports=list(host.ports),
+                resources=host.resources,
             )
-            return True
-        lease.release()
+
+    def wait(self, job: Job, got: HostBlocked, now: float) -> None:
+        """Another run holds the job's ports or resources (LockDir.take held nothing): the job
+        leaves the scheduler and waits out a short delay; past the lease timeout it ends."""
+        ctx = self.loop.ctx
         self.loop.scheduler.finish(job)
         since = self.since.setdefault(job.id, now)
         self.blocked[job.id] = got
@@ -104,18 +106,8 @@ class HostLeases:
                 f"(waited {now - since:.0f}s): {got.describe()}"
             )
             self.loop.replay.synthesize(self.loop.attempts[job.id], Outcome.INFRA, reason, 0.0)
-            return False
+            return
         self.loop.delayed.append((now + HOST_RETRY, job))
-        return False
-
-    def cpu_lease(self, job: Job, now: float) -> Lease | None | Literal[False]:
-        """A device-less lease holding only the job's ports and resources; None when it needs
-        none, False when it waits (as ``attach``)."""
-        if not self.needed(job):
-            return None
-        holder = Holder.for_this_process(self.loop.ctx.run_id, job.nodeid)
-        lease = Lease(self.loop.ctx.inventory.platform.name, holder, [])
-        return lease if self.attach(job, lease, now) else False
 
 
 def host_env(lease: Lease | None, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from devpool.backends import Backend
 from devpool.devices.fairshare import Waiter, WaitingRoom, fair_limit
 from devpool.devices.leases import Holder, Lease
-from devpool.devices.lockdir import describe_holders
+from devpool.devices.lockdir import Blockers, Want, describe_holders
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
 from devpool.plan.scheduler import IdleWorker, Placement, Scheduler
@@ -176,28 +176,23 @@ class Placing:
         return self.spawn(placement, now)
 
     def spawn(self, placement: Placement, now: float) -> bool:
+        """Take the placement's lease in one call into the lock folder and start its worker;
+        False when another run holds part of it (the job waits, holding nothing)."""
         job = placement.job
         lease: Lease | None = None
-        if placement.devices and self.backend.local_leases:
+        if self.backend.local_leases and (placement.devices or self.host.needed(job)):
             holder = Holder.for_this_process(self.ctx.run_id, job.nodeid)
-            lock_dir = self.ctx.lock_dir
-            if self.scheduler.capacity and job.memory_needed:  # a share of each device
-                got = lock_dir.try_acquire_memory(
-                    self.platform.name,
-                    placement.devices,
-                    job.memory_needed,
-                    self.ctx.memory,
-                    holder,
-                )
-            else:
-                got = lock_dir.try_acquire(self.platform.name, placement.devices, holder)
-            if not isinstance(got, Lease):
-                self.scheduler.unplace(job)
-                self.foreign.mark(got, now)
+            got = self.ctx.lock_dir.take(self._want(placement), holder)
+            if isinstance(got, Blockers):
+                if got.host is not None:  # ports or resources: run/host_leases.py
+                    self.host.wait(job, got.host, now)
+                else:
+                    self.scheduler.unplace(job)
+                    self.foreign.mark(got.devices, now)
                 return False
             lease = got
-            if not self.host.attach(job, lease, now):  # ports, resources: run/host_leases.py
-                return False
+            self.host.leased(job, lease)
+        if lease is not None and placement.devices:
             ours = {s.worker.pid for s in self.pool.slots.values()}
             if not self.foreign.probe_lease(placement.devices, lease, now, ours):
                 self.scheduler.unplace(job)
@@ -216,13 +211,26 @@ class Placing:
             self.attempts[job.id].devices = placement.devices
             self.attempts[job.id].move(State.LEASED, self.ctx.emit)
             self.foreign.leased(placement.devices)
-        elif self.backend.local_leases and (extra := self.host.cpu_lease(job, now)) is not None:
-            if extra is False:  # waits for another run's ports or resources
-                return False
-            lease = extra
         slot = self.pool.spawn(placement, lease, now)
         self._assign(slot, job, now)
         return True
+
+    def _want(self, placement: Placement) -> Want:
+        """What the placement needs of the lock folder: devices or their memory, ports,
+        named resources."""
+        job = placement.job
+        ports, port_range, resources, capacity = self.host.want(job)
+        shared = bool(placement.devices and self.scheduler.capacity and job.memory_needed)
+        return Want(
+            self.platform.name,
+            placement.devices,
+            memory=job.memory_needed if shared else None,
+            capacity=self.ctx.memory if shared else {},
+            ports=ports,
+            port_range=port_range,
+            resources=resources,
+            resource_capacity=capacity,
+        )
 
     def _assign(self, slot: Slot, job: Job, now: float) -> None:
         batch = [job, *self._batch_after(job)]
