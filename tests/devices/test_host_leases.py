@@ -313,3 +313,43 @@ def test_devpool_locks_lists_held_ports_and_resources_with_their_holders(
             proc.wait()
     assert main(["locks", "--lock-dir", str(tmp_path)]) == 0
     assert "ports and resources held" not in capsys.readouterr().out  # freed with the child
+
+
+def test_take_is_one_all_or_nothing_call_for_devices_memory_ports_and_resources(
+    tmp_path: Path,
+) -> None:
+    from devpool.devices.lockdir import Blockers, LockDir, Want
+
+    folder = LockDir(tmp_path / "locks")
+    ring = {"ring": 1}
+    first = folder.take(
+        Want("sim", (0,), resources=ring, resource_capacity=ring), Holder.for_this_process("a")
+    )
+    assert isinstance(first, Lease) and first.devices == (0,)
+    # Device 1 is free, the ring is not: nothing is held afterwards, and the holder is named.
+    want = Want(
+        "sim",
+        (1,),
+        memory=8 << 30,
+        capacity={1: 64 << 30},
+        ports=1,
+        port_range=(24000, 24100),
+        resources=ring,
+        resource_capacity=ring,
+    )
+    blocked = folder.take(want, Holder.for_this_process("b"))
+    assert isinstance(blocked, Blockers) and blocked.devices == []
+    assert blocked.host is not None and blocked.host.what == "ring"
+    assert "session a" in blocked.host.describe()
+    assert not [s for s in folder.status() if s.device == 1 and (s.held or s.shares)]
+    first.release()
+    second = folder.take(want, Holder.for_this_process("b"))
+    assert isinstance(second, Lease) and second.amount == 8 << 30
+    host = second.host
+    assert host is not None and len(host.ports) == 1 and host.resources == ring
+    # A device another run holds whole: Blockers names it, and no port or unit is held.
+    third = folder.take(
+        Want("sim", (1,), ports=1, port_range=(24000, 24100)), Holder.for_this_process("c")
+    )
+    assert isinstance(third, Blockers) and [b.device for b in third.devices] == [1]
+    second.release()
