@@ -29,8 +29,9 @@ class EarlyKind:
 def early_kinds(
     history: Path, platform: str, devices: int, rootpath: Path, args: Sequence[str], cwd: Path
 ) -> list[EarlyKind]:
-    """Device kinds (size ≥ 1) the history's latest results of the selected paths needed,
-    in the order the scheduler will start them (biggest single test first)."""
+    """Kinds (CPU-only: size 0) the history's latest results of the selected paths needed,
+    in the order the scheduler will start them (biggest single test first); [] when the
+    history knows none of them."""
     if not history.is_file():
         return []
     try:
@@ -48,10 +49,10 @@ def early_kinds(
     for nodeid, size, duration in rows:
         file = str(nodeid).split("::", 1)[0]
         size = int(size)
-        if not 0 < size <= devices or not _under(str(nodeid), prefixes):
+        if not 0 <= size <= devices or not _under(str(nodeid), prefixes):
             continue
         modules.setdefault(size, set()).add(os.path.normpath(rootpath / file))
-        first[size] = max(first.get(size, 0.0), size * float(duration))
+        first[size] = max(first.get(size, 0.0), max(size, 0.5) * float(duration))
     kinds = [EarlyKind(size, frozenset(modules[size]), first[size]) for size in modules]
     return sorted(kinds, key=lambda kind: -kind.first)
 

@@ -40,8 +40,9 @@ def worker_setup(config: pytest.Config) -> tuple[list[str], dict[str, str]]:
 def early_backend(
     config: pytest.Config, settings: Settings, log_dir: Path, ctx: Any
 ) -> LocalBackend | None:
-    """While this process collects, a fork server template for CPU-only workers collects
-    too: they fork from it once the plan is made, instead of each collecting again.
+    """While this process collects, the fork server templates of the kinds the run will
+    likely need collect too (session/early_kinds.py): workers fork from them once the plan
+    is made, instead of each collecting again.
 
     None where no template may start; ctx is the controller (see run.pool.templates_env)."""
     if settings.backend != "local" or not settings.fork_server or settings.plan:
@@ -56,9 +57,9 @@ def early_backend(
     if settings.run_dir is None:
         devpool_dir(config.rootpath)  # with its .gitignore
     log_dir.mkdir(parents=True, exist_ok=True)
-    backend.prepare(template_kind(0), templates_env(ctx, ()))
-    # The device kinds the history says these tests need start now too, no more templates
-    # collecting at once than the host has cores (this process collects as well).
+    # The kinds the history says these tests need start now, no more templates collecting at
+    # once than the host has cores (this process collects as well). Without a history that
+    # knows them: the CPU-only one, as every suite has CPU tests but few need devices alone.
     guessed = early_kinds(
         ctx.history_path,
         ctx.inventory.platform.name,
@@ -67,8 +68,10 @@ def early_backend(
         config.args,
         cwd,
     )
+    if not guessed or 0 in {kind.size for kind in guessed}:
+        backend.prepare(template_kind(0), templates_env(ctx, ()))
     room = max(1, (os.cpu_count() or 1) - 1)
-    for kind in guessed[:room]:
+    for kind in [k for k in guessed if k.size > 0][:room]:
         env = templates_env(ctx, tuple(ctx.inventory.devices[: kind.size]))
         modules = log_dir.parent / "collect" / f"early-{kind.size}.txt"
         modules.parent.mkdir(parents=True, exist_ok=True)
