@@ -117,7 +117,8 @@ class Loop:
                 self._tend_health(now)
                 placed = False
                 if not self.stopped:
-                    self.pool.warm()  # templates for the kinds the plan needs, ahead of leases
+                    if self.pool.warm.start_next():  # templates ahead of their leases
+                        self.pool.forked = True
                     self.foreign.recheck(now)
                     self.placing.share(now)
                     placed = self.placing.start(now)

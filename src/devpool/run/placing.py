@@ -150,7 +150,7 @@ class Placing:
                 )
                 for s in self.pool.idle.values()
             ]
-            collecting = self.pool.cold_sizes(now)  # no lease waits for a template to collect
+            collecting = self.pool.warm.cold_sizes(now)  # no lease waits for a template to collect
             placements = self.scheduler.schedule(now, unavailable, idle, collecting)
             if not placements:
                 return placed
@@ -372,7 +372,7 @@ class Placing:
             return
         if self.pool.slots or self.pool.starting or self.health.pending or self.foreign:
             return
-        if self.pool.cold_sizes(now):
+        if self.pool.warm.cold_sizes(now):
             return  # our own templates still collect: nobody else is in the way
         if self.start(now):
             return  # jobs that came back to the queue after this turn's placing

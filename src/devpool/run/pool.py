@@ -14,7 +14,6 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from devpool.backends import Backend, Forks
 from devpool.backends import WorkerHandle as Worker
@@ -25,6 +24,7 @@ from devpool.plan.scheduler import Placement
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.host_leases import host_env, stamp
+from devpool.run.warm import Warm, device_env, template_kind
 
 STACKS_WAIT = 0.5  # seconds given to faulthandler to write the stacks before SIGTERM
 STOP_GRACE = 10.0  # seconds a worker told to stop has before it is killed
@@ -90,94 +90,8 @@ class WorkerPool:
         self.idle: dict[int, Slot] = {}
         self.starting: dict[int, tuple[Placement, set[int]]] = {}  # job id → retirees
         self.modules_for, self.modules_of_size = _module_lists(ctx, plan)
-        # Device and CPU workers fork from a warm template of their kind: the kinds the plan
-        # needs, the first needed first, each template started before any lease is taken.
-        first: dict[int, tuple[float, int, int]] = {}
-        for job in plan.jobs:
-            key = job.priority()
-            if job.devices_needed not in first or key < first[job.devices_needed]:
-                first[job.devices_needed] = key
-        self.kinds = sorted(first, key=lambda size: first[size])  # request sizes, in order
-        self.warming = self._forks_warm()
-        if self.warming:
-            self._check_guesses()
-
-    def _check_guesses(self) -> None:
-        """Templates started from the history's guess before the plan: one of a kind the
-        plan does not need, or that lacks a module its kind's tests live in, is ended (a
-        new one starts when needed)."""
-        backend = self.backend
-        assert isinstance(backend, Forks)
-        kept, ended = [], []
-        for size in range(1, len(self.ctx.inventory.devices) + 1):
-            kind = template_kind(size)
-            if backend.template_state(kind) is None:
-                continue
-            listed = self.modules_of_size.get(size)
-            modules = frozenset(listed.read_text(encoding="utf-8").split()) if listed else None
-            if size not in self.kinds or modules is None or not backend.covers(kind, modules):
-                backend.discard(kind)
-                ended.append(size)
-            else:
-                kept.append(size)
-        if kept or ended:
-            self.ctx.emit("early_templates", kept=kept, ended=ended)
-
-    # ---- warm templates ---------------------------------------------------------------------
-
-    def _forks_warm(self) -> bool:
-        """Whether workers fork from templates this run (else every worker starts fresh)."""
-        from devpool.compat.coverage import measuring
-
-        if not self.ctx.settings.fork_server or not isinstance(self.backend, Forks):
-            return False
-        return measuring() is None  # a template that measures coverage may not fork
-
-    def _states(self) -> dict[int, str | None]:
-        backend = self.backend
-        assert isinstance(backend, Forks)
-        return {size: backend.template_state(template_kind(size)) for size in self.kinds}
-
-    def warm(self) -> None:
-        """Start the next templates the plan needs, no more at once than the host has cores:
-        they collect in parallel with each other and with the tests already running."""
-        if not self.warming:
-            return
-        backend = self.backend
-        assert isinstance(backend, Forks)
-        states = self._states()
-        starting = sum(1 for state in states.values() if state == "starting")
-        for size, state in states.items():
-            if starting >= max(1, os.cpu_count() or 1):
-                break
-            if state is None:
-                backend.prepare(template_kind(size), self._template_env(size))
-                self.forked = True
-                starting += 1
-
-    def cold_sizes(self, now: float) -> dict[int, float]:
-        """Request sizes whose workers cannot start at fork cost yet (their template has not
-        collected), each with when it is expected to have. No lease is taken for them until
-        then (or until it turned out unsafe); the scheduler reserves for them meanwhile."""
-        if not self.warming:
-            return {}
-        backend = self.backend
-        assert isinstance(backend, Forks)
-        cold = {}
-        for size, state in self._states().items():
-            if state in (None, "starting"):
-                since = backend.template_started(template_kind(size))
-                cold[size] = (now if since is None else since) + self.ctx.startup_estimate
-        return cold
-
-    def _template_env(self, size: int) -> dict[str, str]:
-        # The template sees as many devices as its workers will (an import-time
-        # `skipif(device_count() < 2)` decides alike) but initialises none.
-        env = templates_env(self.ctx, tuple(self.ctx.inventory.devices[:size]))
-        modules = self.modules_of_size.get(size)
-        if modules is not None:
-            env["DEVPOOL_COLLECT_ONLY"] = str(modules)
-        return env
+        # Device and CPU workers fork from a warm template of their kind (run/warm.py).
+        self.warm = Warm(ctx, backend, plan, self.modules_of_size)
 
     # ---- what is held ---------------------------------------------------------------------
 
@@ -260,12 +174,13 @@ class WorkerPool:
         """A worker forked from the warm template of its kind (started now if it was not);
         None: the template cannot fork (unsafe, failed), so a fresh interpreter starts."""
         backend = self.backend
-        if not self.warming:
+        if not self.warm.on:
             return None
         assert isinstance(backend, Forks)
         size = job.devices_needed
         self.forked = True
-        worker = backend.fork(template_kind(size), self._template_env(size), devices, lease, env)
+        env_of = self.warm.template_env(size)
+        worker = backend.fork(template_kind(size), env_of, devices, lease, env)
         self._fork_notes()
         return worker
 
@@ -431,39 +346,6 @@ class WorkerPool:
             # No worker asked for a fork (every test deselected, or none ran here): a
             # template that ended or was closed unused is nothing to tell.
             self.backend.notes()
-
-
-def template_kind(devices: int) -> str:
-    """The name of a fork server template's kind: the number of devices its workers hold."""
-    return f"{devices}-device"
-
-
-def device_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
-    """A worker's environment for these devices (ctx: the run's inventory, id, artifacts)."""
-    env = dict(os.environ)
-    platform = ctx.inventory.platform
-    ids = ",".join(str(d) for d in devices)
-    env["DEVPOOL_DEVICES"] = ids
-    env["DEVPOOL_PLATFORM"] = platform.name
-    env["DEVPOOL_RUN_ID"] = ctx.run_id
-    env["DEVPOOL_ARTIFACTS"] = str(ctx.artifacts_dir)
-    if platform.visible_env:
-        # A CPU-only test sees no device at all: a stray device use fails loudly
-        # instead of silently sharing a card another test holds.
-        env[platform.visible_env] = ids
-    if platform.kind == "cuda":
-        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # ids are nvidia-smi's order
-    return env
-
-
-def templates_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
-    """A fork server template's environment: its workers', and no device runtime started."""
-    env = device_env(ctx, devices)
-    if ctx.inventory.platform.kind == "cuda":
-        # torch.cuda.is_available() at import (a skipif) asks NVML instead of calling
-        # cuInit, after which no child could use CUDA.
-        env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    return env
 
 
 def _module_lists(

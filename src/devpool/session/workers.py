@@ -20,7 +20,7 @@ from devpool.compat import coverage
 from devpool.config import Settings
 from devpool.devices.inventory import Inventory
 from devpool.folders import devpool_dir
-from devpool.run.pool import template_kind, templates_env
+from devpool.run.warm import template_kind, templates_env
 from devpool.select import session as select_session
 from devpool.session.early_kinds import early_kinds
 from devpool.worker import worklist

@@ -1,0 +1,151 @@
+"""Warm templates: the workers of each kind fork from a template that collected once.
+
+Which kinds the plan needs and in what order, when each template starts (no more collecting
+at once than the host has cores), which request sizes are still cold (their template has
+not collected: no lease is taken for them, the scheduler reserves from when each is expected
+ready), what a template sees of the devices, and what becomes of the templates guessed from
+the history before the plan (session/early_kinds.py). The pool (pool.py) forks from them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from devpool.backends import Backend, Forks
+from devpool.plan.jobs import Plan
+from devpool.run.context import RunContext
+
+
+class Warm:
+    """The run's templates, one per request size the plan needs."""
+
+    def __init__(
+        self, ctx: RunContext, backend: Backend, plan: Plan, modules_of_size: dict[int, Path]
+    ) -> None:
+        self.ctx = ctx
+        self.backend = backend
+        self.modules_of_size = modules_of_size
+        first: dict[int, tuple[float, int, int]] = {}
+        for job in plan.jobs:
+            key = job.priority()
+            if job.devices_needed not in first or key < first[job.devices_needed]:
+                first[job.devices_needed] = key
+        self.kinds = sorted(first, key=lambda size: first[size])  # the first needed first
+        self.on = self._forks()
+        if self.on:
+            self._check_guesses()
+
+    def _forks(self) -> bool:
+        """Whether workers fork from templates this run (else every worker starts fresh)."""
+        from devpool.compat.coverage import measuring
+
+        if not self.ctx.settings.fork_server or not isinstance(self.backend, Forks):
+            return False
+        return measuring() is None  # a template that measures coverage may not fork
+
+    def _forker(self) -> Forks:
+        backend = self.backend
+        assert isinstance(backend, Forks)
+        return backend
+
+    def _check_guesses(self) -> None:
+        """Templates started from the history's guess before the plan: one of a kind the
+        plan does not need, or that lacks a module its kind's tests live in, is ended (a
+        new one starts when needed)."""
+        backend = self._forker()
+        kept, ended = [], []
+        for size in range(1, len(self.ctx.inventory.devices) + 1):
+            kind = template_kind(size)
+            if backend.template_state(kind) is None:
+                continue
+            listed = self.modules_of_size.get(size)
+            modules = frozenset(listed.read_text(encoding="utf-8").split()) if listed else None
+            if size not in self.kinds or modules is None or not backend.covers(kind, modules):
+                backend.discard(kind)
+                ended.append(size)
+            else:
+                kept.append(size)
+        if kept or ended:
+            self.ctx.emit("early_templates", kept=kept, ended=ended)
+
+    def _states(self) -> dict[int, str | None]:
+        backend = self._forker()
+        return {size: backend.template_state(template_kind(size)) for size in self.kinds}
+
+    def start_next(self) -> bool:
+        """Start the next templates the plan needs, no more at once than the host has cores:
+        they collect in parallel with each other and with the tests already running. True
+        when one started."""
+        if not self.on:
+            return False
+        backend = self._forker()
+        states = self._states()
+        starting = sum(1 for state in states.values() if state == "starting")
+        started = False
+        for size, state in states.items():
+            if starting >= max(1, os.cpu_count() or 1):
+                break
+            if state is None:
+                backend.prepare(template_kind(size), self.template_env(size))
+                starting += 1
+                started = True
+        return started
+
+    def cold_sizes(self, now: float) -> dict[int, float]:
+        """Request sizes whose workers cannot start at fork cost yet (their template has not
+        collected), each with when it is expected to have. No lease is taken for them until
+        then (or until it turned out unsafe); the scheduler reserves for them meanwhile."""
+        if not self.on:
+            return {}
+        backend = self._forker()
+        cold = {}
+        for size, state in self._states().items():
+            if state in (None, "starting"):
+                since = backend.template_started(template_kind(size))
+                cold[size] = (now if since is None else since) + self.ctx.startup_estimate
+        return cold
+
+    def template_env(self, size: int) -> dict[str, str]:
+        """The environment of the template of a size: it sees as many devices as its workers
+        will (an import-time `skipif(device_count() < 2)` decides alike) but initialises none,
+        and imports only the modules of its size's tests."""
+        env = templates_env(self.ctx, tuple(self.ctx.inventory.devices[:size]))
+        modules = self.modules_of_size.get(size)
+        if modules is not None:
+            env["DEVPOOL_COLLECT_ONLY"] = str(modules)
+        return env
+
+
+def template_kind(devices: int) -> str:
+    """The name of a fork server template's kind: the number of devices its workers hold."""
+    return f"{devices}-device"
+
+
+def templates_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
+    """A fork server template's environment: its workers', and no device runtime started."""
+    env = device_env(ctx, devices)
+    if ctx.inventory.platform.kind == "cuda":
+        # torch.cuda.is_available() at import (a skipif) asks NVML instead of calling
+        # cuInit, after which no child could use CUDA.
+        env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    return env
+
+
+def device_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
+    """A worker's environment for these devices (ctx: the run's inventory, id, artifacts)."""
+    env = dict(os.environ)
+    platform = ctx.inventory.platform
+    ids = ",".join(str(d) for d in devices)
+    env["DEVPOOL_DEVICES"] = ids
+    env["DEVPOOL_PLATFORM"] = platform.name
+    env["DEVPOOL_RUN_ID"] = ctx.run_id
+    env["DEVPOOL_ARTIFACTS"] = str(ctx.artifacts_dir)
+    if platform.visible_env:
+        # A CPU-only test sees no device at all: a stray device use fails loudly
+        # instead of silently sharing a card another test holds.
+        env[platform.visible_env] = ids
+    if platform.kind == "cuda":
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # ids are nvidia-smi's order
+    return env
