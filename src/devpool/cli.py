@@ -143,7 +143,11 @@ def _doctor(args: argparse.Namespace) -> int:
         if env and env in os.environ:
             print(f"{env}={os.environ[env]!r} is set: it narrows --devices auto")
     if settings.devices:
-        inventory = resolve_inventory(settings.devices, settings.platforms, os.environ)
+        try:
+            inventory = resolve_inventory(settings.devices, settings.platforms, os.environ)
+        except DevpoolError as exc:  # the diagnosis itself: say it, as a run would refuse
+            print(f"inventory: {exc}")
+            return 4
         print(f"inventory: {inventory.describe()} from {inventory.source}")
         probe = probes.probe_for(inventory.platform.kind, os.environ)
         seen = probe(inventory.devices)

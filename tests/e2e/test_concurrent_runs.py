@@ -366,6 +366,7 @@ def test_the_waiting_line_names_the_other_run_once_and_never_itself(tmp_path: Pa
     (waiter / "pyproject.toml").write_text((roots[0] / "pyproject.toml").read_text())
     (waiter / "test_it.py").write_text(WAITER)
     holder = start(roots[0], lock)
+    second: subprocess.Popen[str] | None = None
     try:
         deadline = time.monotonic() + 60
         while not flag.exists():
@@ -381,9 +382,10 @@ def test_the_waiting_line_names_the_other_run_once_and_never_itself(tmp_path: Pa
         out = second.communicate(timeout=120)[0]
         assert holder.wait(timeout=60) == 0
     finally:
-        for proc in (holder,):
-            if proc.poll() is None:
+        for proc in (holder, second):
+            if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     assert second.returncode == 0, out
     lines = [line for line in out.splitlines() if "waiting for devices" in line]
     assert len(lines) == 1, out

@@ -199,7 +199,13 @@ def _shard(args: argparse.Namespace) -> int:
         # is refined once from the shard count it gives.
         count = shards.shards_for_budget(items, budget, devices)
         fixed, _ = _fixed(args, name, devices, max(1, len(tests) // count))
-        if fixed and fixed < budget:
+        if fixed >= budget:
+            raise DevpoolError(
+                f"the budget is {budget:,.0f} s, and a run on this runner costs {fixed:,.0f} s "
+                "of start-up and fixed costs before its tests (from the history): no shard "
+                "fits; give a larger --budget"
+            )
+        if fixed:
             count = shards.shards_for_budget(items, budget - fixed, devices)
     fixed, _ = _fixed(args, name, devices, max(1, len(tests) // max(count, 1)))
     whole = shards.split_suite([t.nodeid for t in tests], items, count)

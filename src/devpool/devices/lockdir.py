@@ -136,14 +136,18 @@ class LockDir:
             return Blockers(devices=got)
         if not (want.ports or want.resources):
             return got
-        host = take_host_lease(
-            self.path,
-            holder,
-            want.ports,
-            want.port_range,
-            dict(want.resources),
-            dict(want.resource_capacity),
-        )
+        try:
+            host = take_host_lease(
+                self.path,
+                holder,
+                want.ports,
+                want.port_range,
+                dict(want.resources),
+                dict(want.resource_capacity),
+            )
+        except BaseException:
+            got.release()
+            raise
         if not isinstance(host, HostLease):
             got.release()  # no hold-and-wait: two runs can never deadlock on the rest
             return Blockers(host=host)

@@ -117,7 +117,8 @@ class Loop:
                 self._tend_health(now)
                 placed = False
                 if not self.stopped:
-                    if self.pool.warm.start_next():  # templates ahead of their leases
+                    queued = set(self.scheduler.queue.sizes())
+                    if self.pool.warm.start_next(queued):  # templates ahead of their leases
                         self.pool.forked = True
                     self.foreign.recheck(now)
                     self.placing.share(now)

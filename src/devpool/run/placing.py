@@ -142,19 +142,21 @@ class Placing:
             unavailable += sorted(self.health.unavailable())
             if self.limit is not None:
                 held = self.pool.held()
-                cold = sorted(set(self.ctx.inventory.devices) - held - set(unavailable))
-                unavailable += cold[max(0, self.limit - len(held)) :]
+                unheld = sorted(set(self.ctx.inventory.devices) - held - set(unavailable))
+                unavailable += unheld[max(0, self.limit - len(held)) :]
             idle = [
                 IdleWorker(
                     s.key, s.worker.devices, s.worker.lease.amount if s.worker.lease else None
                 )
                 for s in self.pool.idle.values()
             ]
-            collecting = self.pool.warm.cold_sizes(now)  # no lease waits for a template to collect
+            # No lease waits for a template to collect; templates start for what is queued.
+            collecting = self.pool.warm.cold_sizes(now, set(self.scheduler.queue.sizes()))
             placements = self.scheduler.schedule(now, unavailable, idle, collecting)
             if not placements:
                 return placed
             placed = True
+            self.stalled_since = None  # something of ours runs again: no longer stalled
             retried = False
             for placement in placements:
                 if not self._launch(placement, now):
@@ -372,7 +374,8 @@ class Placing:
             return
         if self.pool.slots or self.pool.starting or self.health.pending or self.foreign:
             return
-        if self.pool.warm.cold_sizes(now):
+        queued = set(self.scheduler.queue.sizes())
+        if queued & set(self.pool.warm.cold_sizes(now)):
             return  # our own templates still collect: nobody else is in the way
         if self.start(now):
             return  # jobs that came back to the queue after this turn's placing

@@ -70,18 +70,19 @@ class Warm:
         if kept or ended:
             self.ctx.emit("early_templates", kept=kept, ended=ended)
 
-    def _states(self) -> dict[int, str | None]:
+    def _states(self, sizes: set[int] | None = None) -> dict[int, str | None]:
         backend = self._forker()
-        return {size: backend.template_state(template_kind(size)) for size in self.kinds}
+        wanted = [s for s in self.kinds if sizes is None or s in sizes]
+        return {size: backend.template_state(template_kind(size)) for size in wanted}
 
-    def start_next(self) -> bool:
-        """Start the next templates the plan needs, no more at once than the host has cores:
-        they collect in parallel with each other and with the tests already running. True
-        when one started."""
+    def start_next(self, queued: set[int]) -> bool:
+        """Start the next templates of the sizes still queued, no more at once than the host
+        has cores: they collect in parallel with each other and with the tests already
+        running. True when one started."""
         if not self.on:
             return False
         backend = self._forker()
-        states = self._states()
+        states = self._states(queued)
         starting = sum(1 for state in states.values() if state == "starting")
         started = False
         for size, state in states.items():
@@ -93,15 +94,16 @@ class Warm:
                 started = True
         return started
 
-    def cold_sizes(self, now: float) -> dict[int, float]:
-        """Request sizes whose workers cannot start at fork cost yet (their template has not
-        collected), each with when it is expected to have. No lease is taken for them until
-        then (or until it turned out unsafe); the scheduler reserves for them meanwhile."""
+    def cold_sizes(self, now: float, queued: set[int] | None = None) -> dict[int, float]:
+        """Request sizes (of those queued) whose workers cannot start at fork cost yet (their
+        template has not collected), each with when it is expected to have. No lease is taken
+        for them until then (or until it turned out unsafe); the scheduler reserves for them
+        meanwhile."""
         if not self.on:
             return {}
         backend = self._forker()
         cold = {}
-        for size, state in self._states().items():
+        for size, state in self._states(queued).items():
             if state in (None, "starting"):
                 since = backend.template_started(template_kind(size))
                 cold[size] = (now if since is None else since) + self.ctx.startup_estimate

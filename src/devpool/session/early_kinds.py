@@ -35,7 +35,8 @@ def early_kinds(
     if not history.is_file():
         return []
     try:
-        with sqlite3.connect(f"file:{history}?mode=ro", uri=True, timeout=1.0) as conn:
+        uri = history.resolve().as_uri() + "?mode=ro"
+        with sqlite3.connect(uri, uri=True, timeout=1.0) as conn:
             rows = conn.execute(
                 "SELECT nodeid, device_count, duration FROM results WHERE platform = ? "
                 "ORDER BY time DESC LIMIT ?",

@@ -5,8 +5,8 @@ running: a child forked from it inherits the pool's state but not its threads, a
 on its first parallel op. `threading.enumerate()` lists Python's threads only; the kernel
 lists them all (/proc/self/task). A native thread is named by the library whose code is on
 its stack (its start routine's frame): each blocked thread's stack pointer is read from
-/proc/self/task/TID/syscall, and return addresses found on the stack are matched against
-the executable mappings of shared libraries (/proc/self/maps).
+/proc/self/task/TID/syscall, its stack through /proc/self/mem, and return addresses found
+there are matched against the executable mappings of shared libraries (/proc/self/maps).
 
 Some pools are safe to fork: OpenBLAS stops its threads before a fork and starts them
 again in the child (pthread_atfork). Every other native thread makes a template unsafe.
@@ -14,10 +14,10 @@ again in the child (pthread_atfork). Every other native thread makes a template 
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
+import bisect
 import os
 import re
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -59,16 +59,49 @@ def _maps() -> list[_Mapping]:
 
 
 def native_thread_ids() -> list[int]:
-    """Kernel threads of this process that are not Python threads."""
+    """Live kernel threads of this process that are not Python threads (a thread that has
+    just ended may linger in /proc a moment: it is no thread any more)."""
     try:
         tasks = {int(name) for name in os.listdir("/proc/self/task")}
     except OSError:
         return []
     python = {t.native_id for t in threading.enumerate() if t.native_id is not None}
-    return sorted(tasks - python)
+    return sorted(tid for tid in tasks - python if _alive(tid))
 
 
-def _origin(tid: int, maps: list[_Mapping]) -> str | None:
+def _alive(tid: int) -> bool:
+    try:
+        with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X", "x")
+
+
+class _Code:
+    """The executable mappings of shared libraries that say who started a thread, sorted
+    for bisection (the ones on every thread's stack left out)."""
+
+    def __init__(self, maps: list[_Mapping]) -> None:
+        code = [
+            m
+            for m in maps
+            if "x" in m.perms
+            and m.path.startswith("/")
+            and not EVERYWHERE.match(os.path.basename(m.path))
+        ]
+        code.sort(key=lambda m: m.start)
+        self.starts = [m.start for m in code]
+        self.code = code
+
+    def find(self, address: int) -> str | None:
+        index = bisect.bisect_right(self.starts, address) - 1
+        if index >= 0 and address < self.code[index].end:
+            return self.code[index].path
+        return None
+
+
+def _origin(tid: int, maps: list[_Mapping], code: _Code, memory: int) -> str | None:
     """The shared library whose code the thread's stack returns into, or None."""
     try:
         with open(f"/proc/self/task/{tid}/syscall", encoding="ascii") as handle:
@@ -81,14 +114,16 @@ def _origin(tid: int, maps: list[_Mapping]) -> str | None:
     stack = next((m for m in maps if m.start <= sp < m.end and "r" in m.perms), None)
     if stack is None:
         return None
-    code = [m for m in maps if "x" in m.perms and m.path.startswith("/")]
-    count = min(stack.end - sp, SCAN) // 8
-    words = (ctypes.c_uint64 * count).from_address(sp)
-    for word in words:
-        for mapping in code:
-            base = os.path.basename(mapping.path)
-            if mapping.start <= word < mapping.end and not EVERYWHERE.match(base):
-                return mapping.path
+    # Read through /proc/self/mem: a stack unmapped meanwhile (its thread ended) is an
+    # error here, never a crash of the template.
+    try:
+        raw = os.pread(memory, min(stack.end - sp, SCAN) // 8 * 8, sp)
+    except OSError:
+        return None
+    for (word,) in struct.iter_unpack("<Q", raw):
+        path = code.find(word)
+        if path is not None:
+            return path
     return None
 
 
@@ -102,28 +137,45 @@ def _name(path: str | None) -> str:
     return base
 
 
+def _safe(path: str | None) -> bool:
+    return path is not None and FORK_SAFE.search(os.path.basename(path)) is not None
+
+
 def unsafe_native_threads() -> str:
     """Why this process's native threads make it unsafe to fork ("" when they do not)."""
     tids = native_thread_ids()
     if not tids:
         return ""
-    with contextlib.suppress(OSError):
+    try:
+        memory = os.open("/proc/self/mem", os.O_RDONLY)
+    except OSError:
+        return f"it runs {len(tids)} native thread(s) that threading cannot see"
+    try:
         maps = _maps()
-        origins = [_origin(tid, maps) for tid in tids]
+        code = _Code(maps)
+        origins = {tid: _origin(tid, maps, code, memory) for tid in tids}
         deadline = time.monotonic() + SETTLE
-        while None in origins and time.monotonic() < deadline:
+        while None in origins.values() and time.monotonic() < deadline:
             # A pool that just ran spins a while before it blocks (OpenBLAS does): a running
-            # thread's stack pointer cannot be read. Look again once it has settled.
+            # thread's stack pointer cannot be read. Look again once it has settled, at the
+            # threads still there.
             time.sleep(0.02)
-            pairs = zip(tids, origins, strict=True)
-            origins = [o if o is not None else _origin(t, maps) for t, o in pairs]
-        unsafe = [o for o in origins if o is None or not FORK_SAFE.search(o)]
-        if not unsafe:
-            return ""
-        names = sorted({_name(o) for o in unsafe})
-        return (
-            f"it runs {len(unsafe)} native thread(s) that threading cannot see, started by "
-            f"{', '.join(names)}: a forked child would hang on its first parallel op "
-            "(OMP_NUM_THREADS=1, or no parallel op at import, lets it fork)"
-        )
-    return f"it runs {len(tids)} native thread(s) that threading cannot see"
+            live = set(native_thread_ids())
+            origins = {
+                tid: o if o is not None else _origin(tid, maps, code, memory)
+                for tid, o in origins.items()
+                if tid in live
+            }
+    except OSError:
+        return f"it runs {len(tids)} native thread(s) that threading cannot see"
+    finally:
+        os.close(memory)
+    unsafe = [o for o in origins.values() if not _safe(o)]
+    if not unsafe:
+        return ""
+    names = sorted({_name(o) for o in unsafe})
+    return (
+        f"it runs {len(unsafe)} native thread(s) that threading cannot see, started by "
+        f"{', '.join(names)}: a forked child would hang on its first parallel op "
+        "(OMP_NUM_THREADS=1, or no parallel op at import, lets it fork)"
+    )

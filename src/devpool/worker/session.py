@@ -96,9 +96,6 @@ class WorkerSession:
         self._open_stacks()
         self.forked = False  # a child of a template: it ends without interpreter shutdown
         self.exitstatus = 0
-        # The first cleanup registered runs last (they unwind in reverse): after pytest's own
-        # exit work and every other plugin's.
-        config.add_cleanup(self._exit_forked)
 
     def _exit_forked(self) -> None:
         """A forked worker ends here, once pytest and the plugins are done: the atexit
@@ -108,12 +105,34 @@ class WorkerSession:
         if not self.forked:
             return
         import atexit
+        import threading
 
-        atexit._run_exitfuncs()  # noqa: SLF001 - exactly what interpreter exit would run
+        # What interpreter exit would do before tearing down: join non-daemon threads and
+        # run threading's exit hooks (concurrent.futures finishes queued work), then every
+        # atexit handler (tests', plugins', logging's).
+        threading._shutdown()  # type: ignore[attr-defined]  # noqa: SLF001
+        atexit._run_exitfuncs()  # noqa: SLF001
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(self.exitstatus)
+
+    def _exit_last(self) -> None:
+        """Make the forked exit the config's outermost cleanup: every cleanup registered so
+        far (capture, assertion rewriting, plugins') and later runs before it."""
+        config: Any = self.config
+        stack = getattr(config, "_cleanup_stack", None)  # pytest >= 8.1
+        if isinstance(stack, contextlib.ExitStack):
+            outer = contextlib.ExitStack()
+            outer.callback(self._exit_forked)
+            outer.enter_context(stack)
+            config._cleanup_stack = outer  # noqa: SLF001
+            return
+        cleanups = getattr(config, "_cleanup", None)  # pytest 8.0: a list popped from the end
+        if isinstance(cleanups, list):
+            cleanups.insert(0, self._exit_forked)
+        else:
+            config.add_cleanup(self._exit_forked)
 
     def _open_stacks(self) -> None:
         """faulthandler writes every thread's stack to this file when the controller asks."""
@@ -184,6 +203,7 @@ class WorkerSession:
         # test must find every object in the collector's sight, as in plain pytest.
         gc.unfreeze()
         self.forked = True
+        self._exit_last()
         self.template = None
         self.fd_in, self.fd_out = fork.commands, fork.events
         self._open_stacks()
