@@ -26,7 +26,8 @@ from devpool.report.htmltext import ranges as _ranges
 from devpool.report.memory_lane import CSS as MEMORY_CSS
 from devpool.report.memory_lane import capacities, memory_section, read_holds
 from devpool.report.record import JobRun, RunRecord
-from devpool.report.summary import ORDER, XFAILED, XPASSED, verdict
+from devpool.report.summary import INTERRUPTED, XFAILED, XPASSED, RunSummary, summarize
+from devpool.report.summary import NOT_RUN as NOT_RUN_NAME
 from devpool.wording import counted
 
 # Bar colors by outcome; "running" is a job the record never saw end (a cut run).
@@ -81,6 +82,7 @@ class _Bar:
 
 def render_html(record: RunRecord) -> str:
     """The whole report for one run record, as a self-contained HTML document."""
+    summary = summarize(record)
     origin = _origin(record)
     bars = _bars(record, origin)
     span = max([record.duration(), *(bar.finish for bar in bars), 1e-3])
@@ -91,7 +93,7 @@ def render_html(record: RunRecord) -> str:
         f"<title>{escape(title)}</title>",
         f"<style>{_CSS}{MEMORY_CSS}</style>",
         "</head><body>",
-        _header(record, origin, title),
+        _header(record, summary, origin, title),
         _legend(),
         _timeline(record, bars, span),
         memory_section(
@@ -102,8 +104,8 @@ def render_html(record: RunRecord) -> str:
             PLOT_WIDTH,
             span,
         ),
-        troubles_section(record),
-        not_run_section(record),
+        troubles_section(summary),
+        not_run_section(summary),
         every_test_section(record),
         "</body></html>",
     ]
@@ -162,7 +164,7 @@ def _lanes(bars: Sequence[_Bar], scale: float) -> list[list[_Bar]]:
 # ---- header --------------------------------------------------------------------------------
 
 
-def _header(record: RunRecord, origin: float, title: str) -> str:
+def _header(record: RunRecord, summary: RunSummary, origin: float, title: str) -> str:
     devices = record.devices
     where = f"{record.platform}:{_ranges(devices)}" if devices else record.platform
     started = datetime.datetime.fromtimestamp(origin, tz=datetime.timezone.utc)
@@ -177,44 +179,29 @@ def _header(record: RunRecord, origin: float, title: str) -> str:
     lines = [f'<header><h1>{escape(title)}</h1><dl class="facts">']
     lines += [f"<dt>{escape(name)}</dt><dd>{escape(value)}</dd>" for name, value in facts]
     lines.append("</dl>")
-    cut = record.cut_sentence()
-    if record.interrupted:
-        lines.append(f'<p class="status cut">{escape(verdict(record))}.</p>')
-    elif cut is None:
-        status = (record.end or {}).get("exitstatus", 0)
-        tone = "finished" if status == 0 else "finished failing"
-        lines.append(f'<p class="status {tone}">The run finished.</p>')
+    if summary.interrupted or summary.cut is not None:
+        tone = "cut"
+    elif summary.exitstatus == 0:
+        tone = "finished"
     else:
-        lines.append(f'<p class="status cut">{escape(cut)}</p>')
+        tone = "finished failing"
+    # The banner says what happened: the verdict names what failed, not only that it ended.
+    lines.append(f'<p class="status {tone}">{escape(summary.verdict)}.</p>')
     if record.damage:
         lines.append(f'<p class="status damage">{escape(record.damage)}</p>')
-    lines.append(_totals(record))
+    lines.append(_totals(summary))
     lines.append("</header>")
     return "\n".join(lines)
 
 
-def _totals(record: RunRecord) -> str:
-    counts = record.counts()
-    running = sum(1 for run in record.jobs if run.outcome is None)
-    order = ORDER + sorted(set(counts) - set(ORDER))
+def _totals(summary: RunSummary) -> str:
+    css = {INTERRUPTED: UNFINISHED, NOT_RUN_NAME: NOT_RUN}
     chips = [
-        f'<span class="count outcome-{escape(name)}" data-outcome="{escape(name)}">'
-        f"{counts[name]:,} {escape(name)}</span>"
-        for name in order
-        if counts[name]
+        f'<span class="count outcome-{escape(css.get(name, name))}" data-outcome="{escape(name)}">'
+        f"{count:,} {escape(name)}</span>"
+        for name, count in summary.counts()
     ]
-    if running:
-        chips.append(
-            f'<span class="count outcome-{UNFINISHED}" data-outcome="{UNFINISHED}">'
-            f"{running:,} running when cut</span>"
-        )
-    missing = len(record.not_run()) - running
-    if missing > 0:
-        chips.append(
-            f'<span class="count outcome-{NOT_RUN}" data-outcome="{NOT_RUN}">'
-            f"{missing:,} not run</span>"
-        )
-    total = f"{record.total_tests:,} tests planned"
+    total = f"{summary.planned:,} tests planned"
     return f'<p class="totals">{" ".join(chips) or "no test finished"} <span>— {total}</span></p>'
 
 

@@ -86,7 +86,7 @@ class Replay:
             self._properties(report, attempt, outcome)
         attempt.phases.append(report)
         if not attempt.alone_next:  # the memory retry is not an attempt of the test
-            self.hook.pytest_runtest_logreport(report=report)
+            self.tell(report)
         self.ctx.emit(
             "report",
             nodeid=report.nodeid,
@@ -94,6 +94,16 @@ class Replay:
             outcome=report.outcome,
             duration=round(report.duration, 4),
         )
+
+    def tell(self, report: pytest.TestReport) -> None:
+        """Hand a report to pytest, and keep the category its closing line counts it in, for
+        the run record: every report form counts as the terminal did (report.summary)."""
+        self.hook.pytest_runtest_logreport(report=report)
+        if not getattr(report, "count_towards_summary", True):
+            return
+        status = self.hook.pytest_report_teststatus(report=report, config=self.session.config)
+        if status and status[0]:
+            report.devpool_counted = str(status[0])  # type: ignore[attr-defined]
 
     def _judge(self, report: pytest.TestReport, attempt: Attempt) -> None:
         """Rerun or flaky, decided before pytest sees the report, so it counts it right."""
@@ -197,7 +207,7 @@ class Replay:
                 self._properties(report, attempt, outcome)
             reports.append(report)
             if not silent:
-                self.hook.pytest_runtest_logreport(report=report)
+                self.tell(report)
         attempt.phases = reports
         log = None
         if outcome.gates:
@@ -298,6 +308,7 @@ class Replay:
             tail=lines,
             quarantined=quarantine.describe() if quarantine is not None else None,
             **_category(attempt.phases, outcome),
+            counted=[c for r in attempt.phases if (c := getattr(r, "devpool_counted", None))],
             artifacts=str(artifacts) if artifacts is not None else None,
             **_ranks(worker),
             **({"memory_peak": attempt.peak_memory} if attempt.peak_memory else {}),
@@ -434,17 +445,19 @@ def _category(phases: list[pytest.TestReport], outcome: Outcome) -> dict[str, st
 
 def outcome_of(phases: list[pytest.TestReport]) -> Outcome:
     """A finished test's outcome from its phase reports, as pytest's own summary would count it."""
-    if any(getattr(r, "devpool_outcome", None) == Outcome.FLAKY for r in phases):
-        return Outcome.FLAKY
+    flaky = any(getattr(r, "devpool_outcome", None) == Outcome.FLAKY for r in phases)
+    # A failure after the flaky pass (its teardown) is the test's ending, as pytest counts it.
     failed = [
         r
         for r in phases
-        if r.failed
+        if (r.failed and getattr(r, "devpool_outcome", None) != Outcome.FLAKY)
         or getattr(r, "devpool_outcome", None) == RERUN
         or getattr(r, "devpool_quarantined", False)
     ]
-    if failed:
+    if failed and not (flaky and all(r.when == "call" for r in failed)):
         return Outcome.FAILED if any(r.when == "call" for r in failed) else Outcome.ERROR
+    if flaky:
+        return Outcome.FLAKY
     if any(r.skipped for r in phases):
         return Outcome.SKIPPED
     return Outcome.PASSED

@@ -35,7 +35,8 @@ from devpool.plan.markers import Request, request_for
 from devpool.report import github, progress
 from devpool.report.github import GitHubLog
 from devpool.report.junit import Attempt
-from devpool.report.record import RecordWriter, host_name, read_record
+from devpool.report.record import LiveRecord, RecordWriter, host_name, read_record
+from devpool.report.summary import summarize
 from devpool.report.terminal import Trouble, lend_endings, take_back
 from devpool.run.loop import Loop
 from devpool.session import jobs, past_runs, summary, workers
@@ -93,7 +94,10 @@ class Controller:
         self.host = host_name()
         self.record_path = settings.run_record or self.run_dir / "record.jsonl"
         self.record: RecordWriter | None = None
-        self.listeners: list[Listener] = []
+        # The record as it is written, read by the code that reads a file: the terminal's
+        # summary renders the same summary as `devpool report` (report.summary).
+        self.live_record = LiveRecord(self.record_path)
+        self.listeners: list[Listener] = [self.live_record]
         self.github: GitHubLog | None = None
         self.early_backend: LocalBackend | None = None  # started while collecting
 
@@ -173,8 +177,9 @@ class Controller:
         if self.record is None:
             return
         counts: dict[str, int] = {}
-        for trouble in self.troubles:
-            counts[trouble.outcome.value] = counts.get(trouble.outcome.value, 0) + 1
+        for ending in summarize(self.live_record.record).troubles:
+            outcome = ending.job.outcome or "?"
+            counts[outcome] = counts.get(outcome, 0) + 1
         self.emit("session_end", exitstatus=int(exitstatus), troubles=counts)
         self.record.close()
         self.releasable = past_runs.write_results(

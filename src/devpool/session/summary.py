@@ -15,8 +15,9 @@ from devpool.history.quarantine import Entry
 from devpool.outcomes import RERUN, Outcome
 from devpool.report.github import GitHubLog
 from devpool.report.junit import Attempt, fold_attempts
-from devpool.report.record import RecordWriter
-from devpool.report.terminal import Trouble, print_repeats, print_summary
+from devpool.report.record import LiveRecord, RecordWriter
+from devpool.report.summary import summarize
+from devpool.report.terminal import print_repeats, print_summary
 from devpool.session.past_runs import RELEASE_AFTER
 
 
@@ -25,11 +26,10 @@ class Findings(Protocol):
 
     config: pytest.Config
     inventory: Inventory
-    troubles: list[Trouble]
     repeats: dict[str, list[tuple[Outcome, str]]]
     quarantined: dict[str, Entry]
     quarantine_notes: list[str]
-    quarantine_failures: list[Trouble]
+    live_record: LiveRecord
     releasable: list[str]
     bad_devices: dict[int, str]
     device_notes: list[str]
@@ -56,18 +56,19 @@ def teststatus(report: pytest.TestReport) -> tuple[str, str, tuple[str, Mapping[
 
 
 def write_summary(terminalreporter: Any, found: Findings) -> None:
-    """Notes, quarantined failures, retired devices, deselections, then the summary itself."""
+    """Notes, quarantined failures, retired devices, deselections, then the summary itself:
+    the run's one summary (report.summary), read from the record as it was written."""
+    run = summarize(found.live_record.record)
     for note in found.quarantine_notes:
         terminalreporter.write_line(f"devpool: WARNING: {note}", red=True, bold=True)
-    if found.quarantine_failures:
+    if run.quarantined:
         terminalreporter.write_sep(
-            "-", f"devpool: {len(found.quarantine_failures)} quarantined, failed, not gating"
+            "-", f"devpool: {len(run.quarantined)} quarantined, failed, not gating"
         )
-        for trouble in found.quarantine_failures:
-            entry = found.quarantined.get(trouble.nodeid.split("[")[0])
-            why = f" — {entry.describe()}" if entry else ""
+        for ending in run.quarantined:
+            job = ending.job
             terminalreporter.write_line(
-                f"{trouble.outcome.value.upper():8} {trouble.nodeid}{why}  log: {trouble.log}"
+                f"{ending.label:8} {job.nodeid} — {job.quarantined}  log: {job.log}"
             )
     for nodeid in found.releasable:
         terminalreporter.write_line(
@@ -94,9 +95,9 @@ def write_summary(terminalreporter: Any, found: Findings) -> None:
             terminalreporter.write_line(line)
     # The summary stays outside every group: it is what a reader of a collapsed log sees.
     print_repeats(terminalreporter, found.repeats)
-    print_summary(terminalreporter, found.troubles, found.config.invocation_params.dir)
+    print_summary(terminalreporter, run, found.config.invocation_params.dir)
     if found.github is not None:
-        for line in found.github.annotations():
+        for line in found.github.annotations(run):
             terminalreporter.write_line(line)
     if found.record is not None:
         terminalreporter.write_line(f"devpool: run record {found.record_path}")
