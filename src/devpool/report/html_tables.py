@@ -13,14 +13,16 @@ UNFINISHED = "running"
 
 
 def troubles_section(summary: RunSummary) -> str:
-    """The tests that did not pass, then the flaky ones, each with its tail (report.summary)."""
-    if not summary.troubles and not summary.flaky:
+    """The tests that did not pass, then the flaky and the quarantined ones, each with its tail
+    (report.summary)."""
+    if not summary.troubles and not summary.flaky and not summary.quarantined:
         passed = summary.count(Outcome.PASSED.value)
         return f'<section class="troubles"><h2>All {passed:,} tests passed</h2></section>'
     out = ['<section class="troubles">']
     for title, css, endings in (
         ("Tests that did not pass", "trouble", summary.troubles),
         ("Flaky: failed, then passed on a rerun", "flaky", summary.flaky),
+        ("Quarantined: failed, not gating", "quarantined", summary.quarantined),
     ):
         if endings:
             out.append(f"<h2>{title} ({len(endings):,})</h2>")
@@ -30,6 +32,7 @@ def troubles_section(summary: RunSummary) -> str:
 
 
 def _endings_table(summary: RunSummary, css: str, endings: Sequence[Ending]) -> str:
+    label = "flaky" if css == "flaky" else ""  # its ending may be a later error: told apart
     out = [
         "<table><thead><tr><th>test</th><th>outcome</th><th>devices</th><th>attempt</th>"
         "<th>duration</th><th>detail</th><th>log</th></tr></thead><tbody>"
@@ -41,8 +44,8 @@ def _endings_table(summary: RunSummary, css: str, endings: Sequence[Ending]) -> 
         out.append(
             f'<tr class="{css} outcome-{escape(outcome)}" data-nodeid="{escape(run.nodeid)}">'
             f'<td class="nodeid">{escape(run.nodeid)}</td>'
-            f'<td><span class="count outcome-{escape(outcome)}">{escape(ending.label.lower())}'
-            "</span></td>"
+            f'<td><span class="count outcome-{escape(outcome)}">'
+            f"{escape(label or ending.label.lower())}</span></td>"
             f"<td>{escape(devices)}</td><td>{run.attempt}</td>"
             f"<td>{escape(duration(run.test_time))}</td>"
             f'<td class="detail">{escape(run.detail)}</td>'

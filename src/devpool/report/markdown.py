@@ -53,7 +53,7 @@ def summary_markdown(summary: RunSummary) -> str:
             for row in summary.repeats
         ]
         lines.append("")
-    endings = [*summary.troubles, *summary.flaky]
+    endings = [*summary.troubles, *[e for e in summary.flaky if e not in summary.troubles]]
     if endings:
         lines += [f"### Logs: tests that did not pass, and flaky ones ({len(endings)})", ""]
         for ending in endings:

@@ -96,7 +96,7 @@ class RunSummary:
     # counted, in the order they ended), then "interrupted" and "not run"
     tests: Mapping[str, tuple[str, ...]]
     troubles: tuple[Ending, ...]  # gating endings, in the order they ended
-    flaky: tuple[Ending, ...]  # failed, then passed on a rerun (not gating)
+    flaky: tuple[Ending, ...]  # failed, then passed on a rerun
     quarantined: tuple[Ending, ...]  # failed but excused by the quarantine
     use: tuple[DeviceUse, ...]
     repeats: tuple[RepeatRow, ...]
@@ -183,7 +183,13 @@ def summarize(record: RunRecord) -> RunSummary:
         damage=record.damage,
         tests={name: tuple(ids) for name, ids in tests.items()},
         troubles=tuple(ending(job) for job in ends if job.gating),
-        flaky=tuple(ending(j) for j in ends if j.outcome == Outcome.FLAKY.value and not j.gating),
+        # pytest counted a flaky pass for these: named as flaky, whatever came after it (a
+        # teardown error, or --devpool-flaky-result fail) is told among the troubles too
+        flaky=tuple(
+            ending(finals[nodeid])
+            for nodeid in dict.fromkeys(tests.get(Outcome.FLAKY.value, ()))
+            if nodeid in finals
+        ),
         quarantined=tuple(
             ending(job)
             for job in ends

@@ -168,6 +168,11 @@ def print_summary(tr: Any, summary: RunSummary, cwd: Path) -> None:
     test that did not pass gets its outcome, devices, reason, the logs of all its attempts and
     a few last lines; flaky, interrupted and not-run tests are named.
     """
+    if summary.quarantined:
+        tr.write_sep("-", f"devpool: {len(summary.quarantined)} quarantined, failed, not gating")
+        for ending in summary.quarantined:
+            job = ending.job
+            tr.write_line(f"{ending.label:8} {job.nodeid} — {job.quarantined}  log: {job.log}")
     if summary.flaky:
         tr.write_sep("-", f"devpool: {len(summary.flaky)} flaky (failed, then passed on a rerun)")
         for ending in summary.flaky:

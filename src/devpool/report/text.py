@@ -24,7 +24,7 @@ def render_text(record: RunRecord, tail_lines: int = 50) -> str:
     if summary.repeats:
         out.append("repeat results (lowest pass rate first):")
         out += [f"  {row.line()}" for row in summary.repeats]
-    for ending in [*summary.troubles, *summary.flaky]:
+    for ending in [*summary.troubles, *[e for e in summary.flaky if e not in summary.troubles]]:
         job = ending.job
         out.append(
             f"{ending.label:8} {job.nodeid}  [{where(summary.platform, job.devices)}]  "

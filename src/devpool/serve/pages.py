@@ -16,7 +16,6 @@ from devpool.devices.sizes import format_size
 from devpool.report.htmltext import escape
 
 STATE_COLORS = {"free": "#2e7d32", "held": "#c62828", "shared": "#ef6c00"}
-OUTCOME_ORDER = ("passed", "failed", "error", "timeout", "crashed", "infra", "flaky", "skipped")
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#fafafa;color:#212121}
@@ -198,9 +197,9 @@ def _progress(run: Mapping[str, Any]) -> str:
 
 
 def _counts(counts: Mapping[str, int]) -> str:
-    names = [n for n in OUTCOME_ORDER if n in counts] + sorted(set(counts) - set(OUTCOME_ORDER))
+    """The run's counts in the order its summary gives them (report.summary): no sorting here."""
     out = []
-    for name in names:
+    for name in counts:
         css = "bad" if name in ("failed", "error", "timeout", "crashed", "infra") else ""
         out.append(f'<span class="{css}">{counts[name]} {escape(name)}</span>')
     return ", ".join(out) or '<span class="muted">none yet</span>'

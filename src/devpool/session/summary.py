@@ -61,15 +61,6 @@ def write_summary(terminalreporter: Any, found: Findings) -> None:
     run = summarize(found.live_record.record)
     for note in found.quarantine_notes:
         terminalreporter.write_line(f"devpool: WARNING: {note}", red=True, bold=True)
-    if run.quarantined:
-        terminalreporter.write_sep(
-            "-", f"devpool: {len(run.quarantined)} quarantined, failed, not gating"
-        )
-        for ending in run.quarantined:
-            job = ending.job
-            terminalreporter.write_line(
-                f"{ending.label:8} {job.nodeid} — {job.quarantined}  log: {job.log}"
-            )
     for nodeid in found.releasable:
         terminalreporter.write_line(
             f"devpool: {nodeid} is quarantined but passed its last {RELEASE_AFTER} runs: "
