@@ -318,16 +318,23 @@ class Replay:
         attempt.move(State.CONCLUDED, ctx.emit, outcome=outcome.value, retried=retried)
 
     def _properties(self, report: pytest.TestReport, attempt: Attempt, outcome: Outcome) -> None:
-        """devpool's facts on the report closing a test; --junitxml writes them as properties."""
+        """devpool's facts on the report closing a test; --junitxml writes them as properties.
+
+        Only facts that say something, so a green run's file stays near plain pytest's size:
+        the devices of a test that held any, the attempt when it is not the first, its outcome
+        where pytest has no word for it (timeout, crashed, infra, flaky), setbacks, ports,
+        resources and memory peaks when there were any."""
         job = attempt.job
+        said: list[tuple[str, object]] = []
+        if attempt.devices or job.devices_needed:
+            said.append(("devpool.devices", self.where(attempt.devices)))
+        if outcome in (Outcome.TIMEOUT, Outcome.CRASHED, Outcome.INFRA, Outcome.FLAKY):
+            said.append(("devpool.outcome", outcome.value))
+        if job.attempt > 1:
+            said.append(("devpool.attempt", str(job.attempt)))
         report.user_properties = [
             *report.user_properties,
-            ("devpool.outcome", outcome.value),
-            ("devpool.devices", self.where(attempt.devices)),
-            ("devpool.platform", self.platform.name),
-            ("devpool.host", self.ctx.host),
-            ("devpool.queue_wait", f"{job.waited:.3f}"),
-            ("devpool.attempt", str(job.attempt)),
+            *said,
             *host_leases.properties(attempt),
         ]
         if job.setbacks:  # not attempts of the test, but the record of the run says them

@@ -173,7 +173,7 @@ class Controller:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.early_backend is not None:  # the run ended before its loop (or after)
             self.early_backend.close()
-        summary.fold_junit(self.config, self.retried)
+        summary.fold_junit(self.config, self.retried, list(self.items))
         if self.record is None:
             return
         counts: dict[str, int] = {}

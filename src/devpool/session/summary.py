@@ -4,7 +4,7 @@ summary, and the attempts folded into --junitxml."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -94,24 +94,24 @@ def write_summary(terminalreporter: Any, found: Findings) -> None:
         terminalreporter.write_line(f"devpool: run record {found.record_path}")
 
 
-def fold_junit(config: pytest.Config, retried: Mapping[str, list[Attempt]]) -> None:
-    """--junitxml: fold the attempts of tests run again into their testcase (report.junit)."""
+def fold_junit(
+    config: pytest.Config, retried: Mapping[str, list[Attempt]], collected: Sequence[str]
+) -> None:
+    """--junitxml: fold the attempts of tests run again into their testcase, and put the
+    testcases in collection order, as plain pytest writes them (report.junit)."""
     xmlpath = getattr(config.option, "xmlpath", None)
-    if xmlpath and retried and os.path.exists(xmlpath):
+    if xmlpath and os.path.exists(xmlpath):
         prefix = getattr(config.option, "junitprefix", None)
-        fold_attempts(Path(xmlpath), _junit_keys(retried, prefix))
+        order = [_junit_key(nodeid, prefix) for nodeid in collected]
+        keys = {_junit_key(nodeid, prefix): attempts for nodeid, attempts in retried.items()}
+        fold_attempts(Path(xmlpath), keys, order)
 
 
-def _junit_keys(
-    retried: Mapping[str, list[Attempt]], prefix: str | None
-) -> dict[tuple[str, str], list[Attempt]]:
+def _junit_key(nodeid: str, prefix: str | None) -> tuple[str, str]:
     """(classname, name) as pytest's junitxml derives them from a node id."""
     from _pytest.junitxml import mangle_test_address
 
-    keys = {}
-    for nodeid, attempts in retried.items():
-        names = mangle_test_address(nodeid)
-        if prefix:
-            names[0] = f"{prefix}.{names[0]}"
-        keys[(".".join(names[:-1]), names[-1])] = attempts
-    return keys
+    names = mangle_test_address(nodeid)
+    if prefix:
+        names[0] = f"{prefix}.{names[0]}"
+    return ".".join(names[:-1]), names[-1]
