@@ -43,6 +43,31 @@ class Trouble:
     earlier: tuple[Path, ...] = ()  # the logs of its attempts that ran again, first to last
 
 
+@dataclass(frozen=True)
+class _Gateway:
+    id: str
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a report ran, in the shape pytest's terminal reads xdist's worker from
+    (`report.node.gateway.id`): under -v each line starts `[sim:2,3]` or `[cpu]`, as xdist's
+    start `[gw0]`. One object per place, so --junitxml keys a test's phases alike."""
+
+    gateway: _Gateway
+    # pytest writes this line above a failure of a report from an xdist worker: nothing here,
+    # FAILURES reads as plain pytest's
+    _workerinfocache: str = ""
+
+
+_PLACES: dict[str, Where] = {}
+
+
+def where_ran(place: str) -> Where:
+    """The one Where for a place ('sim:2,3', 'cpu')."""
+    return _PLACES.setdefault(place, Where(_Gateway(place)))
+
+
 def file_name(nodeid: str, attempt: int) -> str:
     """A name for one attempt of one test that any filesystem accepts."""
     name = _UNSAFE.sub("_", nodeid).strip("_")[-150:]

@@ -22,7 +22,14 @@ from devpool.history.durations import TestResult, runner_class
 from devpool.outcomes import RERUN, Outcome
 from devpool.plan.jobs import Job
 from devpool.report.junit import Attempt as JunitAttempt
-from devpool.report.terminal import Trouble, file_name, log_path, tail, write_test_log
+from devpool.report.terminal import (
+    Trouble,
+    file_name,
+    log_path,
+    tail,
+    where_ran,
+    write_test_log,
+)
 from devpool.run import host_leases
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
@@ -47,6 +54,7 @@ class Replay:
         # logstart, each report writes one whole line (id and result), as pytest's own -v does.
         manager = session.config.pluginmanager
         terminal = manager.get_plugin("terminalreporter")
+        self._verbose = terminal is not None and session.config.get_verbosity() > 0
         self._logstart = (
             manager.subset_hook_caller("pytest_runtest_logstart", [terminal])
             if terminal is not None
@@ -86,7 +94,7 @@ class Replay:
             self._properties(report, attempt, outcome)
         attempt.phases.append(report)
         if not attempt.alone_next:  # the memory retry is not an attempt of the test
-            self.tell(report)
+            self.tell(report, attempt)
         self.ctx.emit(
             "report",
             nodeid=report.nodeid,
@@ -95,9 +103,14 @@ class Replay:
             duration=round(report.duration, 4),
         )
 
-    def tell(self, report: pytest.TestReport) -> None:
+    def tell(self, report: pytest.TestReport, attempt: Attempt) -> None:
         """Hand a report to pytest, and keep the category its closing line counts it in, for
-        the run record: every report form counts as the terminal did (report.summary)."""
+        the run record: every report form counts as the terminal did (report.summary).
+
+        Under -v, the report names where it ran as xdist's name their worker: pytest's
+        terminal writes `[sim:2,3] [ 50%] PASSED test_x.py::test_a` (report.terminal)."""
+        if self._verbose:
+            report.node = where_ran(self.where(attempt.devices))  # type: ignore[attr-defined]
         self.hook.pytest_runtest_logreport(report=report)
         if not getattr(report, "count_towards_summary", True):
             return
@@ -207,7 +220,7 @@ class Replay:
                 self._properties(report, attempt, outcome)
             reports.append(report)
             if not silent:
-                self.tell(report)
+                self.tell(report, attempt)
         attempt.phases = reports
         log = None
         if outcome.gates:

@@ -36,6 +36,7 @@ from devpool.report import github, progress
 from devpool.report.github import GitHubLog
 from devpool.report.junit import Attempt
 from devpool.report.record import LiveRecord, RecordWriter, host_name, read_record
+from devpool.report.slow import SlowTests
 from devpool.report.summary import summarize
 from devpool.report.terminal import Trouble, lend_endings, take_back
 from devpool.run.loop import Loop
@@ -97,7 +98,8 @@ class Controller:
         # The record as it is written, read by the code that reads a file: the terminal's
         # summary renders the same summary as `devpool report` (report.summary).
         self.live_record = LiveRecord(self.record_path)
-        self.listeners: list[Listener] = [self.live_record]
+        self.slow = SlowTests(settings.slow_timeout)
+        self.listeners: list[Listener] = [self.live_record, self.slow]
         self.github: GitHubLog | None = None
         self.early_backend: LocalBackend | None = None  # started while collecting
 
@@ -129,9 +131,15 @@ class Controller:
             listener.event(event_type, fields)
 
     def flush_record(self) -> None:
-        """Lines of the record that waited long enough go to disk (a run idles for long)."""
+        """Lines of the record that waited long enough go to disk (a run idles for long); the
+        loop asks at least once a second, so SLOW lines that are due are said here too."""
         if self.record is not None:
             self.record.flush_due()
+        lines = self.slow.due()
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter") if lines else None
+        if terminal is not None:
+            for line in lines:
+                terminal.write_line(line, yellow=True)
 
     def _start_record(self, session: pytest.Session, plan: Plan) -> None:
         prune_runs(self.run_dir, self.settings)
