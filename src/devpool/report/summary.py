@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from devpool.devices.inventory import format_ids
 from devpool.outcomes import Outcome
@@ -101,6 +101,10 @@ class RunSummary:
     use: tuple[DeviceUse, ...]
     repeats: tuple[RepeatRow, ...]
     cut: str | None = None  # the sentence of a run that never ended
+    # test → its final category (pytest's word where it has one: xfailed, xpassed), and
+    # "interrupted" or "not run" for the planned tests without one
+    outcomes: Mapping[str, str] = field(default_factory=dict)
+    durations: Mapping[str, float] = field(default_factory=dict)  # test → its final test time
 
     def counts(self) -> list[tuple[str, int]]:
         """(category, count) in the closed order, categories that no test is in left out."""
@@ -198,6 +202,12 @@ def summarize(record: RunRecord) -> RunSummary:
         use=tuple(device_use(record)),
         repeats=tuple(repeats(record)),
         cut=record.cut_sentence(),
+        outcomes={
+            **{nodeid: NOT_RUN for nodeid in missing if nodeid != "?"},
+            **{nodeid: INTERRUPTED for nodeid in interrupted},
+            **{nodeid: job.shown or "?" for nodeid, job in finals.items()},
+        },
+        durations={nodeid: job.test_time for nodeid, job in finals.items()},
     )
 
 
