@@ -248,7 +248,9 @@ def _timeline(record: RunRecord, bars: Sequence[_Bar], span: float) -> str:
         y += GROUP_GAP
         out.append('<g class="cpu-group">')
         for number, lane in enumerate(cpu_lanes):
-            label = "cpu" if number == 0 else f"cpu {number + 1}"
+            # Lanes are room for short bars, not CPU slots: only the first is named, as a
+            # device's extra lanes are ("cpu 2".."cpu 8" for a run of 2 slots misled).
+            label = "cpu" if number == 0 else ""
             out.append(f'<g class="cpu-row" data-lane="{number}">')
             out.append(_row(label, y, lane, scale, record.platform, None))
             out.append("</g>")
@@ -391,6 +393,7 @@ _CSS = (
     ".row-label,.axis-name{text-anchor:end}.axis-name{fill:#656d76}"
     ".tick{text-anchor:middle;fill:#656d76}.grid{stroke:#d8dee4;stroke-width:1}"
     ".track{fill:#f3f4f6}"
+    ".timeline,.memory{overflow-x:auto}"  # a narrow window scrolls the chart, not the page
     ".bar{fill:#57606a;stroke:#fff;stroke-width:0.5}.bar:hover{stroke:#1f2328;stroke-width:1.5}"
     ".bar.outcome-running{stroke:#0969da;stroke-dasharray:3 2}"
     f".startup,.swatch.startup{{fill:{STARTUP_COLOR};background:{STARTUP_COLOR}}}"
@@ -398,7 +401,8 @@ _CSS = (
     "tr:target{background:#fff8c5}"
     "table{border-collapse:collapse;width:100%}"
     "th,td{text-align:left;vertical-align:top;padding:4px 8px;border-bottom:1px solid #d8dee4}"
-    ".nodeid{font-family:ui-monospace,monospace;word-break:break-all}"
+    ".nodeid{font-family:ui-monospace,monospace;overflow-wrap:anywhere}"
+    "td.nodeid{min-width:16em}td.log{max-width:28em;overflow-wrap:anywhere}"
     "pre.tail{margin:0;max-height:24em;overflow:auto;background:#f6f8fa;padding:8px;"
     "font:12px/1.35 ui-monospace,monospace;white-space:pre-wrap;word-break:break-all}"
 ) + _outcome_css()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from devpool.outcomes import Outcome
-from devpool.report.htmltext import duration, escape, ints, ranges
+from devpool.report.htmltext import breakable, duration, escape, ints, ranges
 from devpool.report.record import RunRecord
 from devpool.report.summary import INTERRUPTED, NOT_RUN, Ending, RunSummary
 
@@ -43,13 +43,13 @@ def _endings_table(summary: RunSummary, css: str, endings: Sequence[Ending]) -> 
         devices = f"{summary.platform}:{ranges(ints(run.devices))}" if run.devices else "cpu"
         out.append(
             f'<tr class="{css} outcome-{escape(outcome)}" data-nodeid="{escape(run.nodeid)}">'
-            f'<td class="nodeid">{escape(run.nodeid)}</td>'
+            f'<td class="nodeid">{breakable(run.nodeid)}</td>'
             f'<td><span class="count outcome-{escape(outcome)}">'
             f"{escape(label or ending.label.lower())}</span></td>"
             f"<td>{escape(devices)}</td><td>{run.attempt}</td>"
             f"<td>{escape(duration(run.test_time))}</td>"
             f'<td class="detail">{escape(run.detail)}</td>'
-            f'<td class="log"><code>{escape(run.log)}</code></td></tr>'
+            f'<td class="log"><code>{breakable(run.log)}</code></td></tr>'
         )
         if run.tail:
             out.append(
@@ -72,7 +72,7 @@ def not_run_section(summary: RunSummary) -> str:
             continue
         out.append(f'<section class="{css}"><h2>{title} ({len(ids):,})</h2><ul>')
         out += [
-            f'<li class="nodeid" data-nodeid="{escape(nodeid)}">{escape(nodeid)}</li>'
+            f'<li class="nodeid" data-nodeid="{escape(nodeid)}">{breakable(nodeid)}</li>'
             for nodeid in ids
         ]
         out.append("</ul></section>")
@@ -93,7 +93,7 @@ def every_test_section(record: RunRecord) -> str:
         startup = max(0.0, held - run.test_time)
         out.append(
             f'<tr id="test-{index}" class="test" data-nodeid="{escape(run.nodeid)}">'
-            f'<td class="nodeid">{escape(run.nodeid)}</td>'
+            f'<td class="nodeid">{breakable(run.nodeid)}</td>'
             f'<td><span class="count outcome-{escape(shown)}">{escape(shown)}</span></td>'
             f"<td>{escape(devices)}</td><td>{run.attempt}</td>"
             f"<td>{escape(duration(run.test_time))}</td><td>{escape(duration(startup))}</td>"
