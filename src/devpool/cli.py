@@ -83,6 +83,19 @@ def _host_locks(held: list[HostLockState]) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    if args.diff:
+        from devpool.report.diff import render_diff
+
+        if args.record or args.html or args.step_summary:
+            raise DevpoolError(
+                "--diff OLD NEW compares two runs: give no record, --html or --step-summary with it"
+            )
+        if not args.slower > 1:
+            raise DevpoolError(f"--slower must be a factor above 1, got {args.slower:g}")
+        sys.stdout.write(
+            render_diff([Path(p) for p in args.diff], args.format or "text", args.slower)
+        )
+        return 0
     path = Path(args.record) if args.record else latest_record(Path.cwd())
     if path is None:
         raise DevpoolError("no run record given and none under .devpool/runs/ here")
@@ -211,6 +224,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="how to print the run (default text)",
     )
     report.add_argument("--html", metavar="OUT", help="write a self-contained HTML timeline")
+    report.add_argument(
+        "--diff",
+        nargs=2,
+        metavar=("OLD", "NEW"),
+        help="what changed between two runs (record.jsonl or run folder): newly failing, "
+        "fixed, newly flaky, gone, new, slower",
+    )
+    report.add_argument(
+        "--slower",
+        type=float,
+        default=2.0,
+        metavar="FACTOR",
+        help="with --diff: a test this many times slower than in OLD is a regression (2; "
+        "tests under 0.1 s in NEW never are)",
+    )
     report.add_argument(
         "--step-summary", action="store_true", help="append Markdown to GITHUB_STEP_SUMMARY"
     )

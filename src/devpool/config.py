@@ -151,6 +151,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("test-timeout", _seconds, "default per-test time limit in seconds (marker wins)"),
     Option("worker-start-timeout", _seconds, "seconds a worker may take to start and collect"),
     Option("timeout-grace", _seconds, "seconds between SIGTERM and SIGKILL on a timeout"),
+    Option(
+        "slow-timeout", _seconds, "a test running this long is said SLOW, again at each multiple"
+    ),
     Option("skip-unsatisfiable", _flag, "skip tests needing more than the pool has", flag=True),
     Option("plan", _flag, "print the jobs and their planned order, run nothing", flag=True),
     Option(
@@ -308,6 +311,7 @@ class Settings:
     lease_timeout: float = 600.0
     test_timeout: float | None = None
     timeout_grace: float = 5.0
+    slow_timeout: float = 60.0
     worker_start_timeout: float = 300.0
     skip_unsatisfiable: bool = False
     plan: bool = False

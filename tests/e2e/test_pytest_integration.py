@@ -137,9 +137,14 @@ def test_reports_replayed_once_per_test_terminal_and_junitxml(
     result.assert_outcomes(passed=3, failed=1)
     lines = result.stdout.lines
     for name, word in [("p1", "PASSED"), ("p2", "PASSED"), ("p3", "PASSED"), ("f", "FAILED")]:
-        shown = [line for line in lines if re.match(rf"test_rep\.py::test_{name} +{word}", line)]
+        where = r"\[(sim:[\d,-]+|cpu)\] \[ *\d+%\]"
+        shown = [
+            line for line in lines if re.match(rf"{where} {word} test_rep\.py::test_{name}\b", line)
+        ]
         assert len(shown) == 1, (name, shown)
-        others = [line for line in lines if re.match(rf"test_rep\.py::test_{name} +\w+", line)]
+        others = [
+            line for line in lines if re.match(rf"{where} \w+ test_rep\.py::test_{name}\b", line)
+        ]
         assert len(others) == 1, (name, others)
 
     root = ET.parse(pytester.path / "out.xml").getroot()

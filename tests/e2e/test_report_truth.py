@@ -183,7 +183,12 @@ def test_an_interrupted_run_says_so_and_names_what_did_not_run(tmp_path: Path) -
     for nodeid in not_run:
         assert nodeid in text, text
     data = json.loads(report(record, tmp_path, "--format", "json"))
-    assert data["interrupted"] is True and data["not_run"] == not_run
+    # test_block ran when the signal came: interrupted; the others never started: not run.
+    assert data["tests"]["interrupted"] == ["test_block.py::test_block"]
+    assert data["interrupted"] is True and data["not_run"] == not_run[1:]
+    terminal = (tmp_path / "out.txt").read_text()
+    assert "INTERRUPTED test_block.py::test_block" in terminal, terminal
+    assert all(f"NOT RUN  {nodeid}" in terminal for nodeid in not_run[1:]), terminal
     assert "interrupted" in data["verdict"]
     markdown = report(record, tmp_path, "--format", "markdown")
     assert "interrupted" in markdown and all(f"`{nodeid}`" in markdown for nodeid in not_run)

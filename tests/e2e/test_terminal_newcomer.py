@@ -159,8 +159,10 @@ def test_verbose_lines_end_with_their_result(
     result = run(pytester, lock, "--devices", "sim:0-1", "--devpool-cpu-slots", "2", "-v")
     output = text(result)
     assert result.ret == 1, output
+    # One whole line per report, naming where it ran as xdist names its worker ([gw0]).
     for name, word in (("test_a", "PASSED"), ("test_b", "FAILED"), ("test_c", "PASSED")):
-        assert re.search(rf"^test_v\.py::{name} {word}\s+\[\s*\d+%\]$", output, re.M), output
+        line = rf"^\[(sim:[\d,-]+|cpu)\] \[\s*\d+%\] {word} test_v\.py::{name} ?$"
+        assert re.search(line, output, re.M), output
     assert not re.search(r"^test_v\.py::test_\w+ *$", output, re.M), output  # id, no result
 
 

@@ -99,7 +99,8 @@ def test_a_lane_per_device_with_each_hold_stacked_at_its_declared_size(tmp_path:
     over = elements(page, "over")
     assert {p["data-nodeid"] for p in over} == {"t.py::b"}  # more than its 2 GiB
     assert "peak: 3 GiB (more than declared)" in page
-    assert "8 GiB of 8 GiB" not in page and "6 GiB of 8 GiB" in page
+    assert "8 GiB of 8 GiB" not in page and "6 GiB of 8 GiB" in page  # the note's title
+    assert ">6 GiB</text>" in page and ">of 8 GiB</text>" in page  # two short lines
 
 
 def test_no_memory_test_no_memory_section(tmp_path: Path) -> None:

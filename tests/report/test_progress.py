@@ -1,12 +1,14 @@
-"""The live progress panel: when it shows, and what it says."""
+"""The live status line: when it shows, and what it says."""
 
 from __future__ import annotations
 
 import io
+import sys
 
+import pytest
 from rich.console import Console
 
-from devpool.report.progress import LiveProgress, RunningJob, Snapshot, render, wanted
+from devpool.report.progress import LiveProgress, RunningJob, Snapshot, line, render, wanted
 
 
 class Option:
@@ -21,7 +23,7 @@ def text_of(snapshot: Snapshot) -> str:
     return out.getvalue()
 
 
-def test_panel_shows_devices_queue_running_jobs_and_who_blocks_us() -> None:
+def test_one_line_names_running_tests_queue_done_devices_and_who_blocks_us() -> None:
     snapshot = Snapshot(
         devices_total=8,
         devices_busy=6,
@@ -31,23 +33,35 @@ def test_panel_shows_devices_queue_running_jobs_and_who_blocks_us() -> None:
         waiting_on="sim:7 held by pid 4242 (user ci2)",
         counts={"passed": 118, "failed": 2},
     )
+    assert line(snapshot) == (
+        "devpool: running 10: tests/t.py::test_9 9s [sim:9], tests/t.py::test_8 8s [sim:8], "
+        "+8 more · queued 40 · done 120 (118 passed, 2 failed) · devices 6/8 busy · "
+        "waiting for sim:7 held by pid 4242 (user ci2)"
+    )
     shown = text_of(snapshot)
-    assert "devices 6/8 busy · queued 40 · running 10 · done 120 (118 passed, 2 failed)" in shown
-    assert "tests/t.py::test_9" in shown  # longest-running first
-    assert "tests/t.py::test_0" not in shown  # only eight lines of running jobs
-    assert "… and 2 more" in shown
-    assert "waiting for sim:7 held by pid 4242 (user ci2)" in shown
+    assert len(shown.splitlines()) == 1 and shown.rstrip().endswith("…")  # cut to the width
+    assert shown.startswith("devpool: running 10: tests/t.py::test_9 9s [sim:9]")  # no markup
+    idle = Snapshot(devices_total=2, devices_busy=0, queued=0, running=[], done=0)
+    assert line(idle) == "devpool: running 0 · queued 0 · done 0 · devices 0/2 busy"
 
 
-def test_no_live_panel_in_ci_when_quiet_or_when_piped() -> None:
+def test_no_live_line_in_ci_when_very_quiet_or_when_piped() -> None:
     assert not wanted(Option(), {"CI": "true"})
     assert not wanted(Option(), {"GITHUB_ACTIONS": "true"})
     assert not wanted(Option(), {"TERM": "dumb"})
+    very_quiet = Option()
+    very_quiet.verbose = -2
+    assert not wanted(very_quiet, {})
+    # pytest's own output is not a terminal here (captured): no line either.
+    assert not wanted(Option(), {})
+
+
+def test_live_line_on_a_terminal_even_with_q(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     quiet = Option()
     quiet.verbose = -1
-    assert not wanted(quiet, {})
-    # pytest's own output is not a terminal here (captured): no panel either.
-    assert not wanted(Option(), {})
+    assert wanted(quiet, {}) and wanted(Option(), {"CI": "false"})
+    assert not wanted(Option(), {"CI": "true"})
 
 
 class Writer:

@@ -15,8 +15,8 @@ from devpool.report import github
 from devpool.report.github import GitHubLog, annotation, escape_data, escape_property
 from devpool.report.jsonout import render_json
 from devpool.report.markdown import render_markdown
-from devpool.report.record import SCHEMA_VERSION, RecordWriter, read_record
-from devpool.report.summary import totals, troubles
+from devpool.report.record import SCHEMA_VERSION, LiveRecord, RecordWriter, read_record
+from devpool.report.summary import summarize
 from devpool.report.text import render_text
 
 T0 = 1_700_000_000.0
@@ -151,10 +151,10 @@ def test_round_trip_keeps_every_event(tmp_path: Path) -> None:
     assert failed.tail == ["E   assert 1 == 2", "t.py:7: AssertionError"]
     assert failed.log == "/logs/t.py_test_b.log" and failed.queue_wait == 0.25
     assert failed.start is not None and failed.end == T0 + 2.0
-    assert record.counts() == {"passed": 2, "failed": 1}
     assert record.cut_sentence() is None
-    assert totals(record) == [("passed", 2), ("failed", 1)]
-    assert [job.nodeid for job in troubles(record)] == ["t.py::test_b"]
+    summary = summarize(record)
+    assert summary.counts() == [("passed", 2), ("failed", 1)]
+    assert [ending.job.nodeid for ending in summary.troubles] == ["t.py::test_b"]
 
 
 def test_writer_keeps_non_ascii_and_odd_values(tmp_path: Path) -> None:
@@ -173,8 +173,9 @@ def test_rerun_counts_the_last_attempt_only(tmp_path: Path) -> None:
     ]
     record = read_record(write_record(tmp_path / "r.jsonl", events))
     assert len(record.jobs) == 2
-    assert record.counts() == {"passed": 1}
-    assert troubles(record) == []
+    summary = summarize(record)
+    assert summary.counts() == [("passed", 1)]  # an older record: no `counted`, no `retried`
+    assert summary.troubles == ()
 
 
 def test_record_cut_mid_line_reads_up_to_the_damage(tmp_path: Path) -> None:
@@ -313,7 +314,8 @@ def test_cut_sentence_for_a_record_without_session_end(tmp_path: Path) -> None:
     sentence = record.cut_sentence()
     assert sentence is not None
     assert "did not finish" in sentence and "2 of 5 tests ran" in sentence
-    assert totals(record) == [("passed", 1), ("failed", 1), ("not run", 3)]
+    counts = summarize(record).counts()
+    assert counts == [("passed", 1), ("failed", 1), ("interrupted", 1), ("not run", 2)]
 
 
 # ---- text, markdown, json ----------------------------------------------------------------
@@ -322,7 +324,8 @@ def test_cut_sentence_for_a_record_without_session_end(tmp_path: Path) -> None:
 def test_render_text_of_a_cut_run(tmp_path: Path) -> None:
     text = render_text(read_record(write_record(tmp_path / "r.jsonl", cut_events())))
     assert "did not finish" in text and "2 of 5 tests ran" in text
-    assert "1 passed" in text and "1 failed" in text and "3 not run" in text
+    assert "1 passed" in text and "1 failed" in text and "1 interrupted" in text
+    assert "2 not run" in text
     assert "t.py::test_b" in text and "cut-run-marker" in text
     assert "/logs/t.py_test_b.log" in text
 
@@ -346,7 +349,8 @@ def test_render_markdown_of_a_cut_run(tmp_path: Path) -> None:
     md = render_markdown(read_record(write_record(tmp_path / "r.jsonl", cut_events())))
     assert "did not finish" in md and "2 of 5 tests ran" in md
     assert "| outcome | tests |" in md
-    assert "| passed | 1 |" in md and "| failed | 1 |" in md and "| not run | 3 |" in md
+    assert "| passed | 1 |" in md and "| failed | 1 |" in md and "| not run | 2 |" in md
+    assert "| interrupted | 1 |" in md and "- `t.py::test_c`" in md
     assert "cut-run-marker" in md and "t.py::test_b" in md
 
 
@@ -378,7 +382,8 @@ def test_render_json_of_a_cut_run(tmp_path: Path) -> None:
     data = json.loads(render_json(read_record(write_record(tmp_path / "r.jsonl", cut_events()))))
     assert data["finished"] is False and data["exitstatus"] is None
     assert "did not finish" in data["verdict"] and "2 of 5 tests ran" in data["verdict"]
-    assert data["totals"] == {"passed": 1, "failed": 1, "not run": 3}
+    assert data["totals"] == {"passed": 1, "failed": 1, "interrupted": 1, "not run": 2}
+    assert data["tests"]["interrupted"] == ["t.py::test_c"]
     by_node = {job["nodeid"]: job for job in data["jobs"]}
     assert by_node["t.py::test_a"]["outcome"] == "passed"
     assert by_node["t.py::test_b"]["tail"] == ["E   AssertionError: cut-run-marker"]
@@ -504,7 +509,11 @@ def test_annotations_point_at_file_and_1_based_line() -> None:
     gh.event("job_end", _ended("tests/t.py::test_b", "passed", None))
     gh.event("job_end", _ended("tests/t.py::test_c", "timeout", None, devices=[0, 1]))
     gh.event("job_end", _ended("other.py::test_d", "crashed", None))
-    lines = gh.annotations()
+    live = LiveRecord(Path("r.jsonl"))
+    live.event("session_start", {"platform": "sim", "devices": [0, 1, 2], "tests": 4})
+    for number, fields in enumerate(gh.ended):
+        live.event("job_end", {**fields, "job": number})
+    lines = gh.annotations(summarize(live.record))
     assert len(lines) == 3
     assert lines[0].startswith(
         "::error file=tests/t.py,line=10,title=FAILED tests/t.py%3A%3Atest_a::"

@@ -26,6 +26,16 @@ def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
     return page, dialogs
 
 
+def _fits(page: Any, tmp_path: Path, name: str) -> None:
+    """At 1400 and 800 px the page needs no sideways scroll (log names and test ids wrap, at
+    their separators: no element is wider than the window)."""
+    for width in (1400, 800):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.screenshot(path=str(tmp_path / f"{name}-{width}.png"), full_page=True)
+        assert page.evaluate("document.documentElement.scrollWidth") <= width, (name, width)
+    page.set_viewport_size({"width": 1400, "height": 900})
+
+
 def _holders(page: Any) -> dict[str, list[str]]:
     """Each device box's name → the test ids its holders show, as the page renders them."""
     shown: dict[str, list[str]] = {}
@@ -60,6 +70,10 @@ def test_a_run_holding_devices_appears_within_2s_and_leaves_when_it_ends(
     page.locator(".device .test", has_text="test_hold.py::test_plain").wait_for(timeout=2000)
     assert time.monotonic() - held_at < 2.5
     page.screenshot(path=str(tmp_path / "holding.png"), full_page=True)
+    _fits(page, tmp_path, "holding")
+    held = page.locator(".device[data-state=held]").first
+    # Held is a busy host's normal state: a calm colour, not the red of failures.
+    assert held.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(21, 101, 192)"
 
     # The hostile id is text: no dialog, no <img> made of it, the exact text on the page.
     assert dialogs == []
@@ -95,6 +109,7 @@ def test_a_run_holding_devices_appears_within_2s_and_leaves_when_it_ends(
     page.locator("#recent .recent-run").first.wait_for(timeout=5000)
     assert dialogs == []
     page.screenshot(path=str(tmp_path / "after.png"), full_page=True)
+    _fits(page, tmp_path, "after")
     recent = server.json("/api/v1/runs/recent")["runs"]
     assert recent[0]["counts"] == {"passed": 2} and recent[0]["ending"] == "passed (exit 0)"
 

@@ -12,12 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from devpool.outcomes import GATING
 from devpool.report.markdown import render_markdown
 from devpool.report.record import RunRecord
+from devpool.report.summary import RunSummary, where
 from devpool.report.terminal import strip_ansi, tail
 
-_GATING = {outcome.value for outcome in GATING}
 GROUP_LOG_LINES = 400
 
 
@@ -95,21 +94,20 @@ class GitHubLog:
             lines.append("::endgroup::")
         return lines
 
-    def annotations(self) -> list[str]:
-        """One ::error per test that did not pass, pointing at the test's file and line."""
+    def annotations(self, summary: RunSummary) -> list[str]:
+        """One ::error per test that did not pass (the run's one summary), pointing at the
+        test's file and line."""
         lines = []
-        for fields in self.ended:
-            outcome = str(fields["outcome"])
-            if not fields.get("gating", outcome in _GATING):
-                continue
-            nodeid = str(fields["nodeid"])
-            test = str(fields.get("test", nodeid))
-            path, lineno, _ = self.locations.get(test, (test.split("::")[0], None, ""))
-            title = f"{outcome.upper()} {nodeid}"
-            if outcome != "failed" and outcome != "error":
-                title += f" on {self._where(fields)}"
-            body = [str(fields.get("detail", ""))]
-            body += [safe_line(line) for line in list(fields.get("tail", []))[-15:]]
+        for ending in summary.troubles:
+            job = ending.job
+            path, lineno, _ = self.locations.get(
+                job.test_id, (job.test_id.split("::")[0], None, "")
+            )
+            title = f"{ending.label} {job.nodeid}"
+            if job.outcome not in ("failed", "error"):
+                title += f" on {where(summary.platform, job.devices)}"
+            body = [job.detail]
+            body += [safe_line(line) for line in job.tail[-15:]]
             lines.append(
                 annotation(title, "\n".join(body), path, lineno + 1 if lineno is not None else None)
             )

@@ -26,7 +26,8 @@ from devpool.report.htmltext import ranges as _ranges
 from devpool.report.memory_lane import CSS as MEMORY_CSS
 from devpool.report.memory_lane import capacities, memory_section, read_holds
 from devpool.report.record import JobRun, RunRecord
-from devpool.report.summary import ORDER, XFAILED, XPASSED, verdict
+from devpool.report.summary import INTERRUPTED, XFAILED, XPASSED, RunSummary, summarize
+from devpool.report.summary import NOT_RUN as NOT_RUN_NAME
 from devpool.wording import counted
 
 # Bar colors by outcome; "running" is a job the record never saw end (a cut run).
@@ -81,6 +82,7 @@ class _Bar:
 
 def render_html(record: RunRecord) -> str:
     """The whole report for one run record, as a self-contained HTML document."""
+    summary = summarize(record)
     origin = _origin(record)
     bars = _bars(record, origin)
     span = max([record.duration(), *(bar.finish for bar in bars), 1e-3])
@@ -91,7 +93,7 @@ def render_html(record: RunRecord) -> str:
         f"<title>{escape(title)}</title>",
         f"<style>{_CSS}{MEMORY_CSS}</style>",
         "</head><body>",
-        _header(record, origin, title),
+        _header(record, summary, origin, title),
         _legend(),
         _timeline(record, bars, span),
         memory_section(
@@ -102,8 +104,8 @@ def render_html(record: RunRecord) -> str:
             PLOT_WIDTH,
             span,
         ),
-        troubles_section(record),
-        not_run_section(record),
+        troubles_section(summary),
+        not_run_section(summary),
         every_test_section(record),
         "</body></html>",
     ]
@@ -162,7 +164,7 @@ def _lanes(bars: Sequence[_Bar], scale: float) -> list[list[_Bar]]:
 # ---- header --------------------------------------------------------------------------------
 
 
-def _header(record: RunRecord, origin: float, title: str) -> str:
+def _header(record: RunRecord, summary: RunSummary, origin: float, title: str) -> str:
     devices = record.devices
     where = f"{record.platform}:{_ranges(devices)}" if devices else record.platform
     started = datetime.datetime.fromtimestamp(origin, tz=datetime.timezone.utc)
@@ -177,44 +179,29 @@ def _header(record: RunRecord, origin: float, title: str) -> str:
     lines = [f'<header><h1>{escape(title)}</h1><dl class="facts">']
     lines += [f"<dt>{escape(name)}</dt><dd>{escape(value)}</dd>" for name, value in facts]
     lines.append("</dl>")
-    cut = record.cut_sentence()
-    if record.interrupted:
-        lines.append(f'<p class="status cut">{escape(verdict(record))}.</p>')
-    elif cut is None:
-        status = (record.end or {}).get("exitstatus", 0)
-        tone = "finished" if status == 0 else "finished failing"
-        lines.append(f'<p class="status {tone}">The run finished.</p>')
+    if summary.interrupted or summary.cut is not None:
+        tone = "cut"
+    elif summary.exitstatus == 0:
+        tone = "finished"
     else:
-        lines.append(f'<p class="status cut">{escape(cut)}</p>')
+        tone = "finished failing"
+    # The banner says what happened: the verdict names what failed, not only that it ended.
+    lines.append(f'<p class="status {tone}">{escape(summary.verdict)}.</p>')
     if record.damage:
         lines.append(f'<p class="status damage">{escape(record.damage)}</p>')
-    lines.append(_totals(record))
+    lines.append(_totals(summary))
     lines.append("</header>")
     return "\n".join(lines)
 
 
-def _totals(record: RunRecord) -> str:
-    counts = record.counts()
-    running = sum(1 for run in record.jobs if run.outcome is None)
-    order = ORDER + sorted(set(counts) - set(ORDER))
+def _totals(summary: RunSummary) -> str:
+    css = {INTERRUPTED: UNFINISHED, NOT_RUN_NAME: NOT_RUN}
     chips = [
-        f'<span class="count outcome-{escape(name)}" data-outcome="{escape(name)}">'
-        f"{counts[name]:,} {escape(name)}</span>"
-        for name in order
-        if counts[name]
+        f'<span class="count outcome-{escape(css.get(name, name))}" data-outcome="{escape(name)}">'
+        f"{count:,} {escape(name)}</span>"
+        for name, count in summary.counts()
     ]
-    if running:
-        chips.append(
-            f'<span class="count outcome-{UNFINISHED}" data-outcome="{UNFINISHED}">'
-            f"{running:,} running when cut</span>"
-        )
-    missing = len(record.not_run()) - running
-    if missing > 0:
-        chips.append(
-            f'<span class="count outcome-{NOT_RUN}" data-outcome="{NOT_RUN}">'
-            f"{missing:,} not run</span>"
-        )
-    total = f"{record.total_tests:,} tests planned"
+    total = f"{summary.planned:,} tests planned"
     return f'<p class="totals">{" ".join(chips) or "no test finished"} <span>— {total}</span></p>'
 
 
@@ -261,7 +248,9 @@ def _timeline(record: RunRecord, bars: Sequence[_Bar], span: float) -> str:
         y += GROUP_GAP
         out.append('<g class="cpu-group">')
         for number, lane in enumerate(cpu_lanes):
-            label = "cpu" if number == 0 else f"cpu {number + 1}"
+            # Lanes are room for short bars, not CPU slots: only the first is named, as a
+            # device's extra lanes are ("cpu 2".."cpu 8" for a run of 2 slots misled).
+            label = "cpu" if number == 0 else ""
             out.append(f'<g class="cpu-row" data-lane="{number}">')
             out.append(_row(label, y, lane, scale, record.platform, None))
             out.append("</g>")
@@ -404,6 +393,7 @@ _CSS = (
     ".row-label,.axis-name{text-anchor:end}.axis-name{fill:#656d76}"
     ".tick{text-anchor:middle;fill:#656d76}.grid{stroke:#d8dee4;stroke-width:1}"
     ".track{fill:#f3f4f6}"
+    ".timeline,.memory{overflow-x:auto}"  # a narrow window scrolls the chart, not the page
     ".bar{fill:#57606a;stroke:#fff;stroke-width:0.5}.bar:hover{stroke:#1f2328;stroke-width:1.5}"
     ".bar.outcome-running{stroke:#0969da;stroke-dasharray:3 2}"
     f".startup,.swatch.startup{{fill:{STARTUP_COLOR};background:{STARTUP_COLOR}}}"
@@ -411,7 +401,8 @@ _CSS = (
     "tr:target{background:#fff8c5}"
     "table{border-collapse:collapse;width:100%}"
     "th,td{text-align:left;vertical-align:top;padding:4px 8px;border-bottom:1px solid #d8dee4}"
-    ".nodeid{font-family:ui-monospace,monospace;word-break:break-all}"
+    ".nodeid{font-family:ui-monospace,monospace;overflow-wrap:anywhere}"
+    "td.nodeid{min-width:16em}td.log{max-width:28em;overflow-wrap:anywhere}"
     "pre.tail{margin:0;max-height:24em;overflow:auto;background:#f6f8fa;padding:8px;"
     "font:12px/1.35 ui-monospace,monospace;white-space:pre-wrap;word-break:break-all}"
 ) + _outcome_css()

@@ -2,62 +2,80 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from devpool.outcomes import Outcome
-from devpool.report.htmltext import duration, escape, ints, ranges
-from devpool.report.record import JobRun, RunRecord
+from devpool.report.htmltext import breakable, duration, escape, ints, ranges
+from devpool.report.record import RunRecord
+from devpool.report.summary import INTERRUPTED, NOT_RUN, Ending, RunSummary
 
 UNFINISHED = "running"
-_QUIET = frozenset({Outcome.PASSED.value, Outcome.SKIPPED.value})
 
 
-def troubled(record: RunRecord) -> list[JobRun]:
-    """Final attempts that did not pass, then jobs the cut left running."""
-    done = [run for run in record.final_attempts() if run.outcome not in _QUIET]
-    return done + [run for run in record.jobs if run.outcome is None]
-
-
-def troubles_section(record: RunRecord) -> str:
-    runs = troubled(record)
-    if not runs:
-        passed = record.counts()[Outcome.PASSED.value]
+def troubles_section(summary: RunSummary) -> str:
+    """The tests that did not pass, then the flaky and the quarantined ones, each with its tail
+    (report.summary)."""
+    if not summary.troubles and not summary.flaky and not summary.quarantined:
+        passed = summary.count(Outcome.PASSED.value)
         return f'<section class="troubles"><h2>All {passed:,} tests passed</h2></section>'
+    out = ['<section class="troubles">']
+    for title, css, endings in (
+        ("Tests that did not pass", "trouble", summary.troubles),
+        ("Flaky: failed, then passed on a rerun", "flaky", summary.flaky),
+        ("Quarantined: failed, not gating", "quarantined", summary.quarantined),
+    ):
+        if endings:
+            out.append(f"<h2>{title} ({len(endings):,})</h2>")
+            out.append(_endings_table(summary, css, endings))
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _endings_table(summary: RunSummary, css: str, endings: Sequence[Ending]) -> str:
+    label = "flaky" if css == "flaky" else ""  # its ending may be a later error: told apart
     out = [
-        f'<section class="troubles"><h2>Tests that did not pass ({len(runs):,})</h2>',
         "<table><thead><tr><th>test</th><th>outcome</th><th>devices</th><th>attempt</th>"
-        "<th>duration</th><th>detail</th><th>log</th></tr></thead><tbody>",
+        "<th>duration</th><th>detail</th><th>log</th></tr></thead><tbody>"
     ]
-    for run in runs:
+    for ending in endings:
+        run = ending.job
         outcome = run.outcome or UNFINISHED
-        devices = f"{record.platform}:{ranges(ints(run.devices))}" if run.devices else "cpu"
-        took = duration(run.test_time) if run.end is not None else "—"
+        devices = f"{summary.platform}:{ranges(ints(run.devices))}" if run.devices else "cpu"
         out.append(
-            f'<tr class="trouble outcome-{escape(outcome)}" data-nodeid="{escape(run.nodeid)}">'
-            f'<td class="nodeid">{escape(run.nodeid)}</td>'
-            f'<td><span class="count outcome-{escape(outcome)}">{escape(outcome)}</span></td>'
-            f"<td>{escape(devices)}</td><td>{run.attempt}</td><td>{escape(took)}</td>"
+            f'<tr class="{css} outcome-{escape(outcome)}" data-nodeid="{escape(run.nodeid)}">'
+            f'<td class="nodeid">{breakable(run.nodeid)}</td>'
+            f'<td><span class="count outcome-{escape(outcome)}">'
+            f"{escape(label or ending.label.lower())}</span></td>"
+            f"<td>{escape(devices)}</td><td>{run.attempt}</td>"
+            f"<td>{escape(duration(run.test_time))}</td>"
             f'<td class="detail">{escape(run.detail)}</td>'
-            f'<td class="log"><code>{escape(run.log)}</code></td></tr>'
+            f'<td class="log"><code>{breakable(run.log)}</code></td></tr>'
         )
         if run.tail:
             out.append(
                 f'<tr class="tail-row"><td colspan="7"><pre class="tail">'
                 f"{escape(chr(10).join(run.tail))}</pre></td></tr>"
             )
-    out.append("</tbody></table></section>")
+    out.append("</tbody></table>")
     return "\n".join(out)
 
 
-def not_run_section(record: RunRecord) -> str:
-    """The planned tests that never ended (an interrupted or cut run)."""
-    missing = record.not_run()
-    if not missing:
-        return ""
-    out = [f'<section class="not-run"><h2>Not run ({len(missing):,})</h2><ul>']
-    out += [
-        f'<li class="nodeid" data-nodeid="{escape(nodeid)}">{escape(nodeid)}</li>'
-        for nodeid in missing
-    ]
-    out.append("</ul></section>")
+def not_run_section(summary: RunSummary) -> str:
+    """The planned tests that never ended: interrupted (running when the run ended), not run."""
+    out = []
+    for name, css, title in (
+        (INTERRUPTED, "interrupted", "Interrupted: running when the run ended"),
+        (NOT_RUN, "not-run", "Not run"),
+    ):
+        ids = [nodeid for nodeid in summary.tests.get(name, ()) if nodeid != "?"]
+        if not ids:
+            continue
+        out.append(f'<section class="{css}"><h2>{title} ({len(ids):,})</h2><ul>')
+        out += [
+            f'<li class="nodeid" data-nodeid="{escape(nodeid)}">{breakable(nodeid)}</li>'
+            for nodeid in ids
+        ]
+        out.append("</ul></section>")
     return "\n".join(out)
 
 
@@ -75,7 +93,7 @@ def every_test_section(record: RunRecord) -> str:
         startup = max(0.0, held - run.test_time)
         out.append(
             f'<tr id="test-{index}" class="test" data-nodeid="{escape(run.nodeid)}">'
-            f'<td class="nodeid">{escape(run.nodeid)}</td>'
+            f'<td class="nodeid">{breakable(run.nodeid)}</td>'
             f'<td><span class="count outcome-{escape(shown)}">{escape(shown)}</span></td>'
             f"<td>{escape(devices)}</td><td>{run.attempt}</td>"
             f"<td>{escape(duration(run.test_time))}</td><td>{escape(duration(startup))}</td>"

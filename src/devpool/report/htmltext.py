@@ -22,6 +22,15 @@ def escape(value: object) -> str:
     return html.escape(text, quote=True)
 
 
+_BREAKS = re.compile(r"(::|[/\[\].,_-])")
+
+
+def breakable(value: object) -> str:
+    """A node id or path, escaped, that wraps after its separators ('::', '/', '[', '-', '_',
+    ...) rather than mid-word: a <wbr> after each (CSS breaks anywhere only if it must)."""
+    return _BREAKS.sub(r"\1<wbr>", escape(value))
+
+
 def ranges(ids: Sequence[int]) -> str:
     """[0, 1, 2, 3, 5] → '0-3,5'."""
     parts: list[str] = []

@@ -6,14 +6,16 @@ import json
 from typing import Any
 
 from devpool.report.record import RunRecord
-from devpool.report.summary import device_use, repeats, totals, verdict
+from devpool.report.summary import NOT_RUN, summarize
 
 REPORT_SCHEMA = "devpool-report/1"
 
 
 def render_json(record: RunRecord) -> str:
-    """Every attempt with its devices and times, the totals, and how the run ended."""
-    duration = record.duration()
+    """Every attempt with its devices and times, and the run's one summary (report.summary):
+    counts, every category's tests, how the run ended."""
+    summary = summarize(record)
+    duration = summary.duration
     data: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "run_id": record.start.get("run_id"),
@@ -21,18 +23,19 @@ def render_json(record: RunRecord) -> str:
         "devices": record.devices,
         "finished": record.finished,
         "exitstatus": record.end.get("exitstatus") if record.end else None,
-        "verdict": verdict(record),
+        "verdict": summary.verdict,
         "damage": record.damage,
         "duration": round(duration, 3),
-        "totals": dict(totals(record)),
+        "totals": dict(summary.counts()),
+        # category → node ids, a test once per report pytest counted ("?": a not-run test an
+        # older record does not name)
+        "tests": {name: list(ids) for name, ids in summary.tests.items()},
         "interrupted": record.interrupted,
-        "not_run": record.not_run(),
+        "not_run": [nodeid for nodeid in summary.tests.get(NOT_RUN, ()) if nodeid != "?"],
         # share of the run a lease held each device (worker start-up included) ...
-        "utilisation": {str(u.device): round(u.share(duration), 4) for u in device_use(record)},
+        "utilisation": {str(u.device): round(u.share(duration), 4) for u in summary.use},
         # ... and share of the run its tests ran
-        "test_utilisation": {
-            str(u.device): round(u.test_share(duration), 4) for u in device_use(record)
-        },
+        "test_utilisation": {str(u.device): round(u.test_share(duration), 4) for u in summary.use},
         "repeats": [
             {
                 "nodeid": row.nodeid,
@@ -40,7 +43,7 @@ def render_json(record: RunRecord) -> str:
                 "passed": row.passed,
                 "failed_on": dict(row.failed_on),
             }
-            for row in repeats(record)
+            for row in summary.repeats
         ],
         "jobs": [
             {

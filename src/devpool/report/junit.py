@@ -1,8 +1,10 @@
-"""JUnit XML: fold a test's retried attempts into its final testcase, as cargo-nextest does.
+"""JUnit XML as plain pytest writes it, with retried attempts folded as cargo-nextest does.
 
-pytest's --junitxml writes one <testcase> per attempt. After it has written the file,
-each earlier attempt becomes a child of the final testcase: <flakyFailure>/<flakyError>
-when the test passed in the end, <rerunFailure>/<rerunError> when it did not.
+pytest's --junitxml writes one <testcase> per attempt, in the order reports arrive (the order
+tests ended, under devpool). After it has written the file, each earlier attempt becomes a
+child of the final testcase: <flakyFailure>/<flakyError> when the test passed in the end,
+<rerunFailure>/<rerunError> when it did not; and the testcases go back into collection order,
+the order plain pytest writes them in.
 """
 
 from __future__ import annotations
@@ -30,10 +32,17 @@ def _attempt_of(case: ET.Element) -> int:
     return 1
 
 
-def fold_attempts(path: Path, attempts: Mapping[tuple[str, str], Sequence[Attempt]]) -> int:
-    """Rewrite the file in place; attempts are keyed by (classname, name). Returns folds made."""
+def fold_attempts(
+    path: Path,
+    attempts: Mapping[tuple[str, str], Sequence[Attempt]],
+    order: Sequence[tuple[str, str]] = (),
+) -> int:
+    """Rewrite the file in place; attempts are keyed by (classname, name), `order` lists those
+    keys in collection order (testcases not in it keep their place after the ones that are).
+    Returns the folds made."""
     tree = ET.parse(path)
     folds = 0
+    rank = {key: index for index, key in enumerate(order)}
     for suite in tree.iter("testsuite"):
         by_name: dict[tuple[str, str], list[ET.Element]] = {}
         for case in suite.findall("testcase"):
@@ -56,5 +65,15 @@ def fold_attempts(path: Path, attempts: Mapping[tuple[str, str], Sequence[Attemp
                 )
                 child.text = attempt.text
                 folds += 1
-    tree.write(path, encoding="utf-8", xml_declaration=True)
+        if rank:
+            cases = suite.findall("testcase")
+            for case in cases:
+                suite.remove(case)
+            cases.sort(
+                key=lambda c: rank.get((c.get("classname", ""), c.get("name", "")), len(rank))
+            )
+            suite.extend(cases)
+    # pytest's own declaration (double quotes), not ElementTree's
+    body = ET.tostring(tree.getroot(), encoding="unicode")
+    path.write_text('<?xml version="1.0" encoding="utf-8"?>' + body, encoding="utf-8")
     return folds

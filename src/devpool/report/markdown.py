@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 
 from devpool.report.record import RunRecord
-from devpool.report.summary import device_use, not_run_lines, repeats, totals, troubles, verdict
+from devpool.report.summary import RunSummary, name_lines, summarize, where
 from devpool.report.terminal import strip_ansi
 from devpool.wording import counted
 
@@ -16,27 +16,30 @@ def clean(text: str) -> str:
 
 
 def render_markdown(record: RunRecord) -> str:
-    """Totals per outcome, the tests that did not pass with their tails, device utilisation."""
-    start = record.start
+    """The run's one summary (report.summary) as Markdown: counts, the tests of each named
+    category, the tests that did not pass with their tails, device utilisation."""
+    return summary_markdown(summarize(record))
+
+
+def summary_markdown(summary: RunSummary) -> str:
+    """A RunSummary as Markdown."""
     lines = [
-        f"## devpool: {clean(verdict(record))}",
+        f"## devpool: {clean(summary.verdict)}",
         "",
-        f"Run `{start.get('run_id', '?')}` on {record.platform} "
-        f"({counted(len(record.devices), 'device')}), {record.duration():.1f} s.",
+        f"Run `{summary.run_id}` on {summary.platform} "
+        f"({counted(len(summary.devices), 'device')}), {summary.duration:.1f} s.",
         "",
     ]
-    if record.damage:
-        lines += [f"> **Record damaged:** {clean(record.damage)}", ""]
+    if summary.damage:
+        lines += [f"> **Record damaged:** {clean(summary.damage)}", ""]
     lines += ["| outcome | tests |", "| --- | ---: |"]
-    lines += [f"| {name} | {count} |" for name, count in totals(record)]
+    lines += [f"| {name} | {count} |" for name, count in summary.counts()]
     lines.append("")
-    missing = not_run_lines(record)
-    if missing:
-        lines += [f"### {clean(missing[0].rstrip(':'))}", ""]
-        lines += [f"- `{clean(nodeid)}`" for nodeid in missing[1:]]
+    for heading, ids in name_lines(summary):
+        lines += [f"### {clean(heading)}", ""]
+        lines += [f"- `{clean(nodeid)}`" if nodeid[0] != "…" else f"- {nodeid}" for nodeid in ids]
         lines.append("")
-    rows = repeats(record)
-    if rows:
+    if summary.repeats:
         lines += [
             "### Repeat results (lowest pass rate first)",
             "",
@@ -47,19 +50,19 @@ def render_markdown(record: RunRecord) -> str:
             f"| {row.passed}/{row.runs} | {row.rate:.0%} | `{clean(row.nodeid)}` | "
             + ", ".join(f"{clean(where)} ×{n}" for where, n in row.failed_on)
             + " |"
-            for row in rows
+            for row in summary.repeats
         ]
         lines.append("")
-    bad = troubles(record)
-    if bad:
-        lines += [f"### {len(bad)} did not pass", ""]
-        for job in bad:
-            where = f"{record.platform}:{','.join(map(str, job.devices))}" if job.devices else "cpu"
+    endings = [*summary.troubles, *[e for e in summary.flaky if e not in summary.troubles]]
+    if endings:
+        lines += [f"### Logs: tests that did not pass, and flaky ones ({len(endings)})", ""]
+        for ending in endings:
+            job = ending.job
             lines += [
                 "<details>",
-                f"<summary><b>{job.outcome.upper() if job.outcome else '?'}</b> "
-                f"<code>{clean(job.nodeid)}</code> [{where}] {job.test_time:.2f}s — "
-                f"{clean(job.detail)}</summary>",
+                f"<summary><b>{ending.label}</b> "
+                f"<code>{clean(job.nodeid)}</code> [{where(summary.platform, job.devices)}] "
+                f"{job.test_time:.2f}s — {clean(job.detail)}</summary>",
                 "",
                 f"log: `{clean(job.log)}`",
                 "",
@@ -69,9 +72,7 @@ def render_markdown(record: RunRecord) -> str:
                 "</details>",
                 "",
             ]
-    use = device_use(record)
-    if use:
-        duration = record.duration()
+    if summary.use:
         lines += [
             "<details><summary>Device utilisation</summary>",
             "",
@@ -79,9 +80,9 @@ def render_markdown(record: RunRecord) -> str:
             "| --- | ---: | ---: | ---: |",
         ]
         lines += [
-            f"| {record.platform}:{u.device} | {u.share(duration):.0%} | "
-            f"{u.test_share(duration):.0%} | {u.jobs} |"
-            for u in use
+            f"| {summary.platform}:{u.device} | {u.share(summary.duration):.0%} | "
+            f"{u.test_share(summary.duration):.0%} | {u.jobs} |"
+            for u in summary.use
         ]
         lines += ["", "</details>", ""]
     return "\n".join(lines) + "\n"

@@ -141,13 +141,16 @@ def lane(
     top = max(capacity or 0, most, 1)
     unit = (LANE_HEIGHT - 4) / top
     bottom = y + LANE_HEIGHT - 2
-    scale_note = f"of {format_size(capacity)}" if capacity else "max held"
+    # Two short lines right of the label column's edge: "6 GiB" over "of 80 GiB" fits its
+    # width whatever the sizes (one line, "14.2 GiB of 79.6 GiB", ran off the page's left).
+    held, scale_note = format_size(most), f"of {format_size(capacity)}" if capacity else "max held"
     out = [
         f'<g class="memory-lane" data-device="{device}" data-capacity="{capacity or ""}" '
         f'data-max-held="{most}">',
-        f'<text class="row-label" x="{left - 8}" y="{y + 16:.1f}">{escape(label)}</text>',
-        f'<text class="lane-note" x="{left - 8}" y="{y + 30:.1f}">'
-        f"{escape(format_size(most))} {escape(scale_note)}</text>",
+        f'<text class="row-label" x="{left - 8}" y="{y + 14:.1f}">{escape(label)}</text>',
+        f'<text class="lane-note" x="{left - 8}" y="{y + 27:.1f}">'
+        f"<title>{escape(held)} {escape(scale_note)}</title>{escape(held)}</text>",
+        f'<text class="lane-note" x="{left - 8}" y="{y + 39:.1f}">{escape(scale_note)}</text>',
         f'<rect class="track" x="{left}" y="{y + 2:.1f}" width="{plot_width:g}" '
         f'height="{LANE_HEIGHT - 4}"/>',
     ]

@@ -1,4 +1,4 @@
-"""Live progress on a terminal: devices busy/free, jobs queued/running/done, leases waited on.
+"""Live status on a terminal, one line: tests running now, queued, done, devices busy.
 
 Only on an interactive terminal outside CI: a CI log gets no redraws, so no flicker.
 pytest's own terminal output is routed through the live console so the two never
@@ -38,37 +38,48 @@ class Snapshot:
 
 
 def wanted(config_option: Any, environ: Mapping[str, str] | None = None) -> bool:
-    """Live progress only on a real terminal, never in CI or when output is piped."""
+    """Live status only on a real terminal: never in CI, piped, or with -qq."""
     env = os.environ if environ is None else environ
-    if env.get("CI") or env.get("GITHUB_ACTIONS") or env.get("TERM") == "dumb":
+    if env.get("CI", "").lower() not in ("", "0", "false") or env.get("GITHUB_ACTIONS"):
         return False
-    if getattr(config_option, "verbose", 0) < 0:
+    if env.get("TERM") == "dumb":
+        return False
+    if getattr(config_option, "verbose", 0) < -1:
         return False
     return sys.stdout.isatty()
 
 
+SHOWN_RUNNING = 2  # tests named in the line, the longest-running first
+
+
+def line(snapshot: Snapshot) -> str:
+    """The one status line: what runs now, queued, done, devices busy, who blocks us."""
+    longest = sorted(snapshot.running, key=lambda j: -j.elapsed)
+    named = [f"{job.nodeid} {job.elapsed:.0f}s [{job.where}]" for job in longest[:SHOWN_RUNNING]]
+    if len(longest) > SHOWN_RUNNING:
+        named.append(f"+{len(longest) - SHOWN_RUNNING} more")
+    running = f"running {len(longest)}" + (f": {', '.join(named)}" if named else "")
+    counts = ", ".join(f"{n} {k}" for k, n in snapshot.counts.items() if n)
+    parts = [
+        running,
+        f"queued {snapshot.queued}",
+        f"done {snapshot.done}" + (f" ({counts})" if counts else ""),
+        f"devices {snapshot.devices_busy}/{snapshot.devices_total} busy",
+    ]
+    if snapshot.waiting_on:
+        parts.append(f"waiting for {snapshot.waiting_on}")
+    return "devpool: " + " · ".join(parts)
+
+
 def render(snapshot: Snapshot) -> Any:
-    """The live panel as a rich renderable."""
+    """The live status as a rich renderable: one line, cut to the terminal's width."""
     from rich.table import Table
     from rich.text import Text
 
-    table = Table.grid(padding=(0, 2))
-    counts = ", ".join(f"{n} {k}" for k, n in snapshot.counts.items() if n)
-    table.add_row(
-        Text(
-            f"devices {snapshot.devices_busy}/{snapshot.devices_total} busy · "
-            f"queued {snapshot.queued} · running {len(snapshot.running)} · "
-            f"done {snapshot.done}" + (f" ({counts})" if counts else ""),
-            style="bold",
-        )
-    )
-    for job in sorted(snapshot.running, key=lambda j: -j.elapsed)[:8]:
-        table.add_row(Text(f"  {job.elapsed:6.1f}s  [{job.where}]  {job.nodeid}"))
-    if len(snapshot.running) > 8:
-        table.add_row(Text(f"  … and {len(snapshot.running) - 8} more"))
-    if snapshot.waiting_on:
-        table.add_row(Text(f"  waiting for {snapshot.waiting_on}", style="yellow"))
-    return table
+    grid = Table.grid()  # a column holds its cell to one line (a bare Text would wrap)
+    grid.add_column(no_wrap=True, overflow="ellipsis")
+    grid.add_row(Text(line(snapshot)))  # Text: "[sim:0]" is no markup
+    return grid
 
 
 class LiveProgress:

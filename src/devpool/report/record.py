@@ -18,6 +18,8 @@ Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
                  ports, resources (when its worker held leased ports or named resources)
   host_lease     job, nodeid, ports, resources (taken with the devices, issue 22)
                  category (pytest's own category where it is not the outcome: xfailed, xpassed)
+                 counted (pytest's closing-line category of each report of the attempt that
+                 pytest was told, in order: ["passed", "error"], ["rerun"], [] when none)
   shard          (--devpool-shard runs, right after session_start) shard "K/N", k, n,
                  fingerprint, costs, split (node ids of every shard), deselected (this
                  shard's tests deselected after the split), history, pending
@@ -121,6 +123,10 @@ class JobRun:
     ports: list[int] = field(default_factory=list)  # leased TCP ports its worker held
     resources: dict[str, int] = field(default_factory=dict)  # named host resources held
     category: str = ""  # pytest's category where it differs: "xfailed" (skipped), "xpassed"
+    counted: list[str] | None = None  # pytest's category per report it counted (None: older)
+    artifacts: str = ""  # its devpool_artifacts folder, kept because it did not pass
+    quarantined: str = ""  # its quarantine entry, when one excused it
+    worker_pid: int | None = None  # the worker that ran it (None: it never reached one)
 
     @property
     def shown(self) -> str | None:
@@ -243,7 +249,7 @@ def read_record(path: Path) -> RunRecord:
             break
         assert event is not None
         try:
-            _apply(record, open_jobs, event)
+            apply_event(record, open_jobs, event)
         except (KeyError, ValueError, TypeError) as exc:
             record.damage = (
                 f"{path}: line {number} is a {event['type']} event with a missing or bad field"
@@ -281,7 +287,21 @@ def _problem(event: dict[str, Any] | None, cut: bool) -> str | None:
     return None
 
 
-def _apply(record: RunRecord, open_jobs: dict[int, JobRun], event: dict[str, Any]) -> None:
+class LiveRecord:
+    """The record as the run writes it, read as it goes by the same code that reads a file:
+    the terminal's summary and `devpool report` rest on one reading (report.summary)."""
+
+    def __init__(self, path: Path) -> None:
+        self.record = RunRecord(path)
+        self._open: dict[int, JobRun] = {}
+
+    def event(self, event_type: str, fields: Mapping[str, Any]) -> None:
+        event = {"time": round(time.time(), 3), **fields, "type": event_type}
+        apply_event(self.record, self._open, event)
+
+
+def apply_event(record: RunRecord, open_jobs: dict[int, JobRun], event: Mapping[str, Any]) -> None:
+    """One event into the record being read (a file's line, or a live event)."""
     kind = event["type"]
     record.last_time = max(record.last_time, float(event.get("time", 0.0)))
     if kind == "session_start":
@@ -323,6 +343,12 @@ def _apply(record: RunRecord, open_jobs: dict[int, JobRun], event: dict[str, Any
         run.ports = [int(p) for p in event.get("ports", [])]
         run.resources = {str(k): int(v) for k, v in dict(event.get("resources", {})).items()}
         run.category = str(event.get("category") or "")
+        counted = event.get("counted")
+        run.counted = [str(c) for c in counted] if isinstance(counted, list) else None
+        run.artifacts = str(event.get("artifacts") or "")
+        run.quarantined = str(event.get("quarantined") or "")
+        pid = event.get("worker_pid")
+        run.worker_pid = int(pid) if isinstance(pid, int) else None
 
 
 def _unstarted(event: Mapping[str, Any]) -> JobRun:

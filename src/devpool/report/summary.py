@@ -1,10 +1,17 @@
-"""Figures every report form shares: totals, utilisation, the tests that did not pass."""
+"""The one summary of a run that every report form renders (ARCHITECTURE: "One summary of a
+run ... is computed once"): pytest's closing-line counts with the tests in each category, the
+tests that were interrupted or did not run, the endings that did not pass, utilisation.
+
+It is read from the run record, a file or the live one (report.record.LiveRecord), so the
+terminal and `devpool report` cannot disagree. The counts are pytest's own: the record keeps,
+for each attempt, the category pytest's terminal counted each of its reports in.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from devpool.devices.inventory import format_ids
 from devpool.outcomes import Outcome
@@ -13,8 +20,8 @@ from devpool.wording import counted
 
 # pytest's own categories beside devpool's outcomes: a test that xfailed is no skip.
 XFAILED, XPASSED = "xfailed", "xpassed"
-ORDER = [o.value for o in Outcome] + [XFAILED, XPASSED]
-NOT_RUN_SHOWN = 50  # not-run tests named in text and Markdown; JSON names them all
+ORDER = [o.value for o in Outcome] + [XFAILED, XPASSED, "quarantined", "rerun"]
+NOT_RUN_SHOWN = 50  # tests named per category in text and Markdown; JSON names them all
 
 
 @dataclass(frozen=True)
@@ -42,30 +49,184 @@ class DeviceUse:
         )
 
 
-def totals(record: RunRecord) -> list[tuple[str, int]]:
-    """(outcome, tests) in the closed order of outcomes, plus 'not run' for a cut run."""
-    counts = record.counts()
-    rows = [(name, counts[name]) for name in ORDER if counts.get(name)]
-    missing = record.total_tests - sum(counts.values())
-    if missing > 0:
-        rows.append(("not run", missing))
-    return rows
+# Categories every form names the tests of (JSON names every category's tests).
+INTERRUPTED, NOT_RUN = "interrupted", "not run"
+NAMED = (
+    Outcome.FAILED.value,
+    Outcome.ERROR.value,
+    Outcome.TIMEOUT.value,
+    Outcome.CRASHED.value,
+    Outcome.INFRA.value,
+    Outcome.FLAKY.value,
+    "quarantined",
+    INTERRUPTED,
+    NOT_RUN,
+)
+_GATING = frozenset(o.value for o in Outcome if o.gates)
 
 
-def not_run_lines(record: RunRecord, shown: int = NOT_RUN_SHOWN) -> list[str]:
-    """'not run: 3' then the first `shown` node ids of tests that did not run, for text forms."""
-    missing = record.not_run()
-    if not missing:
-        return []
-    lines = [f"not run ({len(missing)}):", *missing[:shown]]
-    if len(missing) > shown:
-        lines.append(f"… and {len(missing) - shown} more (see --format json)")
-    return lines
+@dataclass(frozen=True)
+class Ending:
+    """The final attempt of a test that did not pass (or was flaky), with its earlier logs."""
+
+    job: JobRun
+    earlier: tuple[str, ...]  # the logs of its attempts that ran again, first to last
+
+    @property
+    def label(self) -> str:
+        """'FAILED', or 'FAILED+ERROR' for a test pytest counts in two categories."""
+        words = [c for c in (self.job.counted or []) if c in _GATING] or [self.job.outcome or "?"]
+        return "+".join(dict.fromkeys(w.upper() for w in words))
 
 
-def troubles(record: RunRecord) -> list[JobRun]:
-    """The final attempt of every test that did not pass, in the order they ended."""
-    return [job for job in record.final_attempts() if job.gating]
+@dataclass(frozen=True)
+class RunSummary:
+    """One run, summed up once: every report form renders this and counts nothing itself."""
+
+    run_id: str
+    platform: str
+    devices: tuple[int, ...]
+    duration: float
+    planned: int
+    exitstatus: int | None
+    finished: bool
+    interrupted: bool
+    damage: str | None
+    # category → node ids: pytest's closing-line categories (a test once per report pytest
+    # counted, in the order they ended), then "interrupted" and "not run"
+    tests: Mapping[str, tuple[str, ...]]
+    troubles: tuple[Ending, ...]  # gating endings, in the order they ended
+    flaky: tuple[Ending, ...]  # failed, then passed on a rerun
+    quarantined: tuple[Ending, ...]  # failed but excused by the quarantine
+    use: tuple[DeviceUse, ...]
+    repeats: tuple[RepeatRow, ...]
+    cut: str | None = None  # the sentence of a run that never ended
+    # test → its final category (pytest's word where it has one: xfailed, xpassed), and
+    # "interrupted" or "not run" for the planned tests without one
+    outcomes: Mapping[str, str] = field(default_factory=dict)
+    durations: Mapping[str, float] = field(default_factory=dict)  # test → its final test time
+
+    def counts(self) -> list[tuple[str, int]]:
+        """(category, count) in the closed order, categories that no test is in left out."""
+        order = [*ORDER, *sorted(set(self.tests) - set(ORDER) - {INTERRUPTED, NOT_RUN})]
+        order += [INTERRUPTED, NOT_RUN]
+        return [(name, len(self.tests[name])) for name in order if self.tests.get(name)]
+
+    def count(self, category: str) -> int:
+        return len(self.tests.get(category, ()))
+
+    def named(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The categories whose tests every form names, with their tests."""
+        return [(name, self.tests[name]) for name in NAMED if self.tests.get(name)]
+
+    def ended(self) -> int:
+        """Tests that have a final outcome."""
+        return self.planned - self.count(INTERRUPTED) - self.count(NOT_RUN)
+
+    @property
+    def verdict(self) -> str:
+        """One line: how the run ended."""
+        if self.cut is not None:
+            return self.cut[0].upper() + self.cut[1:]
+        bad = len(self.troubles)
+        failing = ", ".join(f"{n} {name}" for name, n in self.counts() if name in _GATING)
+        if self.interrupted:
+            parts = [f"{self.ended()} of {counted(self.planned, 'test')} ran"]
+            if bad:
+                parts.append(f"{counted(bad, 'test')} did not pass ({failing})")
+            cut = [f"{n} {name}" for name, n in self.counts() if name in (INTERRUPTED, NOT_RUN)]
+            return f"interrupted (exit code {self.exitstatus}): " + ", ".join(parts + cut)
+        if bad:
+            return f"{counted(bad, 'test')} did not pass: {failing} (exit code {self.exitstatus})"
+        return f"all tests passed (exit code {self.exitstatus})"
+
+
+def summarize(record: RunRecord) -> RunSummary:
+    """The one reading of a run record (a file, or the live one) that every form renders."""
+    tests: dict[str, list[str]] = {}
+    finals: dict[str, JobRun] = {}
+    earlier: dict[str, list[str]] = {}
+    for job in record.finished_jobs():
+        if not job.retried:
+            finals[job.nodeid] = job
+        elif job.log:
+            earlier.setdefault(job.nodeid, []).append(job.log)
+    for job in record.finished_jobs():
+        if job.counted is not None:
+            categories = job.counted
+        else:  # a record older than `counted`: its final attempts' own category alone
+            categories = [job.shown or "running"] if finals.get(job.nodeid) is job else []
+        for category in categories:
+            tests.setdefault(category, []).append(job.nodeid)
+    touched = {job.nodeid for job in record.jobs}
+    interrupted = [n for n in dict.fromkeys(j.nodeid for j in record.jobs) if n not in finals]
+    if interrupted:
+        tests[INTERRUPTED] = interrupted
+    planned = [str(nodeid) for nodeid in record.start.get("planned", [])]
+    missing = [nodeid for nodeid in planned if nodeid not in touched]
+    if not planned:  # an older record without its plan: a count, no names
+        missing = ["?"] * max(0, record.total_tests - len(finals) - len(interrupted))
+    if missing:
+        tests[NOT_RUN] = missing
+
+    def ending(job: JobRun) -> Ending:
+        return Ending(job, tuple(earlier.get(job.nodeid, ())))
+
+    ends = list(finals.values())
+    ends.sort(key=lambda job: job.end or 0.0)
+    status = record.end.get("exitstatus") if record.end else None
+    return RunSummary(
+        run_id=str(record.start.get("run_id", "?")),
+        platform=record.platform,
+        devices=tuple(record.devices),
+        duration=record.duration(),
+        planned=max(record.total_tests, len(planned), len(finals) + len(interrupted)),
+        exitstatus=int(status) if isinstance(status, int) else None,
+        finished=record.finished,
+        interrupted=record.interrupted,
+        damage=record.damage,
+        tests={name: tuple(ids) for name, ids in tests.items()},
+        troubles=tuple(ending(job) for job in ends if job.gating),
+        # pytest counted a flaky pass for these: named as flaky, whatever came after it (a
+        # teardown error, or --devpool-flaky-result fail) is told among the troubles too
+        flaky=tuple(
+            ending(finals[nodeid])
+            for nodeid in dict.fromkeys(tests.get(Outcome.FLAKY.value, ()))
+            if nodeid in finals
+        ),
+        quarantined=tuple(
+            ending(job)
+            for job in ends
+            if job.quarantined and job.outcome in _GATING and not job.gating
+        ),
+        use=tuple(device_use(record)),
+        repeats=tuple(repeats(record)),
+        cut=record.cut_sentence(),
+        outcomes={
+            **{nodeid: NOT_RUN for nodeid in missing if nodeid != "?"},
+            **{nodeid: INTERRUPTED for nodeid in interrupted},
+            **{nodeid: job.shown or "?" for nodeid, job in finals.items()},
+        },
+        durations={nodeid: job.test_time for nodeid, job in finals.items()},
+    )
+
+
+def where(platform: str, devices: Iterable[int]) -> str:
+    """'sim:2,3' or 'cpu'."""
+    ids = list(devices)
+    return f"{platform}:{format_ids(ids)}" if ids else "cpu"
+
+
+def name_lines(summary: RunSummary, shown: int = NOT_RUN_SHOWN) -> list[tuple[str, list[str]]]:
+    """(heading, node ids) per named category for the text forms: 'flaky (1)', at most
+    `shown` ids each, then '… and N more (see --format json)'."""
+    out = []
+    for name, ids in summary.named():
+        listed = [nodeid for nodeid in ids[:shown] if nodeid != "?"]
+        if len(ids) > shown:
+            listed.append(f"… and {len(ids) - shown} more (see --format json)")
+        out.append((f"{name} ({len(ids)})", listed))
+    return out
 
 
 def device_use(record: RunRecord) -> list[DeviceUse]:
@@ -81,25 +242,6 @@ def device_use(record: RunRecord) -> list[DeviceUse]:
             tested[device] = tested.get(device, 0.0) + min(job.test_time, held)
             jobs[device] = jobs.get(device, 0) + 1
     return [DeviceUse(d, busy[d], jobs[d], tested.get(d, 0.0)) for d in sorted(busy)]
-
-
-def verdict(record: RunRecord) -> str:
-    """One line: how the run ended."""
-    cut = record.cut_sentence()
-    if cut is not None:
-        return cut.capitalize()
-    status = record.end.get("exitstatus") if record.end else None
-    bad = len(troubles(record))
-    if record.interrupted:
-        ran = len(record.final_attempts())
-        failing = f", {counted(bad, 'test')} did not pass" if bad else ""
-        return (
-            f"interrupted (exit code {status}): {ran} of {counted(record.total_tests, 'test')} "
-            f"ran{failing}"
-        )
-    if bad:
-        return f"{counted(bad, 'test')} did not pass (exit code {status})"
-    return f"all tests passed (exit code {status})"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 
 from devpool.outcomes import Outcome
-from devpool.report.summary import repeat_rows
+from devpool.report.record import JobRun
+from devpool.report.summary import (
+    INTERRUPTED,
+    NOT_RUN,
+    NOT_RUN_SHOWN,
+    RunSummary,
+    repeat_rows,
+    where,
+)
 from devpool.wording import counted
 
 TAIL_LINES = 50  # of a test's log, in the run record (reports rendered from it show them)
@@ -33,6 +41,31 @@ class Trouble:
     gating: bool = True  # False for a flaky test that passed on a rerun
     artifacts: Path | None = None  # its devpool_artifacts folder, kept because it failed
     earlier: tuple[Path, ...] = ()  # the logs of its attempts that ran again, first to last
+
+
+@dataclass(frozen=True)
+class _Gateway:
+    id: str
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a report ran, in the shape pytest's terminal reads xdist's worker from
+    (`report.node.gateway.id`): under -v each line starts `[sim:2,3]` or `[cpu]`, as xdist's
+    start `[gw0]`. One object per place, so --junitxml keys a test's phases alike."""
+
+    gateway: _Gateway
+    # pytest writes this line above a failure of a report from an xdist worker: nothing here,
+    # FAILURES reads as plain pytest's
+    _workerinfocache: str = ""
+
+
+_PLACES: dict[str, Where] = {}
+
+
+def where_ran(place: str) -> Where:
+    """The one Where for a place ('sim:2,3', 'cpu')."""
+    return _PLACES.setdefault(place, Where(_Gateway(place)))
 
 
 def file_name(nodeid: str, attempt: int) -> str:
@@ -132,11 +165,11 @@ def print_repeats(tr: Any, results: Mapping[str, Sequence[tuple[Outcome, str]]])
         tr.write_line(row.line(), red=bool(row.failed_on), green=not row.failed_on)
 
 
-def _shown(path: Path, cwd: Path) -> Path:
+def _shown(path: str | Path, cwd: Path) -> str:
     try:
-        return path.relative_to(cwd)
+        return str(Path(path).relative_to(cwd))
     except ValueError:
-        return path
+        return str(path)
 
 
 def summary_tail(path: Path, lines: int = SUMMARY_TAIL) -> list[str]:
@@ -153,36 +186,59 @@ def summary_tail(path: Path, lines: int = SUMMARY_TAIL) -> list[str]:
     return text[-lines:]
 
 
-def print_summary(tr: Any, troubles: Sequence[Trouble], cwd: Path) -> None:
-    """The block a reader finds at the end of the log: every test that did not pass.
+def print_summary(tr: Any, summary: RunSummary, cwd: Path) -> None:
+    """The block a reader finds at the end of the log: the run's one summary (report.summary).
 
     Short on purpose: pytest's FAILURES section above holds each failure in full. Here each
-    test gets its outcome, devices, reason, the logs of all its attempts and a few last lines.
+    test that did not pass gets its outcome, devices, reason, the logs of all its attempts and
+    a few last lines; flaky, interrupted and not-run tests are named.
     """
-    flaky = [t for t in troubles if not t.gating]
-    if flaky:
-        tr.write_sep("-", f"devpool: {len(flaky)} flaky (failed, then passed on a rerun)")
-        for trouble in flaky:
-            logs = ", ".join(str(_shown(p, cwd)) for p in [*trouble.earlier, trouble.log])
-            line = f"FLAKY    {trouble.nodeid}  [{trouble.devices}]  logs: {logs}"
-            tr.write_line(line, yellow=True)
-    troubles = [t for t in troubles if t.gating]
-    if not troubles:
+    if summary.quarantined:
+        tr.write_sep("-", f"devpool: {len(summary.quarantined)} quarantined, failed, not gating")
+        for ending in summary.quarantined:
+            job = ending.job
+            tr.write_line(f"{ending.label:8} {job.nodeid} — {job.quarantined}  log: {job.log}")
+    if summary.flaky:
+        tr.write_sep("-", f"devpool: {len(summary.flaky)} flaky (failed, then passed on a rerun)")
+        for ending in summary.flaky:
+            logs = ", ".join(_shown(p, cwd) for p in [*ending.earlier, ending.job.log])
+            where_ = where(summary.platform, ending.job.devices)
+            tr.write_line(f"FLAKY    {ending.job.nodeid}  [{where_}]  logs: {logs}", yellow=True)
+    for name, heading in ((INTERRUPTED, "running when the run ended"), (NOT_RUN, "not run")):
+        ids = [nodeid for nodeid in summary.tests.get(name, ()) if nodeid != "?"]
+        if ids:
+            tr.write_sep("-", f"devpool: {counted(len(ids), 'test')} {name} ({heading})")
+            for nodeid in ids[:NOT_RUN_SHOWN]:
+                tr.write_line(f"{name.upper():8} {nodeid}", yellow=True)
+            if len(ids) > NOT_RUN_SHOWN:
+                tr.write_line(
+                    f"… and {len(ids) - NOT_RUN_SHOWN} more (devpool report --format json)"
+                )
+    if not summary.troubles:
         return
-    count = len(troubles)
+    count = len(summary.troubles)
     tr.write_sep("=", f"devpool: {counted(count, 'test')} did not pass", red=True)
-    for trouble in troubles:
+    for ending in summary.troubles:
+        job = ending.job
         tr.write_line(
-            f"{trouble.outcome.value.upper():8} {trouble.nodeid}  [{trouble.devices}]  "
-            f"{trouble.duration:.2f}s  {trouble.detail}",
+            f"{ending.label:8} {job.nodeid}  [{_where(summary, job)}]  "
+            f"{job.test_time:.2f}s  {job.detail}",
             red=True,
             bold=True,
         )
-        tr.write_line(f"  log: {_shown(trouble.log, cwd)}")
-        if trouble.earlier:
-            earlier = ", ".join(str(_shown(p, cwd)) for p in trouble.earlier)
-            tr.write_line(f"  earlier attempts: {earlier}")
-        if trouble.artifacts is not None:
-            tr.write_line(f"  artifacts: {trouble.artifacts}")
-        for line in summary_tail(trouble.log):
+        tr.write_line(f"  log: {_shown(job.log, cwd)}")
+        if ending.earlier:
+            tr.write_line(
+                f"  earlier attempts: {', '.join(_shown(p, cwd) for p in ending.earlier)}"
+            )
+        if job.artifacts:
+            tr.write_line(f"  artifacts: {job.artifacts}")
+        for line in summary_tail(Path(job.log)) if job.log else job.tail[-SUMMARY_TAIL:]:
             tr.write_line(f"  | {line}")
+
+
+def _where(summary: RunSummary, job: JobRun) -> str:
+    """Its devices; 'not started' for a test that needed devices and never got them."""
+    if not job.devices and job.outcome == Outcome.INFRA.value and job.worker_pid is None:
+        return "not started"
+    return where(summary.platform, job.devices)

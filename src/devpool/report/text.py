@@ -3,42 +3,41 @@
 from __future__ import annotations
 
 from devpool.report.record import RunRecord
-from devpool.report.summary import device_use, not_run_lines, repeats, totals, troubles, verdict
+from devpool.report.summary import name_lines, summarize, where
 from devpool.wording import counted
 
 
 def render_text(record: RunRecord, tail_lines: int = 50) -> str:
-    """Verdict, totals, every test that did not pass with its log and tail, utilisation."""
-    start = record.start
+    """Verdict, counts, the tests of each named category, every test that did not pass with its
+    log and tail, utilisation: the run's one summary (report.summary), as text."""
+    summary = summarize(record)
     out = [
-        f"devpool run {start.get('run_id', '?')} on {record.platform} "
-        f"({counted(len(record.devices), 'device')}), {record.duration():.1f} s",
-        verdict(record),
+        f"devpool run {summary.run_id} on {summary.platform} "
+        f"({counted(len(summary.devices), 'device')}), {summary.duration:.1f} s",
+        summary.verdict,
     ]
-    if record.damage:
-        out.append(f"record damaged: {record.damage}")
-    out.append(", ".join(f"{count} {name}" for name, count in totals(record)) or "no tests ran")
-    missing = not_run_lines(record)
-    if missing:
-        out += [missing[0], *[f"  {line}" for line in missing[1:]]]
-    rows = repeats(record)
-    if rows:
+    if summary.damage:
+        out.append(f"record damaged: {summary.damage}")
+    out.append(", ".join(f"{n} {name}" for name, n in summary.counts()) or "no tests ran")
+    for heading, ids in name_lines(summary):
+        out += [f"{heading}:", *[f"  {nodeid}" for nodeid in ids]]
+    if summary.repeats:
         out.append("repeat results (lowest pass rate first):")
-        out += [f"  {row.line()}" for row in rows]
-    for job in troubles(record):
-        where = f"{record.platform}:{','.join(map(str, job.devices))}" if job.devices else "cpu"
+        out += [f"  {row.line()}" for row in summary.repeats]
+    for ending in [*summary.troubles, *[e for e in summary.flaky if e not in summary.troubles]]:
+        job = ending.job
         out.append(
-            f"{(job.outcome or '?').upper():8} {job.nodeid}  [{where}]  "
+            f"{ending.label:8} {job.nodeid}  [{where(summary.platform, job.devices)}]  "
             f"{job.test_time:.2f}s  {job.detail}"
         )
         if job.log:
             out.append(f"  log: {job.log}")
+        if ending.earlier:
+            out.append(f"  earlier attempts: {', '.join(ending.earlier)}")
         out += [f"  | {line}" for line in job.tail[-tail_lines:]]
-    duration = record.duration()
-    use = device_use(record)
-    if use:
+    if summary.use:
         out.append(
             "utilisation (share of the run a lease held each device, and its tests ran): "
-            + "; ".join(u.line(record.platform, duration) for u in use)
+            + "; ".join(u.line(summary.platform, summary.duration) for u in summary.use)
         )
     return "\n".join(out) + "\n"

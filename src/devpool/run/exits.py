@@ -18,6 +18,8 @@ def own_output(slot: Slot, attempt: Attempt) -> str:
     except OSError:
         return ""
     lines = data.decode("utf-8", "replace").splitlines()[-60:]
+    if not any(line.strip() for line in lines):
+        return ""  # no header over nothing in CRASHED and TIMEOUT blocks
     return "---- worker output during this test (tail) ----\n" + "\n".join(lines)
 
 
@@ -35,5 +37,8 @@ def describe_exit(code: int | None) -> str:
 
 
 def worker_log_tail(slot: Slot) -> str:
-    """The end of a worker's own output, for the log of a test it died before."""
-    return "---- worker log (tail) ----\n" + "\n".join(tail(slot.worker.log, 60))
+    """The end of a worker's own output, for the log of a test it died before ("" if none)."""
+    lines = tail(slot.worker.log, 60)
+    if not any(line.strip() for line in lines):
+        return ""
+    return "---- worker log (tail) ----\n" + "\n".join(lines)

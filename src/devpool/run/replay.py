@@ -22,7 +22,14 @@ from devpool.history.durations import TestResult, runner_class
 from devpool.outcomes import RERUN, Outcome
 from devpool.plan.jobs import Job
 from devpool.report.junit import Attempt as JunitAttempt
-from devpool.report.terminal import Trouble, file_name, log_path, tail, write_test_log
+from devpool.report.terminal import (
+    Trouble,
+    file_name,
+    log_path,
+    tail,
+    where_ran,
+    write_test_log,
+)
 from devpool.run import host_leases
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
@@ -47,6 +54,7 @@ class Replay:
         # logstart, each report writes one whole line (id and result), as pytest's own -v does.
         manager = session.config.pluginmanager
         terminal = manager.get_plugin("terminalreporter")
+        self._verbose = terminal is not None and session.config.get_verbosity() > 0
         self._logstart = (
             manager.subset_hook_caller("pytest_runtest_logstart", [terminal])
             if terminal is not None
@@ -86,7 +94,7 @@ class Replay:
             self._properties(report, attempt, outcome)
         attempt.phases.append(report)
         if not attempt.alone_next:  # the memory retry is not an attempt of the test
-            self.hook.pytest_runtest_logreport(report=report)
+            self.tell(report, attempt)
         self.ctx.emit(
             "report",
             nodeid=report.nodeid,
@@ -94,6 +102,21 @@ class Replay:
             outcome=report.outcome,
             duration=round(report.duration, 4),
         )
+
+    def tell(self, report: pytest.TestReport, attempt: Attempt) -> None:
+        """Hand a report to pytest, and keep the category its closing line counts it in, for
+        the run record: every report form counts as the terminal did (report.summary).
+
+        Under -v, the report names where it ran as xdist's name their worker: pytest's
+        terminal writes `[sim:2,3] [ 50%] PASSED test_x.py::test_a` (report.terminal)."""
+        if self._verbose:
+            report.node = where_ran(self.where(attempt.devices))  # type: ignore[attr-defined]
+        self.hook.pytest_runtest_logreport(report=report)
+        if not getattr(report, "count_towards_summary", True):
+            return
+        status = self.hook.pytest_report_teststatus(report=report, config=self.session.config)
+        if status and status[0]:
+            report.devpool_counted = str(status[0])  # type: ignore[attr-defined]
 
     def _judge(self, report: pytest.TestReport, attempt: Attempt) -> None:
         """Rerun or flaky, decided before pytest sees the report, so it counts it right."""
@@ -197,7 +220,7 @@ class Replay:
                 self._properties(report, attempt, outcome)
             reports.append(report)
             if not silent:
-                self.hook.pytest_runtest_logreport(report=report)
+                self.tell(report, attempt)
         attempt.phases = reports
         log = None
         if outcome.gates:
@@ -298,6 +321,7 @@ class Replay:
             tail=lines,
             quarantined=quarantine.describe() if quarantine is not None else None,
             **_category(attempt.phases, outcome),
+            counted=[c for r in attempt.phases if (c := getattr(r, "devpool_counted", None))],
             artifacts=str(artifacts) if artifacts is not None else None,
             **_ranks(worker),
             **({"memory_peak": attempt.peak_memory} if attempt.peak_memory else {}),
@@ -307,16 +331,23 @@ class Replay:
         attempt.move(State.CONCLUDED, ctx.emit, outcome=outcome.value, retried=retried)
 
     def _properties(self, report: pytest.TestReport, attempt: Attempt, outcome: Outcome) -> None:
-        """devpool's facts on the report closing a test; --junitxml writes them as properties."""
+        """devpool's facts on the report closing a test; --junitxml writes them as properties.
+
+        Only facts that say something, so a green run's file stays near plain pytest's size:
+        the devices of a test that held any, the attempt when it is not the first, its outcome
+        where pytest has no word for it (timeout, crashed, infra, flaky), setbacks, ports,
+        resources and memory peaks when there were any."""
         job = attempt.job
+        said: list[tuple[str, object]] = []
+        if attempt.devices or job.devices_needed:
+            said.append(("devpool.devices", self.where(attempt.devices)))
+        if outcome in (Outcome.TIMEOUT, Outcome.CRASHED, Outcome.INFRA, Outcome.FLAKY):
+            said.append(("devpool.outcome", outcome.value))
+        if job.attempt > 1:
+            said.append(("devpool.attempt", str(job.attempt)))
         report.user_properties = [
             *report.user_properties,
-            ("devpool.outcome", outcome.value),
-            ("devpool.devices", self.where(attempt.devices)),
-            ("devpool.platform", self.platform.name),
-            ("devpool.host", self.ctx.host),
-            ("devpool.queue_wait", f"{job.waited:.3f}"),
-            ("devpool.attempt", str(job.attempt)),
+            *said,
             *host_leases.properties(attempt),
         ]
         if job.setbacks:  # not attempts of the test, but the record of the run says them
@@ -434,17 +465,19 @@ def _category(phases: list[pytest.TestReport], outcome: Outcome) -> dict[str, st
 
 def outcome_of(phases: list[pytest.TestReport]) -> Outcome:
     """A finished test's outcome from its phase reports, as pytest's own summary would count it."""
-    if any(getattr(r, "devpool_outcome", None) == Outcome.FLAKY for r in phases):
-        return Outcome.FLAKY
+    flaky = any(getattr(r, "devpool_outcome", None) == Outcome.FLAKY for r in phases)
+    # A failure after the flaky pass (its teardown) is the test's ending, as pytest counts it.
     failed = [
         r
         for r in phases
-        if r.failed
+        if (r.failed and getattr(r, "devpool_outcome", None) != Outcome.FLAKY)
         or getattr(r, "devpool_outcome", None) == RERUN
         or getattr(r, "devpool_quarantined", False)
     ]
-    if failed:
+    if failed and not (flaky and all(r.when == "call" for r in failed)):
         return Outcome.FAILED if any(r.when == "call" for r in failed) else Outcome.ERROR
+    if flaky:
+        return Outcome.FLAKY
     if any(r.skipped for r in phases):
         return Outcome.SKIPPED
     return Outcome.PASSED

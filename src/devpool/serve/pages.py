@@ -13,10 +13,10 @@ from typing import Any
 from urllib.parse import quote
 
 from devpool.devices.sizes import format_size
-from devpool.report.htmltext import escape
+from devpool.report.htmltext import breakable, escape
 
-STATE_COLORS = {"free": "#2e7d32", "held": "#c62828", "shared": "#ef6c00"}
-OUTCOME_ORDER = ("passed", "failed", "error", "timeout", "crashed", "infra", "flaky", "skipped")
+# Held is the normal state of a busy host: a calm blue, not an alarm red (red is for failures).
+STATE_COLORS = {"free": "#2e7d32", "held": "#1565c0", "shared": "#6a1b9a"}
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#fafafa;color:#212121}
@@ -30,11 +30,14 @@ th{background:#eceff1}.num{text-align:right}
 .device{border-radius:4px;padding:4px 8px;color:#fff;min-width:150px;max-width:320px;font-size:12px}
 .device b{font-size:13px}.device a{color:#fff}
 .device .holder{border-top:1px solid rgba(255,255,255,.4);margin-top:2px}
-.state-free{background:#2e7d32}.state-held{background:#c62828}.state-shared{background:#ef6c00}
+.state-free{background:#2e7d32}.state-held{background:#1565c0}.state-shared{background:#6a1b9a}
 #live td,#recent td,#waiting td{white-space:nowrap}#live td.wrap,#recent td.wrap{white-space:normal}
-.test{font-family:ui-monospace,monospace;word-break:break-all;white-space:normal}
+#live td.wrap{min-width:14em}
+#live,#recent,#waiting{overflow-x:auto}
+.test{font-family:ui-monospace,monospace;overflow-wrap:anywhere;white-space:normal}
+.logs{display:flex;flex-wrap:wrap;gap:2px 8px;max-width:360px}
 .bad{color:#c62828;font-weight:600}.good{color:#2e7d32}.muted{color:#757575}
-.bar{display:inline-block;height:10px;background:#cfd8dc;width:160px;vertical-align:middle}
+.bar{display:inline-block;height:10px;background:#cfd8dc;width:100px;vertical-align:middle}
 .bar span{display:block;height:10px;background:#2e7d32}
 pre{background:#263238;color:#eceff1;padding:6px;overflow:auto;max-height:300px}
 a{color:#1565c0}
@@ -81,8 +84,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} m"
 
 
-def _link(href: str, text: str) -> str:
-    return f'<a href="{escape(href)}">{escape(text)}</a>'
+def _link(href: str, text: str, *, breaks: bool = False) -> str:
+    """A link; breaks=True lets a long name (a test's log) wrap after its separators."""
+    return f'<a href="{escape(href)}">{breakable(text) if breaks else escape(text)}</a>'
 
 
 def _run_link(run: Mapping[str, Any] | None, run_id: str | None) -> str:
@@ -154,7 +158,7 @@ def devices_section(
             test = holder["test"] or "idle"
             parts.append(
                 '<div class="holder">'
-                f'<div class="test" data-test="{escape(test)}">{escape(test)}</div>'
+                f'<div class="test" data-test="{escape(test)}">{breakable(test)}</div>'
                 f"run {_run_link(run, holder['run'])} · user {escape(holder['user'] or '?')}"
                 f" · pid {escape(holder['pid'] or '?')} · {_ago(holder['since'], now)}{share}"
                 "</div>"
@@ -198,9 +202,9 @@ def _progress(run: Mapping[str, Any]) -> str:
 
 
 def _counts(counts: Mapping[str, int]) -> str:
-    names = [n for n in OUTCOME_ORDER if n in counts] + sorted(set(counts) - set(OUTCOME_ORDER))
+    """The run's counts in the order its summary gives them (report.summary): no sorting here."""
     out = []
-    for name in names:
+    for name in counts:
         css = "bad" if name in ("failed", "error", "timeout", "crashed", "infra") else ""
         out.append(f'<span class="{css}">{counts[name]} {escape(name)}</span>')
     return ", ".join(out) or '<span class="muted">none yet</span>'
@@ -225,7 +229,7 @@ def live_section(
             else '<span class="good">0</span>'
         )
         running = "".join(
-            f'<div class="test">{escape(t["test"])}</div>' for t in run["running_tests"][:8]
+            f'<div class="test">{breakable(t["test"])}</div>' for t in run["running_tests"][:8]
         )
         waits = (waiting or {}).get(run["run"])
         if waits is not None:
@@ -271,7 +275,7 @@ def _ray_actor(actor: Mapping[str, Any], css: str) -> str:
         f'<div class="{css}" data-actor="{escape(actor["actor_id"])}" data-test="{escape(test)}">'
         f"{whose} · pid {escape(actor['pid'] or '?')} · {escape(actor['state'])}"
         f"{' · ' + wants if wants else ''}"
-        f"{'<div class=test>' + escape(test) + '</div>' if test else ''}</div>"
+        f"{'<div class=test>' + breakable(test) + '</div>' if test else ''}</div>"
     )
 
 
@@ -331,18 +335,19 @@ def recent_section(view: Mapping[str, Any]) -> str:
     )
     for run in view["runs"]:
         css = "good" if run["exitstatus"] == 0 else "bad"
-        logs = " ".join(
-            _link(href, href.rsplit("/", 1)[-1].removesuffix(".log")) for href in run["logs"][:6]
+        logs = "".join(
+            _link(href, href.rsplit("/", 1)[-1].removesuffix(".log"), breaks=True)
+            for href in run["logs"][:6]
         )
         parts.append(
             f'<tr class="recent-run" data-run="{escape(run["run"])}">'
             f"<td>{_link(run['page'], run['run'])}<br><span class=muted>"
             f"{escape(run['project'])} · {escape(run['user'])}</span></td>"
-            f"<td>{_when(run['start'])}</td><td>{_counts(run['counts'])}</td>"
+            f"<td>{_when(run['start'])}</td><td class=wrap>{_counts(run['counts'])}</td>"
             f"<td>{_duration(run['duration'])}</td>"
             f'<td class="{css} wrap">{escape(run["ending"])}</td>'
-            f"<td>{_link(run['report'], 'HTML report')}"
-            f"{'<br>logs: ' + logs if logs else ''}</td></tr>"
+            f"<td class=wrap>{_link(run['report'], 'HTML report')}"
+            f"{'<div class=logs>logs: ' + logs + '</div>' if logs else ''}</td></tr>"
         )
     parts.append("</table></section>")
     return "".join(parts)
@@ -374,7 +379,7 @@ def _flaky_table(rows: Sequence[Mapping[str, Any]]) -> str:
         "Flakiest tests",
         ("test", "runs", "passed", "failed", "flaky", "flips", "last"),
         [
-            f'<tr class="flaky"><td class="test">{escape(row["test"])}</td>'
+            f'<tr class="flaky"><td class="test">{breakable(row["test"])}</td>'
             + "".join(f"<td class=num>{row[k]}</td>" for k in ("runs", "passed", "failed"))
             + "".join(f"<td class=num>{row[k]}</td>" for k in ("flaky", "flips"))
             + f"<td>{escape(row['last'])}</td></tr>"
@@ -398,7 +403,7 @@ def _quarantine_table(rows: Sequence[Mapping[str, Any]]) -> str:
         "Quarantine",
         ("test", "reason", "owner", "until"),
         [
-            f'<tr class="quarantine"><td class="test">{escape(row["test"])}</td>'
+            f'<tr class="quarantine"><td class="test">{breakable(row["test"])}</td>'
             f"<td>{escape(row['reason'])}</td><td>{escape(row['owner'])}</td>"
             f"<td>{_until(row)}</td></tr>"
             for row in rows
@@ -440,7 +445,7 @@ def run_page(run: Mapping[str, Any]) -> str:
         parts.append(f"<h3>{'Running' if run['live'] else 'Started, never ended'}</h3><ul>")
         for test in run["running_tests"]:
             devices = ",".join(str(d) for d in test["devices"])
-            parts.append(f'<li class="test">{escape(test["test"])} on [{escape(devices)}]</li>')
+            parts.append(f'<li class="test">{breakable(test["test"])} on [{escape(devices)}]</li>')
         parts.append("</ul>")
     parts.append('<h3 id="failures">Failures</h3>')
     if not run["failures"]:
@@ -454,7 +459,7 @@ def run_page(run: Mapping[str, Any]) -> str:
             else ""
         )
         parts.append(
-            f'<div class="failure"><div class="test">{escape(failure["test"])}</div>'
+            f'<div class="failure"><div class="test">{breakable(failure["test"])}</div>'
             f'<span class="bad">{escape(failure["outcome"])}</span> '
             f"{escape(failure['detail'])}{log_link}"
             f"{'<pre>' + escape(tail) + '</pre>' if tail else ''}</div>"

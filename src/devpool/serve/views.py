@@ -26,6 +26,7 @@ from devpool.devices.lockdir import LockDir, LockState
 from devpool.errors import DevpoolError
 from devpool.report.memory_lane import capacities
 from devpool.report.record import RunRecord, read_record
+from devpool.report.summary import INTERRUPTED, NOT_RUN, summarize
 
 SCHEMA = 1
 RECENT_LIMIT = 200  # recent runs kept per page and API answer, newest first
@@ -204,7 +205,8 @@ class RunSummary:
     start: float
     duration: float
     live: bool
-    counts: dict[str, int]
+    counts: dict[str, int]  # pytest's closing-line categories (report.summary)
+    done: int  # tests with a final outcome
     total: int
     running: list[dict[str, Any]]
     failures: list[dict[str, Any]]
@@ -220,7 +222,7 @@ class RunSummary:
     ray_address: str | None = None  # the cluster a ray-backed run joined
 
     def to_json(self) -> dict[str, Any]:
-        done = sum(self.counts.values())
+        done = self.done
         return {
             "project": self.project,
             "run": self.run_id,
@@ -251,9 +253,11 @@ class RunSummary:
 def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
     """The page's view of one record: progress so far, failures, how it ended."""
     start = record.start
-    finals = record.final_attempts()
-    counts = Counter(job.outcome or "running" for job in finals)
-    done_ids = {job.nodeid for job in finals}
+    summary = summarize(record)  # the counts every report form shows (report.summary)
+    counts = {
+        name: n for name, n in summary.counts() if name not in (INTERRUPTED, NOT_RUN) or not live
+    }
+    done_ids = {job.nodeid for job in record.final_attempts() if not job.retried}
     running = [
         {
             "test": job.nodeid,
@@ -266,14 +270,13 @@ def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
     ]
     failures = [
         {
-            "test": job.nodeid,
-            "outcome": job.outcome,
-            "detail": job.detail,
-            "tail": job.tail[-20:],
-            "log": job.log,
+            "test": ending.job.nodeid,
+            "outcome": ending.job.outcome,
+            "detail": ending.job.detail,
+            "tail": ending.job.tail[-20:],
+            "log": ending.job.log,
         }
-        for job in finals
-        if job.gating
+        for ending in summary.troubles
     ]
     exitstatus = None
     if record.end is not None:
@@ -296,7 +299,8 @@ def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
         start=float(start.get("time", 0.0)),
         duration=record.duration(),
         live=live,
-        counts=dict(sorted(counts.items())),
+        counts=counts,
+        done=summary.ended(),
         total=record.total_tests,
         running=running,
         failures=failures,

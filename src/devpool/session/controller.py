@@ -36,7 +36,9 @@ from devpool.plan.markers import Request, request_for
 from devpool.report import github, progress
 from devpool.report.github import GitHubLog
 from devpool.report.junit import Attempt
-from devpool.report.record import RecordWriter, host_name, read_record
+from devpool.report.record import LiveRecord, RecordWriter, host_name, read_record
+from devpool.report.slow import SlowTests
+from devpool.report.summary import summarize
 from devpool.report.terminal import Trouble, lend_endings, take_back
 from devpool.run.loop import Loop
 from devpool.session import jobs, past_runs, summary, workers
@@ -98,7 +100,11 @@ class Controller:
         self.host = host_name()
         self.record_path = settings.run_record or self.run_dir / "record.jsonl"
         self.record: RecordWriter | None = None
-        self.listeners: list[Listener] = []
+        # The record as it is written, read by the code that reads a file: the terminal's
+        # summary renders the same summary as `devpool report` (report.summary).
+        self.live_record = LiveRecord(self.record_path)
+        self.slow = SlowTests(settings.slow_timeout)
+        self.listeners: list[Listener] = [self.live_record, self.slow]
         self.github: GitHubLog | None = None
         self.early_backend: LocalBackend | None = None  # started while collecting
 
@@ -130,9 +136,15 @@ class Controller:
             listener.event(event_type, fields)
 
     def flush_record(self) -> None:
-        """Lines of the record that waited long enough go to disk (a run idles for long)."""
+        """Lines of the record that waited long enough go to disk (a run idles for long); the
+        loop asks at least once a second, so SLOW lines that are due are said here too."""
         if self.record is not None:
             self.record.flush_due()
+        lines = self.slow.due()
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter") if lines else None
+        if terminal is not None:
+            for line in lines:
+                terminal.write_line(line, yellow=True)
 
     def _start_record(self, session: pytest.Session, plan: Plan) -> None:
         prune_runs(self.run_dir, self.settings)
@@ -174,12 +186,13 @@ class Controller:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.early_backend is not None:  # the run ended before its loop (or after)
             self.early_backend.close()
-        summary.fold_junit(self.config, self.retried)
+        summary.fold_junit(self.config, self.retried, list(self.items))
         if self.record is None:
             return
         counts: dict[str, int] = {}
-        for trouble in self.troubles:
-            counts[trouble.outcome.value] = counts.get(trouble.outcome.value, 0) + 1
+        for ending in summarize(self.live_record.record).troubles:
+            outcome = ending.job.outcome or "?"
+            counts[outcome] = counts.get(outcome, 0) + 1
         self.emit("session_end", exitstatus=int(exitstatus), troubles=counts)
         self.record.close()
         # What the run cost beyond its tests (capacity's fixed cost): runs that ended as

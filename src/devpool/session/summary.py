@@ -4,7 +4,7 @@ summary, and the attempts folded into --junitxml."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,8 +15,9 @@ from devpool.history.quarantine import Entry
 from devpool.outcomes import RERUN, Outcome
 from devpool.report.github import GitHubLog
 from devpool.report.junit import Attempt, fold_attempts
-from devpool.report.record import RecordWriter
-from devpool.report.terminal import Trouble, print_repeats, print_summary
+from devpool.report.record import LiveRecord, RecordWriter
+from devpool.report.summary import summarize
+from devpool.report.terminal import print_repeats, print_summary
 from devpool.session.past_runs import RELEASE_AFTER
 
 
@@ -25,11 +26,10 @@ class Findings(Protocol):
 
     config: pytest.Config
     inventory: Inventory
-    troubles: list[Trouble]
     repeats: dict[str, list[tuple[Outcome, str]]]
     quarantined: dict[str, Entry]
     quarantine_notes: list[str]
-    quarantine_failures: list[Trouble]
+    live_record: LiveRecord
     releasable: list[str]
     bad_devices: dict[int, str]
     device_notes: list[str]
@@ -56,19 +56,11 @@ def teststatus(report: pytest.TestReport) -> tuple[str, str, tuple[str, Mapping[
 
 
 def write_summary(terminalreporter: Any, found: Findings) -> None:
-    """Notes, quarantined failures, retired devices, deselections, then the summary itself."""
+    """Notes, quarantined failures, retired devices, deselections, then the summary itself:
+    the run's one summary (report.summary), read from the record as it was written."""
+    run = summarize(found.live_record.record)
     for note in found.quarantine_notes:
         terminalreporter.write_line(f"devpool: WARNING: {note}", red=True, bold=True)
-    if found.quarantine_failures:
-        terminalreporter.write_sep(
-            "-", f"devpool: {len(found.quarantine_failures)} quarantined, failed, not gating"
-        )
-        for trouble in found.quarantine_failures:
-            entry = found.quarantined.get(trouble.nodeid.split("[")[0])
-            why = f" — {entry.describe()}" if entry else ""
-            terminalreporter.write_line(
-                f"{trouble.outcome.value.upper():8} {trouble.nodeid}{why}  log: {trouble.log}"
-            )
     for nodeid in found.releasable:
         terminalreporter.write_line(
             f"devpool: {nodeid} is quarantined but passed its last {RELEASE_AFTER} runs: "
@@ -94,32 +86,32 @@ def write_summary(terminalreporter: Any, found: Findings) -> None:
             terminalreporter.write_line(line)
     # The summary stays outside every group: it is what a reader of a collapsed log sees.
     print_repeats(terminalreporter, found.repeats)
-    print_summary(terminalreporter, found.troubles, found.config.invocation_params.dir)
+    print_summary(terminalreporter, run, found.config.invocation_params.dir)
     if found.github is not None:
-        for line in found.github.annotations():
+        for line in found.github.annotations(run):
             terminalreporter.write_line(line)
     if found.record is not None:
         terminalreporter.write_line(f"devpool: run record {found.record_path}")
 
 
-def fold_junit(config: pytest.Config, retried: Mapping[str, list[Attempt]]) -> None:
-    """--junitxml: fold the attempts of tests run again into their testcase (report.junit)."""
+def fold_junit(
+    config: pytest.Config, retried: Mapping[str, list[Attempt]], collected: Sequence[str]
+) -> None:
+    """--junitxml: fold the attempts of tests run again into their testcase, and put the
+    testcases in collection order, as plain pytest writes them (report.junit)."""
     xmlpath = getattr(config.option, "xmlpath", None)
-    if xmlpath and retried and os.path.exists(xmlpath):
+    if xmlpath and os.path.exists(xmlpath):
         prefix = getattr(config.option, "junitprefix", None)
-        fold_attempts(Path(xmlpath), _junit_keys(retried, prefix))
+        order = [_junit_key(nodeid, prefix) for nodeid in collected]
+        keys = {_junit_key(nodeid, prefix): attempts for nodeid, attempts in retried.items()}
+        fold_attempts(Path(xmlpath), keys, order)
 
 
-def _junit_keys(
-    retried: Mapping[str, list[Attempt]], prefix: str | None
-) -> dict[tuple[str, str], list[Attempt]]:
+def _junit_key(nodeid: str, prefix: str | None) -> tuple[str, str]:
     """(classname, name) as pytest's junitxml derives them from a node id."""
     from _pytest.junitxml import mangle_test_address
 
-    keys = {}
-    for nodeid, attempts in retried.items():
-        names = mangle_test_address(nodeid)
-        if prefix:
-            names[0] = f"{prefix}.{names[0]}"
-        keys[(".".join(names[:-1]), names[-1])] = attempts
-    return keys
+    names = mangle_test_address(nodeid)
+    if prefix:
+        names[0] = f"{prefix}.{names[0]}"
+    return ".".join(names[:-1]), names[-1]

@@ -1,0 +1,177 @@
+"""`devpool report --diff OLD NEW`: what changed between two runs, test by test.
+
+Each run is read into its one summary (report.summary), and the tests are compared by
+their final outcome and test time: newly failing, fixed, newly flaky, gone, new, and
+slower past a factor. Rendered as text, Markdown (for a PR comment) or JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from devpool.errors import DevpoolError
+from devpool.outcomes import GATING, Outcome
+from devpool.report.record import RunRecord, read_record
+from devpool.report.summary import RunSummary, summarize
+
+DIFF_SCHEMA = "devpool-diff/1"
+SLOWER_FACTOR = 2.0  # default of --slower
+SLOWER_FLOOR = 0.1  # seconds: a test faster than this in NEW is never a regression (noise)
+_FAILING = frozenset(o.value for o in GATING)
+_PASSING = frozenset({Outcome.PASSED.value, "xpassed"})
+
+
+@dataclass(frozen=True)
+class Change:
+    """One test whose ending changed, or that came or went."""
+
+    nodeid: str
+    old: str | None  # its final category in OLD (None: not in OLD)
+    new: str | None
+    old_time: float | None = None
+    new_time: float | None = None
+
+    def what(self) -> str:
+        """'passed → failed', or '0.10s → 0.80s (8.0x)' for a test that got slower."""
+        if self.old_time is not None and self.new_time is not None:
+            factor = self.new_time / self.old_time if self.old_time > 0 else float("inf")
+            return f"{self.old_time:.2f}s → {self.new_time:.2f}s ({factor:.1f}x)"
+        return f"{self.old or 'absent'} → {self.new or 'absent'}"
+
+    def line(self) -> str:
+        return f"{self.nodeid}: {self.what()}"
+
+
+@dataclass(frozen=True)
+class RunDiff:
+    """What changed from OLD to NEW, each list in NEW's order (OLD's for gone tests)."""
+
+    old_run: str
+    new_run: str
+    newly_failing: tuple[Change, ...]
+    fixed: tuple[Change, ...]
+    newly_flaky: tuple[Change, ...]
+    gone: tuple[Change, ...]
+    new: tuple[Change, ...]
+    slower: tuple[Change, ...]
+    factor: float
+
+    def sections(self) -> list[tuple[str, tuple[Change, ...]]]:
+        return [
+            ("newly failing", self.newly_failing),
+            ("fixed", self.fixed),
+            ("newly flaky", self.newly_flaky),
+            (f"slower by {self.factor:g}x or more", self.slower),
+            ("new", self.new),
+            ("gone", self.gone),
+        ]
+
+
+def read_run(path: Path) -> RunRecord:
+    """A run given as its record.jsonl or as its run folder."""
+    record = path / "record.jsonl" if path.is_dir() else path
+    if path.is_dir() and not record.is_file():
+        raise DevpoolError(f"{path} is a folder without a record.jsonl: no devpool run folder")
+    return read_record(record)
+
+
+def diff_runs(old: RunSummary, new: RunSummary, factor: float = SLOWER_FACTOR) -> RunDiff:
+    """Compare two runs' summaries test by test."""
+    before, after = old.outcomes, new.outcomes
+    both = [nodeid for nodeid in after if nodeid in before]
+
+    def change(nodeid: str, timed: bool = False) -> Change:
+        if timed:
+            return Change(
+                nodeid, before[nodeid], after[nodeid], old.durations[nodeid], new.durations[nodeid]
+            )
+        return Change(nodeid, before.get(nodeid), after.get(nodeid))
+
+    slower = [
+        change(nodeid, timed=True)
+        for nodeid in both
+        if after[nodeid] in _PASSING | {Outcome.FLAKY.value}
+        and nodeid in old.durations
+        and nodeid in new.durations
+        and new.durations[nodeid] >= SLOWER_FLOOR
+        and new.durations[nodeid] >= factor * old.durations[nodeid]
+    ]
+    return RunDiff(
+        old_run=old.run_id,
+        new_run=new.run_id,
+        newly_failing=tuple(
+            change(n) for n in both if after[n] in _FAILING and before[n] not in _FAILING
+        ),
+        fixed=tuple(change(n) for n in both if before[n] in _FAILING and after[n] in _PASSING),
+        newly_flaky=tuple(
+            change(n)
+            for n in both
+            if after[n] == Outcome.FLAKY.value and before[n] != Outcome.FLAKY.value
+        ),
+        gone=tuple(change(n) for n in before if n not in after),
+        new=tuple(change(n) for n in after if n not in before),
+        slower=tuple(slower),
+        factor=factor,
+    )
+
+
+def diff_text(diff: RunDiff) -> str:
+    out = [f"devpool diff {diff.old_run} → {diff.new_run}"]
+    changed = [(title, changes) for title, changes in diff.sections() if changes]
+    if not changed:
+        out.append("no test changed its ending, and none got slower")
+    for title, changes in changed:
+        out.append(f"{title} ({len(changes)}):")
+        out += [f"  {c.line()}" for c in changes]
+    return "\n".join(out) + "\n"
+
+
+def diff_markdown(diff: RunDiff) -> str:
+    """For a PR comment: a line of totals, then a list per kind of change."""
+    from devpool.report.markdown import clean
+
+    counts = ", ".join(f"{len(changes)} {title}" for title, changes in diff.sections() if changes)
+    lines = [
+        f"## devpool: changes from `{diff.old_run}` to `{diff.new_run}`",
+        "",
+        counts or "No test changed its ending, and none got slower.",
+        "",
+    ]
+    for title, changes in diff.sections():
+        if not changes:
+            continue
+        lines += [f"### {title.capitalize()} ({len(changes)})", ""]
+        lines += [f"- `{clean(c.nodeid)}`: {c.what()}" for c in changes]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def diff_json(diff: RunDiff) -> str:
+    data = {
+        "schema": DIFF_SCHEMA,
+        "old_run": diff.old_run,
+        "new_run": diff.new_run,
+        "factor": diff.factor,
+        **{
+            key: [asdict(c) for c in changes]
+            for key, changes in (
+                ("newly_failing", diff.newly_failing),
+                ("fixed", diff.fixed),
+                ("newly_flaky", diff.newly_flaky),
+                ("slower", diff.slower),
+                ("new", diff.new),
+                ("gone", diff.gone),
+            )
+        },
+    }
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_diff(paths: Sequence[Path], form: str, factor: float) -> str:
+    """The diff of two runs (record files or run folders) in one form."""
+    old, new = (summarize(read_run(path)) for path in paths)
+    diff = diff_runs(old, new, factor)
+    return {"text": diff_text, "markdown": diff_markdown, "json": diff_json}[form](diff)
