@@ -15,7 +15,9 @@ from devpool.config import (
     conflicting_flags,
     read_table,
     settings_from,
-    spaced_path_option,
+    spaced_path_sentence,
+    spaced_paths,
+    unknown_option,
 )
 from devpool.devices.inventory import resolve_inventory
 from devpool.devices.lockdir import LockDir
@@ -46,6 +48,9 @@ def pytest_load_initial_conftests(
     pytest starts that capture here, before pytest_configure; tryfirst puts us around it."""
     from devpool.select.record import start_early
 
+    wrong = unknown_option(args)
+    if wrong is not None:
+        raise pytest.UsageError(wrong)
     start_early(early_config, args)  # a record run's worker watches imports from here on
     base = capture.worker_base(args, os.environ)
     if base is None:
@@ -62,6 +67,33 @@ def _pyproject(config: pytest.Config) -> Path:
     if config.inipath is not None and config.inipath.name == "pyproject.toml":
         return config.inipath
     return config.rootpath / "pyproject.toml"
+
+
+def _moved_rootdir(config: pytest.Config, spaced: list[tuple[str, str]]) -> str | None:
+    """The spaced path option whose value changed pytest's rootdir or ini file, else None.
+
+    pytest chose them counting the value as a test path; devpool chooses again without it
+    (pytest's own determine_setup) and compares. Should pytest's inner API move, every
+    spaced path option is refused, as before."""
+    if not spaced:
+        return None
+    try:
+        from _pytest.config.findpaths import determine_setup
+
+        early = config.known_args_namespace
+        values = {value for _, value in spaced}
+        rootpath, inipath, *_ = determine_setup(
+            inifile=early.inifilename,
+            override_ini=early.override_ini,
+            args=[a for a in early.file_or_dir if a not in values],
+            rootdir_cmd_arg=early.rootdir or None,
+            invocation_dir=config.invocation_params.dir,
+        )
+    except Exception:  # noqa: BLE001 - pytest's inner API changed: refuse, as before
+        return spaced[0][0]
+    if rootpath == config.rootpath and inipath == config.inipath:
+        return None
+    return spaced[0][0]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -89,7 +121,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _configure_controller(config: pytest.Config) -> None:
     args = config.invocation_params.args
-    wrong = spaced_path_option(args) or conflicting_flags(args)
+    moved = _moved_rootdir(config, spaced_paths(args))
+    wrong = (spaced_path_sentence(moved) if moved else None) or conflicting_flags(args)
     if wrong is not None:
         raise DevpoolError(wrong)
     pyproject = _pyproject(config)
@@ -108,7 +141,23 @@ def _configure_controller(config: pytest.Config) -> None:
         return
     if getattr(config.option, "numprocesses", None):
         raise DevpoolError("--devices and -n (pytest-xdist) both start workers; drop -n")
+    dist = getattr(config.option, "dist", "no")
+    if dist not in (None, "no"):
+        raise DevpoolError(
+            f"--dist {dist} is pytest-xdist's and has no effect under --devices, where devpool "
+            "places tests itself; drop it (one process per module: --devpool-isolation=module)"
+        )
     compat.configure_controller(config)
+    from devpool.folders import writable_folder
+
+    if settings.run_dir is not None:
+        writable_folder(settings.run_dir, "--devpool-run-dir")
+    if settings.run_record is not None:
+        if settings.run_record.is_dir():
+            raise DevpoolError(
+                f"--devpool-run-record {settings.run_record} is a folder, not a file"
+            )
+        writable_folder(settings.run_record.parent, "the folder of --devpool-run-record")
     if settings.backend == "ray":
         from devpool.backends.ray.cluster import cluster_inventory
 
