@@ -287,13 +287,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `devpool` command; a user mistake is one line and exit code 4."""
-    args = parse(sys.argv[1:] if argv is None else argv)
     try:
-        code: int = args.func(args)
+        args = parse(sys.argv[1:] if argv is None else argv)
+        try:
+            code: int = args.func(args)
+        except DevpoolError as exc:
+            print(f"devpool: error: {exc}", file=sys.stderr)
+            return 4
         sys.stdout.flush()
-    except DevpoolError as exc:
-        print(f"devpool: error: {exc}", file=sys.stderr)
-        return 4
     except BrokenPipeError:
         # The reader left (`devpool select --explain | head`): end quietly, as git does.
         # Python's own flush at exit would fail again, so stdout goes nowhere from here.

@@ -451,11 +451,11 @@ def settings_from(
     if platforms_table is not None and not isinstance(platforms_table, dict):
         raise DevpoolError(f"{named('platforms')} must be a table")
     values: dict[str, Any] = {"platforms": load_platforms(platforms_table)}
+    if "devices" in table and not isinstance(table["devices"], str):
+        raise DevpoolError(f"{named('devices')} must be a string like 'sim:0-7'")
     devices = options.get("devpool_devices")
     if devices is None and "devices" in table:
         devices = table["devices"]
-        if not isinstance(devices, str):
-            raise DevpoolError(f"{named('devices')} must be a string like 'sim:0-7'")
     values["devices"] = devices
     for option in OPTIONS:
         raw, source = options.get(option.dest), option.cli

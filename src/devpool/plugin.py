@@ -25,6 +25,7 @@ from devpool.errors import DevpoolError
 from devpool.plan.markers import MARKERS
 from devpool.report.terminal import file_name
 from devpool.select import DEPENDS_ON_MARKER
+from devpool.select.options import select_options
 from devpool.session.plain_collection import PlainCollection, is_controller
 from devpool.worker import capture
 
@@ -126,12 +127,11 @@ def _configure_controller(config: pytest.Config) -> None:
     if wrong is not None:
         raise DevpoolError(wrong)
     pyproject = _pyproject(config)
+    table = read_table(pyproject)
     settings = settings_from(
-        vars(config.option),
-        read_table(pyproject),
-        str(pyproject),
-        fallback=compat.settings_fallback(config),
+        vars(config.option), table, str(pyproject), fallback=compat.settings_fallback(config)
     )
+    select_options(table, str(pyproject))  # its values, checked whether or not selection is on
     if settings.devices is None:
         # devpool stays out of the way (plain pytest, markers registered), and says so
         # once when tests need devices.
