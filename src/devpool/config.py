@@ -167,6 +167,13 @@ OPTIONS: tuple[Option, ...] = (
         negatable=True,
     ),
     Option("ports", parse_range, "TCP ports leased to tests, outside the ephemeral range"),
+    Option(
+        "keep-master-port",
+        _flag,
+        "a MASTER_PORT exported by the caller stays for tests that lease ports "
+        "(default: the leased port wins)",
+        flag=True,
+    ),
     Option("device-memory", parse_size, "memory each device test declares unless it says (8GiB)"),
     Option("memory-reserve", _fraction, "share of each device's memory never handed out (5%)"),
     Option("reruns", _count, "retry a failed/error/timeout test this many times, fresh worker"),
@@ -364,6 +371,7 @@ class Settings:
     quarantine: Mapping[str, Any] = field(default_factory=dict)
     fatal_patterns: Mapping[str, Any] = field(default_factory=dict)
     ports: tuple[int, int] = DEFAULT_RANGE  # leased TCP ports (devices/ports.py)
+    keep_master_port: bool = False
     resources: Mapping[str, int] = field(default_factory=dict)  # name → capacity
 
 

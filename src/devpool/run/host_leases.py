@@ -6,8 +6,8 @@ the ports run out, the device lease is given back at once and the job waits out 
 delay in the loop's ``delayed`` list, holding nothing (no hold-and-wait, so two runs can
 never deadlock). A job that waits longer than --devpool-lease-timeout ends ``infra``
 naming the holders. A worker holds its host lease for life; its tests see the ports in
-``DEVPOOL_PORTS`` and, unless the caller set ``MASTER_PORT``, ``MASTER_ADDR`` and
-``MASTER_PORT`` (the first port), for torch.distributed's rendezvous.
+``DEVPOOL_PORTS``, ``MASTER_ADDR`` and ``MASTER_PORT`` (the first port, over the caller's
+unless --devpool-keep-master-port), for torch.distributed's rendezvous.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ class HostLeases:
             ctx.settings.resources,
         )
         if isinstance(got, HostLease):
+            got.keep_master_port = ctx.settings.keep_master_port
             lease.attach(got)
             self.since.pop(job.id, None)
             self.blocked.pop(job.id, None)
@@ -123,7 +124,12 @@ def host_env(lease: Lease | None, environ: Mapping[str, str] | None = None) -> d
     host: Any = lease.host if lease is not None else None
     if not isinstance(host, HostLease):
         return {}
-    env = ports_env(host.ports, "127.0.0.1", os.environ if environ is None else environ)
+    env = ports_env(
+        host.ports,
+        "127.0.0.1",
+        os.environ if environ is None else environ,
+        keep_caller=host.keep_master_port,
+    )
     if host.resources:
         env[RESOURCES_ENV] = ",".join(f"{n}={k}" for n, k in sorted(host.resources.items()))
     return env
