@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,10 @@ def _serve(args: argparse.Namespace) -> int:
         from devpool.project import project_settings
 
         lock_dir = project_settings(Path.cwd(), (), {}).lock_dir
-    if args.lock_dir and not lock_dir.is_dir():
-        raise DevpoolError(f"--lock-dir {lock_dir}: no such folder")
-    for name in args.folders:  # the default ./.devpool may not exist yet; a named one must
-        if not Path(name).is_dir():
-            raise DevpoolError(f"{name}: no such .devpool folder")
+    if args.lock_dir:
+        _named_folder(lock_dir, "--lock-dir", "lock folder")
+    for name in args.folders:
+        _named_folder(Path(name), "", ".devpool folder")
     folders = [Path(f) for f in args.folders] or [Path.cwd() / ".devpool"]
     for folder in folders:
         if folder.exists() and not folder.is_dir():
@@ -52,6 +52,19 @@ def _serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=1)
     uvicorn.Server(config).run(sockets=[listening])
     return 0
+
+
+def _named_folder(path: Path, option: str, what: str) -> None:
+    """A folder the user named: one a run has yet to make is shown once it is there (and
+    said so); one whose parent is missing too is a mistake (a typo in the path)."""
+    named = f"{option} {path}".strip()
+    if path.is_dir():
+        return
+    if path.exists():
+        raise DevpoolError(f"{named} is not a folder")
+    if not path.parent.is_dir():
+        raise DevpoolError(f"{named}: no such {what}, and no folder {path.parent} to hold one")
+    print(f"devpool serve: {path} does not exist yet; shown once a run makes it", file=sys.stderr)
 
 
 def _port(text: str) -> int:
