@@ -97,6 +97,20 @@ def _moved_rootdir(config: pytest.Config, spaced: list[tuple[str, str]]) -> str 
     return spaced[0][0]
 
 
+def _idle_options(config: pytest.Config, backend: str, shard: str | None) -> None:
+    """Options given on the command line that this run would ignore: one sentence each.
+
+    Only the command line's: a project may keep them in [tool.devpool] for its CI runs."""
+    for dest, needs, ok in (
+        ("devpool_ray_address", "--devpool-backend ray", backend == "ray"),
+        ("devpool_ray_ship_code", "--devpool-backend ray", backend == "ray"),
+        ("devpool_shard_by_module", "--devpool-shard K/N", shard is not None),
+    ):
+        if config.getoption(dest) and not ok:
+            option = "--" + dest.replace("_", "-")
+            raise DevpoolError(f"{option} has no effect without {needs}; add it or drop {option}")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     for text in MARKERS.values():
@@ -137,10 +151,14 @@ def _configure_controller(config: pytest.Config) -> None:
         # once when tests need devices.
         from devpool.session.dormant import DormantNotice
 
-        config.pluginmanager.register(DormantNotice(), "devpool-dormant")
+        # A host's lock folder is set for every run alike (CI scripts, test helpers).
+        given = {a.split("=", 1)[0] for a in args if a.startswith("--devpool-")}
+        given.discard("--devpool-lock-dir")
+        config.pluginmanager.register(DormantNotice(sorted(given)), "devpool-dormant")
         return
     if getattr(config.option, "numprocesses", None):
         raise DevpoolError("--devices and -n (pytest-xdist) both start workers; drop -n")
+    _idle_options(config, settings.backend, settings.shard)
     dist = getattr(config.option, "dist", "no")
     if dist not in (None, "no"):
         raise DevpoolError(

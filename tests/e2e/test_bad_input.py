@@ -106,6 +106,9 @@ OPTIONS = [
     pytest_row("keep-runs-zero", "--devpool-keep-runs=0", says="--devpool-keep-runs"),
     pytest_row("profile-undefined", "--devpool-profile=nightly", says="'nightly'"),
     pytest_row("flag-both-ways", "--devpool-github", "--devpool-no-github", says="contradict"),
+    pytest_row("ray-address-on-local", "--devpool-ray-address=auto", says="--devpool-backend ray"),
+    pytest_row("ray-ship-code-on-local", "--devpool-ray-ship-code", says="--devpool-backend ray"),
+    pytest_row("shard-by-module-alone", "--devpool-shard-by-module", says="--devpool-shard K/N"),
     pytest_row("xdist-n", "-p", "xdist", "-n", "2", says="-n"),
     pytest_row("xdist-dist-loadfile", "-p", "xdist", "--dist", "loadfile", says="--dist loadfile"),
     pytest_row(
@@ -399,6 +402,21 @@ def test_devpool_into_a_closed_pipe_ends_quietly(projects: Path) -> None:
         os.close(write)
     assert done.stderr == ""
     assert done.returncode == 141  # 128 + SIGPIPE, what `git log | head` leaves
+
+
+def test_devpool_options_without_devices_are_named_as_idle(projects: Path) -> None:
+    root = project(projects, Mistake("idle-options", (), ()))
+    done = subprocess.run(
+        [*PYTEST, "--devpool-max-parallel=3", "--devpool-reruns=2", "-q"],
+        cwd=root,
+        env=environment({}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    idle = "devpool: off: --devpool-max-parallel, --devpool-reruns have no effect without --devices"
+    assert idle in done.stdout.splitlines()
 
 
 def test_there_are_at_least_eighty_rows() -> None:
