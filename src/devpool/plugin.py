@@ -82,19 +82,36 @@ def _moved_rootdir(config: pytest.Config, spaced: list[tuple[str, str]]) -> str 
         from _pytest.config.findpaths import determine_setup
 
         early = config.known_args_namespace
+        here = config.invocation_params.dir
         values = {value for _, value in spaced}
-        rootpath, inipath, *_ = determine_setup(
-            inifile=early.inifilename,
-            override_ini=early.override_ini,
-            args=[a for a in early.file_or_dir if a not in values],
-            rootdir_cmd_arg=early.rootdir or None,
-            invocation_dir=config.invocation_params.dir,
-        )
+        paths = [a for a in early.file_or_dir if a not in values]
+
+        def chosen(args: list[str]) -> tuple[Path, Path | None]:
+            rootpath, inipath, *_ = determine_setup(
+                inifile=early.inifilename,
+                override_ini=early.override_ini,
+                args=args,
+                rootdir_cmd_arg=early.rootdir or None,
+                invocation_dir=here,
+            )
+            return rootpath, inipath
+
+        # A folder this run makes (a new lock folder) counts as a path on the next run:
+        # judge it by its nearest existing folder, so every run of one command agrees.
+        standing = [str(_existing(here / value)) for value in values]
+        without, beside = chosen(paths), chosen(paths + standing)
     except Exception:  # noqa: BLE001 - pytest's inner API changed: refuse, as before
         return spaced[0][0]
-    if rootpath == config.rootpath and inipath == config.inipath:
+    if without == beside == (config.rootpath, config.inipath):
         return None
     return spaced[0][0]
+
+
+def _existing(path: Path) -> Path:
+    """path, or its nearest folder above that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _idle_options(config: pytest.Config, backend: str, shard: str | None) -> None:
