@@ -256,6 +256,18 @@ COMMANDS = [
         says="did you mean ignore?",
         toml="[tool.devpool.select]\nignores = []\n",
     ),
+    cli_row(
+        "select-bad-top-key",
+        "select",
+        says="did you mean max-parallel?",
+        toml="[tool.devpool]\nmax_paralel = 2\n",
+    ),
+    cli_row(
+        "locks-bad-profile-key",
+        "locks",
+        says="[tool.devpool.profiles.nightly]",
+        toml="[tool.devpool.profiles.nightly]\nlock_dirr = 'x'\n",
+    ),
     cli_row("history-unknown-action", "history", "frob", says="frob"),
 ]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from devpool.capacity.cli import also_usage
-from devpool.config import read_table
+from devpool.config import check_tables, read_table
 from devpool.errors import DevpoolError
 from devpool.project import find_pyproject
 from devpool.select.baseline import (
@@ -34,7 +34,9 @@ def _project(cwd: Path) -> tuple[Path, SelectOptions]:
     """The rootdir (the folder of the nearest pyproject.toml, else here) and its options."""
     pyproject = find_pyproject(cwd)
     root = pyproject.parent if pyproject is not None else cwd
-    return root, select_options(read_table(pyproject), str(pyproject))
+    table = read_table(pyproject)
+    check_tables(table, str(pyproject))  # every [tool.devpool…] table, as a run checks them
+    return root, select_options(table, str(pyproject))
 
 
 def _bucket(args: argparse.Namespace, root: Path, cwd: Path) -> Bucket:
