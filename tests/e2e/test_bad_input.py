@@ -268,6 +268,16 @@ COMMANDS = [
         says="[tool.devpool.profiles.nightly]",
         toml="[tool.devpool.profiles.nightly]\nlock_dirr = 'x'\n",
     ),
+    cli_row(
+        "run-misspelt-option",
+        "run",
+        "--",
+        *PYTEST,
+        *SIM,
+        "--devpool-max-paralel",
+        "4",
+        says="did you mean --devpool-max-parallel?",
+    ),
     cli_row("history-unknown-action", "history", "frob", says="frob"),
 ]
 
