@@ -145,11 +145,18 @@ def test_a_bad_command_line_value_names_the_option() -> None:
 
 
 def test_unknown_key_is_named_with_the_known_ones() -> None:
-    message = failure(max_parallel=2, parallel=2)
+    message = failure(max_parallel=2, speed=2)
 
-    assert message.startswith(f"{WHERE}: [tool.devpool] has unknown key 'parallel'; known keys: ")
+    assert message.startswith(f"{WHERE}: [tool.devpool] has unknown key 'speed'; known keys: ")
     assert "max-parallel" in message
     assert "platforms" in message
+
+
+def test_a_misspelt_key_gets_the_close_one() -> None:
+    assert failure(parallel=2).endswith("unknown key 'parallel'; did you mean max-parallel?")
+    assert failure(max_paralel=2).endswith("did you mean max-parallel?")
+    with pytest.raises(DevpoolError, match="did you mean max-parallel"):
+        settings_from({}, {"max_parallel": 2}, WHERE)  # the key as a user wrote it
 
 
 def test_devices_in_the_table_must_be_text() -> None:

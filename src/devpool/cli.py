@@ -7,6 +7,7 @@ Usage mistakes exit 4 with one sentence, as pytest's do; no option takes an abbr
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,8 +46,19 @@ def _project(devices: str | None = None) -> Any:
     return project_settings(Path.cwd(), (), {"devpool_devices": devices})
 
 
+def _named_lock_dir(args: argparse.Namespace) -> Path | None:
+    """The --lock-dir a user named, which must be a folder (a run's default may not exist yet)."""
+    if not args.lock_dir:
+        return None
+    path = Path(args.lock_dir)
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        raise DevpoolError(f"--lock-dir {path} {what}")
+    return path
+
+
 def _locks(args: argparse.Namespace) -> int:
-    lock_dir = LockDir(Path(args.lock_dir) if args.lock_dir else _project().lock_dir)
+    lock_dir = LockDir(_named_lock_dir(args) or _project().lock_dir)
     states = lock_dir.status()
     held = host_status(lock_dir.path)
     if not states and not held:
@@ -128,7 +140,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     """Everything devpool can see on this host, one fact a line; never hangs (timeouts)."""
-    import os
     import platform as host_platform
 
     import pytest
@@ -170,7 +181,7 @@ def _doctor(args: argparse.Namespace) -> int:
             for device, procs in sorted(seen.items()):
                 who = ", ".join(p.describe() for p in procs) or "no other process"
                 print(f"probe {inventory.platform.name}:{device}: {who}")
-    lock_dir = LockDir(Path(args.lock_dir) if args.lock_dir else settings.lock_dir)
+    lock_dir = LockDir(_named_lock_dir(args) or settings.lock_dir)
     states = lock_dir.status()
     held = [s for s in states if s.held]
     shared = [s for s in states if s.shares]
@@ -308,12 +319,19 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `devpool` command; a user mistake is one line and exit code 4."""
-    args = parse(sys.argv[1:] if argv is None else argv)
     try:
-        code: int = args.func(args)
-    except DevpoolError as exc:
-        print(f"devpool: error: {exc}", file=sys.stderr)
-        return 4
+        args = parse(sys.argv[1:] if argv is None else argv)
+        try:
+            code: int = args.func(args)
+        except DevpoolError as exc:
+            print(f"devpool: error: {exc}", file=sys.stderr)
+            return 4
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (`devpool select --explain | head`): end quietly, as git does.
+        # Python's own flush at exit would fail again, so stdout goes nowhere from here.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, the status `git log | head` leaves
     return code
 
 

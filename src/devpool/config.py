@@ -16,7 +16,7 @@ from devpool.devices.lockdir import default_lock_dir
 from devpool.devices.ports import DEFAULT_RANGE, overlap_error, parse_range
 from devpool.devices.resources import parse_resources
 from devpool.devices.sizes import parse_size
-from devpool.errors import DevpoolError
+from devpool.errors import DevpoolError, check_keys, did_you_mean
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -170,6 +170,13 @@ OPTIONS: tuple[Option, ...] = (
         negatable=True,
     ),
     Option("ports", parse_range, "TCP ports leased to tests, outside the ephemeral range"),
+    Option(
+        "keep-master-port",
+        _flag,
+        "a MASTER_PORT exported by the caller stays for tests that lease ports "
+        "(default: the leased port wins)",
+        flag=True,
+    ),
     Option("device-memory", parse_size, "memory each device test declares unless it says (8GiB)"),
     Option("memory-reserve", _fraction, "share of each device's memory never handed out (5%)"),
     Option("reruns", _count, "retry a failed/error/timeout test this many times, fresh worker"),
@@ -236,20 +243,42 @@ TABLE_KEYS = frozenset(_BY_NAME) | {
     "profiles",
     "resources",
 }
+PROFILE_KEYS = TABLE_KEYS - {"profiles", "profile"}
 
 
-def spaced_path_option(args: Sequence[str]) -> str | None:
-    """The sentence for a path option given its value as the next argument, else None.
+def spaced_paths(args: Sequence[str]) -> list[tuple[str, str]]:
+    """(option, value) for each path option given its value as the next argument.
 
     pytest picks its rootdir from the arguments that are not options before it knows
     devpool's options, so the value of `--devpool-lock-dir DIR` counts as a path there."""
-    paths = {option.cli: option.path for option in OPTIONS if option.path}
-    for arg in args[:-1]:
-        if arg in paths:
-            return (
-                f"write {arg}={paths[arg]}: pytest chose its rootdir before it knew "
-                "devpool's options"
-            )
+    paths = {option.cli for option in OPTIONS if option.path}
+    return [(arg, args[i + 1]) for i, arg in enumerate(args[:-1]) if arg in paths]
+
+
+def spaced_path_sentence(option: str) -> str:
+    """Why a spaced path option is refused: it moved pytest's rootdir or ini file."""
+    what = next(o.path for o in OPTIONS if o.cli == option)
+    return (
+        f"write {option}={what}: written with a space, its value changed the rootdir or "
+        "ini file pytest chose before it knew devpool's options"
+    )
+
+
+def unknown_option(args: Sequence[str]) -> str | None:
+    """The sentence for a `--devpool-…` option devpool does not have, with a close one."""
+    known = {"--devpool-worker"}
+    for option in OPTIONS:
+        known.add(option.cli)
+        if option.negatable:
+            known.add("--devpool-no-" + option.name)
+    for arg in args:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if name.startswith("--devpool-") and name not in known:
+            bare = [k.removeprefix("--devpool-") for k in known]
+            hint = did_you_mean(name.removeprefix("--devpool-"), bare, prefix="--devpool-")
+            return f"unknown option {name}{hint or ' (see pytest --help, group devpool)'}"
     return None
 
 
@@ -346,6 +375,7 @@ class Settings:
     quarantine: Mapping[str, Any] = field(default_factory=dict)
     fatal_patterns: Mapping[str, Any] = field(default_factory=dict)
     ports: tuple[int, int] = DEFAULT_RANGE  # leased TCP ports (devices/ports.py)
+    keep_master_port: bool = False
     resources: Mapping[str, int] = field(default_factory=dict)  # name → capacity
 
 
@@ -363,36 +393,49 @@ def read_table(pyproject: Path | None) -> dict[str, Any]:
     return table
 
 
+SELECT_KEYS = frozenset({"mode", "inputs", "ignore", "key-packages", "max-age-days", "full-on"})
+
+
+def check_tables(table: Mapping[str, Any], where: str) -> None:
+    """Every [tool.devpool…] table's keys, checked alike: the top level, select, each profile.
+
+    Platforms and resources check their own entries (devices/); this runs whether or not
+    a profile applies, so a misspelt key in an unused profile is found too."""
+    check_keys(table, TABLE_KEYS, "tool.devpool", where)
+    select = table.get("select")
+    if isinstance(select, Mapping):
+        check_keys(select, SELECT_KEYS, "tool.devpool.select", where)
+    profiles = table.get("profiles", {})
+    if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
+        raise DevpoolError(f"{where}: [tool.devpool.profiles] must hold one table per profile")
+    for name, profile in profiles.items():
+        check_keys(profile, PROFILE_KEYS, f"tool.devpool.profiles.{name}", where)
+
+
 def _with_profile(
     options: Mapping[str, Any], table: Mapping[str, Any], where: str, environ: Mapping[str, str]
-) -> dict[str, Any]:
-    """[tool.devpool] with one profile's keys laid over it, as nextest's profiles are.
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """[tool.devpool] with one profile's keys laid over it, as nextest's profiles are, and
+    the table each key came from.
 
     The profile is --devpool-profile, else `profile` in the table, else "ci" when
     CI=true and the project defines one; none applies otherwise.
     """
     merged = {key: value for key, value in table.items() if key != "profiles"}
     profiles = table.get("profiles", {})
-    if not isinstance(profiles, dict) or not all(isinstance(p, dict) for p in profiles.values()):
-        raise DevpoolError(f"{where}: [tool.devpool.profiles] must hold one table per profile")
     name = options.get("devpool_profile") or merged.pop("profile", None)
     if name is None and environ.get("CI") == "true" and "ci" in profiles:
         name = "ci"
     if name is None:
-        return merged
+        return merged, {}
     if name not in profiles:
         known = ", ".join(sorted(profiles)) or "none defined"
         raise DevpoolError(
             f"--devpool-profile {name!r} is not in [tool.devpool.profiles] of {where} "
             f"(known: {known})"
         )
-    unknown = sorted(set(profiles[name]) - TABLE_KEYS)
-    if unknown:
-        raise DevpoolError(
-            f"{where}: [tool.devpool.profiles.{name}] has unknown key {unknown[0]!r}"
-        )
     merged.update(profiles[name])
-    return merged
+    return merged, {key: f"tool.devpool.profiles.{name}" for key in profiles[name]}
 
 
 def settings_from(
@@ -408,27 +451,28 @@ def settings_from(
     plugins' equivalents (pytest-timeout's --timeout, pytest-rerunfailures' --reruns).
     """
     fallback = fallback or {}
-    table = _with_profile(options, table, where, os.environ if environ is None else environ)
-    unknown = sorted(set(table) - TABLE_KEYS)
-    if unknown:
-        raise DevpoolError(
-            f"{where}: [tool.devpool] has unknown key {unknown[0]!r}; "
-            f"known keys: {', '.join(sorted(TABLE_KEYS))}"
-        )
+    check_tables(table, where)
+    table, sources = _with_profile(
+        options, table, where, os.environ if environ is None else environ
+    )
+
+    def named(key: str) -> str:
+        return f"{where}: [{sources.get(key, 'tool.devpool')}] {key}"
+
     platforms_table = table.get("platforms")
     if platforms_table is not None and not isinstance(platforms_table, dict):
-        raise DevpoolError(f"{where}: [tool.devpool] platforms must be a table")
+        raise DevpoolError(f"{named('platforms')} must be a table")
     values: dict[str, Any] = {"platforms": load_platforms(platforms_table)}
+    if "devices" in table and not isinstance(table["devices"], str):
+        raise DevpoolError(f"{named('devices')} must be a string like 'sim:0-7'")
     devices = options.get("devpool_devices")
     if devices is None and "devices" in table:
         devices = table["devices"]
-        if not isinstance(devices, str):
-            raise DevpoolError(f"{where}: [tool.devpool] devices must be a string like 'sim:0-7'")
     values["devices"] = devices
     for option in OPTIONS:
         raw, source = options.get(option.dest), option.cli
         if raw is None and option.name in table:
-            raw, source = table[option.name], f"{where}: [tool.devpool] {option.name}"
+            raw, source = table[option.name], named(option.name)
         if raw is None and option.name in fallback:
             raw, source = fallback[option.name]
         if raw is None:

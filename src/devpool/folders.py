@@ -7,6 +7,7 @@ devpool's files never show in `git status`, and no project has to list them.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 IGNORE = "# Created by devpool automatically.\n*\n"
@@ -21,3 +22,23 @@ def devpool_dir(root: Path) -> Path:
             folder.mkdir(parents=True, exist_ok=True)
             ignore.write_text(IGNORE, encoding="utf-8")
     return folder
+
+
+def writable_folder(path: Path, what: str) -> None:
+    """Make the folder a user named for devpool's output, or say in one sentence why not.
+
+    what: how the user named it, e.g. "--devpool-run-dir"."""
+    from devpool.errors import DevpoolError
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DevpoolError(f"{what} {path} is a file, not a folder") from None
+    except OSError as exc:
+        raise DevpoolError(f"{what} {path} cannot be made: {exc.strerror}") from None
+    probe = path / f".devpool-write-check-{os.getpid()}"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise DevpoolError(f"{what} {path} is not writable: {exc.strerror}") from None

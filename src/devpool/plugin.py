@@ -15,7 +15,9 @@ from devpool.config import (
     conflicting_flags,
     read_table,
     settings_from,
-    spaced_path_option,
+    spaced_path_sentence,
+    spaced_paths,
+    unknown_option,
 )
 from devpool.devices.inventory import resolve_inventory
 from devpool.devices.lockdir import LockDir
@@ -23,6 +25,7 @@ from devpool.errors import DevpoolError
 from devpool.plan.markers import MARKERS
 from devpool.report.terminal import file_name
 from devpool.select import DEPENDS_ON_MARKER
+from devpool.select.options import select_options
 from devpool.session.plain_collection import PlainCollection, is_controller
 from devpool.worker import capture
 
@@ -46,6 +49,9 @@ def pytest_load_initial_conftests(
     pytest starts that capture here, before pytest_configure; tryfirst puts us around it."""
     from devpool.select.record import start_early
 
+    wrong = unknown_option(args)
+    if wrong is not None:
+        raise pytest.UsageError(wrong)
     start_early(early_config, args)  # a record run's worker watches imports from here on
     base = capture.worker_base(args, os.environ)
     if base is None:
@@ -62,6 +68,64 @@ def _pyproject(config: pytest.Config) -> Path:
     if config.inipath is not None and config.inipath.name == "pyproject.toml":
         return config.inipath
     return config.rootpath / "pyproject.toml"
+
+
+def _moved_rootdir(config: pytest.Config, spaced: list[tuple[str, str]]) -> str | None:
+    """The spaced path option whose value changed pytest's rootdir or ini file, else None.
+
+    pytest chose them counting the value as a test path; devpool chooses again without it
+    (pytest's own determine_setup) and compares. Should pytest's inner API move, every
+    spaced path option is refused, as before."""
+    if not spaced:
+        return None
+    try:
+        from _pytest.config.findpaths import determine_setup
+
+        early = config.known_args_namespace
+        here = config.invocation_params.dir
+        values = {value for _, value in spaced}
+        paths = [a for a in early.file_or_dir if a not in values]
+
+        def chosen(args: list[str]) -> tuple[Path, Path | None]:
+            rootpath, inipath, *_ = determine_setup(
+                inifile=early.inifilename,
+                override_ini=early.override_ini,
+                args=args,
+                rootdir_cmd_arg=early.rootdir or None,
+                invocation_dir=here,
+            )
+            return rootpath, inipath
+
+        # A folder this run makes (a new lock folder) counts as a path on the next run:
+        # judge it by its nearest existing folder, so every run of one command agrees.
+        standing = [str(_existing(here / value)) for value in values]
+        without, beside = chosen(paths), chosen(paths + standing)
+    except Exception:  # noqa: BLE001 - pytest's inner API changed: refuse, as before
+        return spaced[0][0]
+    if without == beside == (config.rootpath, config.inipath):
+        return None
+    return spaced[0][0]
+
+
+def _existing(path: Path) -> Path:
+    """path, or its nearest folder above that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _idle_options(config: pytest.Config, backend: str, shard: str | None) -> None:
+    """Options given on the command line that this run would ignore: one sentence each.
+
+    Only the command line's: a project may keep them in [tool.devpool] for its CI runs."""
+    for dest, needs, ok in (
+        ("devpool_ray_address", "--devpool-backend ray", backend == "ray"),
+        ("devpool_ray_ship_code", "--devpool-backend ray", backend == "ray"),
+        ("devpool_shard_by_module", "--devpool-shard K/N", shard is not None),
+    ):
+        if config.getoption(dest) and not ok:
+            option = "--" + dest.replace("_", "-")
+            raise DevpoolError(f"{option} has no effect without {needs}; add it or drop {option}")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -89,26 +153,48 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _configure_controller(config: pytest.Config) -> None:
     args = config.invocation_params.args
-    wrong = spaced_path_option(args) or conflicting_flags(args)
+    moved = _moved_rootdir(config, spaced_paths(args))
+    wrong = (spaced_path_sentence(moved) if moved else None) or conflicting_flags(args)
     if wrong is not None:
         raise DevpoolError(wrong)
     pyproject = _pyproject(config)
+    table = read_table(pyproject)
     settings = settings_from(
-        vars(config.option),
-        read_table(pyproject),
-        str(pyproject),
-        fallback=compat.settings_fallback(config),
+        vars(config.option), table, str(pyproject), fallback=compat.settings_fallback(config)
     )
+    select_options(table, str(pyproject))  # its values, checked whether or not selection is on
     if settings.devices is None:
         # devpool stays out of the way (plain pytest, markers registered), and says so
         # once when tests need devices.
         from devpool.session.dormant import DormantNotice
 
-        config.pluginmanager.register(DormantNotice(), "devpool-dormant")
+        # A host's lock folder is set for every run alike (CI scripts, test helpers).
+        given = {a.split("=", 1)[0] for a in args if a.startswith("--devpool-")}
+        given.discard("--devpool-lock-dir")
+        config.pluginmanager.register(DormantNotice(sorted(given)), "devpool-dormant")
         return
     if getattr(config.option, "numprocesses", None):
         raise DevpoolError("--devices and -n (pytest-xdist) both start workers; drop -n")
+    _idle_options(config, settings.backend, settings.shard)
+    dist = getattr(config.option, "dist", "no")
+    if dist not in (None, "no"):
+        raise DevpoolError(
+            f"--dist {dist} is pytest-xdist's and has no effect under --devices, where devpool "
+            "places tests itself; drop it (one process per module: --devpool-isolation=module)"
+        )
     compat.configure_controller(config)
+    from devpool.folders import writable_folder
+
+    if settings.run_dir is not None:
+        writable_folder(settings.run_dir, "--devpool-run-dir")
+    if settings.history is not None and settings.history.is_dir():
+        raise DevpoolError(f"--devpool-history {settings.history} is a folder, not a file")
+    if settings.run_record is not None:
+        if settings.run_record.is_dir():
+            raise DevpoolError(
+                f"--devpool-run-record {settings.run_record} is a folder, not a file"
+            )
+        writable_folder(settings.run_record.parent, "the folder of --devpool-run-record")
     if settings.backend == "ray":
         from devpool.backends.ray.cluster import cluster_inventory
 

@@ -417,7 +417,8 @@ def test_path_option_with_a_separate_value_is_a_usage_error(
     )
     assert_usage_error(result, ["--devpool-lock-dir"])
     sentence = (
-        "write --devpool-lock-dir=DIR: pytest chose its rootdir before it knew devpool's options"
+        "write --devpool-lock-dir=DIR: written with a space, its value changed the rootdir "
+        "or ini file pytest chose before it knew devpool's options"
     )
     assert sentence in output(result), output(result)
     glued = run(pytester, tmp_path, *devices, f"--devpool-run-dir={tmp_path / 'run'}")

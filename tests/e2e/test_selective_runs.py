@@ -26,6 +26,7 @@ from select_project import (
     record,
     write,
 )
+from sessions import FAST
 
 pytestmark = pytest.mark.usefixtures("selective_env")
 
@@ -127,10 +128,12 @@ def test_a_damaged_database_or_an_unaccounted_file_gives_a_full_run(
 ) -> None:
     record(pytester, tmp_path)
     (project / "Dockerfile").write_text("FROM python:3.11\n")
+    git(project, "add", "Dockerfile")  # tracked: an input (an untracked one is not)
     run = Run(pytester, tmp_path, "docker", "--devices", "sim:0-1", "--devpool-select", "on")
     assert run.select["full_run"] is True
     assert run.select["reason"].startswith("Dockerfile changed and nothing accounts for it")
     assert run.ran == MATH | DATA
+    git(project, "rm", "-q", "--cached", "Dockerfile")
     (project / "Dockerfile").unlink()
     (database,) = (project / ".devpool" / "select").glob("*/*/deps.json")
     database.write_bytes(database.read_bytes()[:-10])
@@ -341,3 +344,57 @@ def test_a_rebuilt_shared_library_selects_the_tests_that_loaded_it(
     git(root, "commit", "-qam", "k returns 2")
     run = Run(pytester, tmp_path, "rebuilt", *isolated, "--devpool-select", "on")
     assert run.ran == {"tests/test_native.py::test_native"}, run.output()
+
+
+def test_a_checkout_with_scratch_files_and_a_run_folder_inside_selects_alike(
+    tmp_path: Path,
+) -> None:
+    """A real checkout (issue 30): untracked and ignored files, and the README's CI recipe
+    writing --devpool-run-dir=out/shard-1 inside the project. Plain pytest (testpaths)
+    records; `devpool select` with no path finds that baseline; a scratch file changes
+    nothing, tracked or ignored ones aside."""
+    files = dict(PROJECT)
+    files["pyproject.toml"] = PROJECT["pyproject.toml"] + '        testpaths = ["tests"]\n'
+    project = git_project(tmp_path / "checkout", files)
+    (project / "notes.txt").write_text("untracked before the recording\n")
+    (project / "build").mkdir()
+    (project / "build" / "cache.bin").write_text("ignored\n")
+
+    def pytest_run(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", *FAST, f"--devpool-lock-dir={tmp_path / 'locks'}"]
+            + ["--devices", "sim:0-1", "--devpool-skip-unsatisfiable", *args],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    def select() -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "devpool.cli", "select"],  # no path: testpaths, as pytest
+            cwd=project,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    pytest_run("--devpool-select", "record", "--devpool-run-dir=out/shard-1")
+    assert any((project / "out" / "shard-1").iterdir())
+    lib = project / "lib.py"
+    lib.write_text(lib.read_text().replace("return a * b", "return b * a"))
+    first = select()
+    assert "full run" not in first, first
+    chosen = {line.split()[1] for line in first.splitlines() if line.startswith("selected ")}
+    assert {"tests/test_math.py::test_mul", "tests/test_math.py::test_both"} <= chosen
+    assert "tests/test_math.py::test_add" not in chosen
+    (project / "scratch.txt").write_text("a note to self\n")
+    (project / "build" / "cache.bin").write_text("rebuilt\n")
+    (project / "out" / "shard-2").mkdir()
+    (project / "out" / "shard-2" / "selected.txt").write_text("x\n")
+    assert select() == first
+    (project / ".gitignore").write_text(PROJECT[".gitignore"] + "out/\n")
+    git(project, "commit", "-qam", "ignore out/")
+    assert select() == first

@@ -88,11 +88,14 @@ def test_above_capacity_is_unsatisfiable_not_a_usage_error() -> None:
     assert reason == "needs 2 of resource hccl; [tool.devpool.resources] gives it capacity 1"
 
 
-def test_a_preset_master_port_is_left_and_said_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_preset_master_port_is_replaced_and_said_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MASTER_PORT", "29500")
     jobs = [Job(i, f"t.py::{i}", ("t.py", i, str(i)), Request(device_count=2), i) for i in range(3)]
     notes = build_plan(jobs, inventory()).notes
     assert len(notes) == 1 and notes[0].startswith("MASTER_PORT=29500 is set")
+    assert "instead" in notes[0] and "--devpool-keep-master-port" in notes[0]
+    (kept,) = build_plan(jobs, inventory(), keep_master_port=True).notes
+    assert "kept" in kept
     monkeypatch.delenv("MASTER_PORT")
     assert build_plan(jobs, inventory()).notes == []
 

@@ -397,6 +397,7 @@ def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "--format", choices=("text", "json"), default="text", help="how to print the split"
     )
     shard.set_defaults(func=_shard)
+    also_usage(shard, "verify RECORD [RECORD ...]")
 
     history = commands.add_parser("history", help="move the duration history between runners")
     actions = history.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -415,3 +416,10 @@ def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
     )
     merge.add_argument("--history", help=history_help)
     merge.set_defaults(func=_history_merge)
+
+
+def also_usage(parser: argparse.ArgumentParser, *forms: str) -> None:
+    """Add the forms a command's own parser does not see (`devpool shard verify ...`)."""
+    usage = parser.format_usage().removeprefix("usage: ").rstrip().replace("%", "%%")
+    indent = "\n" + " " * len("usage: ")
+    parser.usage = usage + "".join(f"{indent}{parser.prog} {form}" for form in forms)

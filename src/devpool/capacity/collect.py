@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from devpool.config import add_options, read_table, settings_from
+from devpool.config import add_options, read_table, settings_from, unknown_option
 from devpool.devices.inventory import Platform, load_platforms
 from devpool.devices.resources import parse_resources
 from devpool.errors import DevpoolError
@@ -150,6 +150,9 @@ class _Collector:
 
 def collect_suite(args: Sequence[str]) -> Collection:
     """Collect with pytest in this process (devpool's own plugin off) and read every marker."""
+    wrong = unknown_option(args)
+    if wrong is not None:
+        raise DevpoolError(wrong)
     collector = _Collector()
     out = io.StringIO()
     argv = ["--collect-only", "-q", "-p", "no:devpool", *args]
@@ -159,7 +162,8 @@ def collect_suite(args: Sequence[str]) -> Collection:
         raise collector.seen.error
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         lines = [line for line in out.getvalue().splitlines() if line.strip()]
-        why = next((line for line in lines if line.startswith(("ERROR", "E "))), None)
+        why = next((line for line in lines if " error: " in line), None)  # argparse's
+        why = why or next((line for line in lines if line.startswith(("ERROR", "E "))), None)
         why = why or (lines[-1] if lines else f"exit status {int(code)}")
         raise DevpoolError(
             f"pytest could not collect {' '.join(args) or 'the suite'}: {why.strip()} "

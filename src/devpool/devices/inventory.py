@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from devpool.devices.detection import ascend, cuda, rocm
 from devpool.devices.sizes import parse_size
-from devpool.errors import DevpoolError
+from devpool.errors import DevpoolError, check_keys, did_you_mean
 
 __all__ = [
     "BUILTIN_PLATFORMS",
@@ -112,9 +112,7 @@ def _type_name(value: object) -> str:
 
 def _platform_from_table(name: str, entry: Mapping[object, object]) -> Platform:
     where = f"{_TABLE} {name}"
-    for key in entry:
-        if key not in _TABLE_KEYS:
-            raise DevpoolError(f"{where}: unknown key {key!r}; expected {', '.join(_TABLE_KEYS)}")
+    check_keys(entry, _TABLE_KEYS, f"tool.devpool.platforms.{name}")
     builtin = BUILTIN_PLATFORMS.get(name)
     kind_value = entry.get("kind")
     if kind_value is None:
@@ -157,7 +155,8 @@ def _platform_from_table(name: str, entry: Mapping[object, object]) -> Platform:
 def _check_kind(name: str, kind: str) -> str:
     if kind not in KINDS:
         raise DevpoolError(
-            f"{_TABLE} {name}: unknown kind {kind!r}; expected one of {', '.join(KINDS)}"
+            f"{_TABLE} {name}: unknown kind {kind!r}"
+            f"{did_you_mean(kind, KINDS) or '; expected one of ' + ', '.join(KINDS)}"
         )
     builtin = BUILTIN_PLATFORMS.get(name)
     if builtin is not None and builtin.kind != kind:

@@ -121,13 +121,20 @@ def acquire_ports(
     return None
 
 
-def ports_env(ports: Sequence[int], master_addr: str, environ: Mapping[str, str]) -> dict[str, str]:
+def ports_env(
+    ports: Sequence[int],
+    master_addr: str,
+    environ: Mapping[str, str],
+    keep_caller: bool = False,
+) -> dict[str, str]:
     """A test's view of its ports: DEVPOOL_PORTS, and MASTER_ADDR / MASTER_PORT (the first
-    port) for torch.distributed unless the caller's environment sets MASTER_PORT."""
+    port) for torch.distributed. The leased port wins over a MASTER_PORT the caller
+    exported (two tests side by side on one port collide), unless keep_caller
+    (--devpool-keep-master-port)."""
     if not ports:
         return {}
     env = {"DEVPOOL_PORTS": ",".join(str(port) for port in ports)}
-    if "MASTER_PORT" not in environ:
+    if not (keep_caller and "MASTER_PORT" in environ):
         env["MASTER_ADDR"] = master_addr
         env["MASTER_PORT"] = str(ports[0])
     return env

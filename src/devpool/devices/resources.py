@@ -85,6 +85,7 @@ class HostLease:
         self.resources: dict[str, int] = {name: len(hs) for name, hs in units.items()}
         self._handles = list(ports) + [h for hs in units.values() for h in hs]
         self.released = False
+        self.keep_master_port = False  # the caller's MASTER_PORT stays (run/host_leases.py)
 
     def __bool__(self) -> bool:
         return bool(self._handles)

@@ -154,6 +154,7 @@ def build_plan(
     estimate: Callable[[Job], float] | None = None,
     memory: Mapping[int, int] | None = None,
     resources: Mapping[str, int] | None = None,
+    keep_master_port: bool = False,
 ) -> Plan:
     """Split jobs into runnable (sorted by priority) and unsatisfiable ones.
 
@@ -182,8 +183,13 @@ def build_plan(
     preset = os.environ.get("MASTER_PORT")
     if preset is not None and any(job.request.ports_needed for job in plan.jobs):
         plan.notes.append(
-            f"MASTER_PORT={preset} is set in the environment: devpool leaves MASTER_ADDR and "
-            "MASTER_PORT as they are (tests still get their leased ports in DEVPOOL_PORTS)"
+            f"MASTER_PORT={preset} is set in the environment: kept, as "
+            "--devpool-keep-master-port asks (tests side by side on it may collide; their "
+            "leased ports are in DEVPOOL_PORTS)"
+            if keep_master_port
+            else f"MASTER_PORT={preset} is set in the environment: tests that lease ports get "
+            "their own leased port in MASTER_PORT instead (keep the caller's with "
+            "--devpool-keep-master-port)"
         )
     plan.jobs.sort(key=Job.priority)
     return plan

@@ -184,6 +184,23 @@ def _resources(
     return tuple(sorted(marker.kwargs.items()))
 
 
+VALUE_MARKERS = ("device_count", "device_memory", "nodes", "platforms", "timeout", "ports")
+
+
+def _conflicts(item: pytest.Item) -> None:
+    """Two markers of one name with different values on the test itself are a mistake.
+
+    Between levels (class, module) pytest's closest-wins rule stands; on one function
+    `get_closest_marker` would silently keep the one written nearest the def."""
+    for name in (*VALUE_MARKERS, "resources"):
+        own = [(m.args, m.kwargs) for m in getattr(item, "own_markers", ()) if m.name == name]
+        if any(values != own[0] for values in own[1:]):
+            raise DevpoolError(
+                f"{item.nodeid}: conflicting @pytest.mark.{name} markers on one test "
+                f"({len(own)} of them); keep one"
+            )
+
+
 def request_for(
     item: pytest.Item,
     known_platforms: Collection[str],
@@ -196,6 +213,7 @@ def request_for(
     declare their own device_memory nor demand device_exclusive.
     """
     nodeid = item.nodeid
+    _conflicts(item)
     device_count = 0
     if (mark := item.get_closest_marker("device_count")) is not None:
         device_count = _whole_number(nodeid, mark.name, mark.args, mark.kwargs, 1)

@@ -5,8 +5,8 @@ folder (LockDir.take), all or nothing and without waiting: when another run hold
 resource or the ports run out, nothing is held and the job waits out a short delay in the
 loop's ``delayed`` list (no hold-and-wait, so two runs can never deadlock). A job that
 waits longer than --devpool-lease-timeout ends ``infra`` naming the holders. A worker holds
-its host lease for life; its tests see the ports in ``DEVPOOL_PORTS`` and, unless the
-caller set ``MASTER_PORT``, ``MASTER_ADDR`` and ``MASTER_PORT`` (the first port), for
+its host lease for life; its tests see the ports in ``DEVPOOL_PORTS``, ``MASTER_ADDR`` and
+``MASTER_PORT`` (the first port, over the caller's unless --devpool-keep-master-port), for
 torch.distributed's rendezvous.
 """
 
@@ -82,6 +82,7 @@ class HostLeases:
         self.since.pop(job.id, None)
         self.blocked.pop(job.id, None)
         if isinstance(host, HostLease):
+            host.keep_master_port = self.loop.ctx.settings.keep_master_port
             self.loop.ctx.emit(
                 "host_lease",
                 job=job.id,
@@ -115,7 +116,12 @@ def host_env(lease: Lease | None, environ: Mapping[str, str] | None = None) -> d
     host: Any = lease.host if lease is not None else None
     if not isinstance(host, HostLease):
         return {}
-    env = ports_env(host.ports, "127.0.0.1", os.environ if environ is None else environ)
+    env = ports_env(
+        host.ports,
+        "127.0.0.1",
+        os.environ if environ is None else environ,
+        keep_caller=host.keep_master_port,
+    )
     if host.resources:
         env[RESOURCES_ENV] = ",".join(f"{n}={k}" for n, k in sorted(host.resources.items()))
     return env

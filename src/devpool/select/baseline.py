@@ -163,23 +163,29 @@ def git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def source_state(root: Path) -> tuple[str | None, list[str]]:
-    """The commit checked out and the files that differ from it (changed or untracked)."""
+    """The commit checked out and the tracked files that differ from it.
+
+    Untracked files are no input of a baseline unless a test read them (then their hashes
+    are in its database): scratch files and a run folder inside the project stay out."""
     head = git(root, "rev-parse", "HEAD")
     if head.returncode != 0:
         return None, []
-    return head.stdout.strip(), changed_since(root, head.stdout.strip())
+    return head.stdout.strip(), changed_since(root, head.stdout.strip(), untracked=False)
 
 
-def changed_since(root: Path, commit: str) -> list[str]:
-    """Files under root that differ from commit in the working tree, or are new (untracked)."""
+def changed_since(root: Path, commit: str, untracked: bool = True) -> list[str]:
+    """Files under root that differ from commit in the working tree, and (untracked) the
+    new files git does not ignore."""
     diff = git(root, "diff", "--name-only", "--relative", commit)
     if diff.returncode != 0:
         raise BaselineProblem(
             f"git diff against the baseline's commit {commit[:12]} failed: "
             f"{diff.stderr.strip().splitlines()[-1:] or ['?']}"
         )
-    new = git(root, "ls-files", "--others", "--exclude-standard")
-    found = {*diff.stdout.split("\n"), *new.stdout.split("\n")} - {""}
+    found = set(diff.stdout.split("\n")) - {""}
+    if untracked:
+        new = git(root, "ls-files", "--others", "--exclude-standard")
+        found |= set(new.stdout.split("\n")) - {""}
     # devpool's own folder and caches are no source, tracked or not.
     return sorted(p for p in found if not p.startswith(_NOT_SOURCE) and "__pycache__/" not in p)
 

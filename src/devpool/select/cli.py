@@ -10,10 +10,12 @@ The bucket (PATHs, -m, -k) must be spelled as the pytest command line that recor
 from __future__ import annotations
 
 import argparse
+import glob
 from pathlib import Path
 from typing import Any
 
-from devpool.config import read_table
+from devpool.capacity.cli import also_usage
+from devpool.config import check_tables, read_table
 from devpool.errors import DevpoolError
 from devpool.project import find_pyproject
 from devpool.select.baseline import (
@@ -32,11 +34,37 @@ def _project(cwd: Path) -> tuple[Path, SelectOptions]:
     """The rootdir (the folder of the nearest pyproject.toml, else here) and its options."""
     pyproject = find_pyproject(cwd)
     root = pyproject.parent if pyproject is not None else cwd
-    return root, select_options(read_table(pyproject), str(pyproject))
+    table = read_table(pyproject)
+    check_tables(table, str(pyproject))  # every [tool.devpool…] table, as a run checks them
+    return root, select_options(table, str(pyproject))
 
 
 def _bucket(args: argparse.Namespace, root: Path, cwd: Path) -> Bucket:
-    return bucket_of(root, cwd, args.paths, args.markexpr or "", args.keyword or "")
+    paths = args.paths or testpaths(cwd)
+    return bucket_of(root, cwd, paths, args.markexpr or "", args.keyword or "")
+
+
+def testpaths(cwd: Path) -> list[str]:
+    """What pytest runs with no path given here: its testpaths, as capacity and shard use.
+
+    pytest's own determine_setup finds the ini file; testpaths apply only where pytest is
+    started in its rootdir, and their globs are read from there. [] means `.`."""
+    try:
+        from _pytest.config.findpaths import determine_setup
+
+        root, _, ini, *_ = determine_setup(
+            inifile=None, override_ini=None, args=[], rootdir_cmd_arg=None, invocation_dir=cwd
+        )
+    except Exception:  # noqa: BLE001 - pytest's inner API moved: `.`, as before
+        return []
+    raw: Any = ini.get("testpaths")
+    raw = getattr(raw, "value", raw)
+    if root != cwd or not raw:
+        return []
+    patterns = raw.split() if isinstance(raw, str) else [str(p) for p in raw]
+    return [
+        p for pattern in patterns for p in sorted(glob.iglob(pattern, root_dir=cwd, recursive=True))
+    ]
 
 
 def _select(args: argparse.Namespace) -> int:
@@ -91,7 +119,9 @@ def _import(args: argparse.Namespace) -> int:
 def _bucket_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", dest="markexpr", default="", help="the run's -m expression")
     parser.add_argument("-k", dest="keyword", default="", help="the run's -k expression")
-    parser.add_argument("paths", nargs="*", help="the run's test paths (default: .)")
+    parser.add_argument(
+        "paths", nargs="*", help="the run's test paths (default: testpaths, as pytest's)"
+    )
 
 
 def add_select_command(commands: Any) -> None:
@@ -105,6 +135,7 @@ def add_select_command(commands: Any) -> None:
     parser.add_argument("--explain", action="store_true", help="say why for every test")
     _bucket_arguments(parser)
     parser.set_defaults(func=_select)
+    also_usage(parser, "export ARCHIVE [-m EXPR] [-k EXPR] [PATH ...]", "import ARCHIVE")
 
 
 def build_transfer_parser(parser_class: type[argparse.ArgumentParser], verb: str) -> Any:

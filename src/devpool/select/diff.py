@@ -154,9 +154,12 @@ def _classify(
     manifest: Mapping[str, Any], database: Mapping[str, Any], current: Current
 ) -> Selection:
     root, options = current.root, current.options
-    changed = set(changed_since(root, manifest["commit"])) | set(manifest.get("dirty", []))
     listed = git(root, "ls-files")
     tracked = set(listed.stdout.split("\n")) if listed.returncode == 0 else set()
+    # A baseline of an older devpool listed untracked files (its run folder, scratch) as
+    # dirty: only what git tracks now, or what a test read, counts.
+    dirty = {rel for rel in manifest.get("dirty", []) if rel in tracked}
+    changed = set(changed_since(root, manifest["commit"])) | dirty
     blocks, files, libs = database["blocks"], database["files"], database["libs"]
 
     def may_differ(rel: str) -> bool:  # untracked files are checked every time
@@ -185,17 +188,26 @@ def _classify(
     globs = {g for test in database["tests"].values() for g in test.get("globs", [])}
     known = {key.split("::", 1)[0] for key, _ in blocks} | {rel for rel, _ in files}
     selection = Selection()
+    loose: list[str] = []  # untracked files no test read: not inputs
     for rel in sorted(changed):
         if options.ignored(rel):
             selection.notes.append(f"{rel}: ignored ([tool.devpool.select] ignore)")
         elif rel.endswith(".py") and rel not in known:
             selection.notes.append(f"{rel}: no recorded test loaded it")
         elif not _accounted(rel, known, manifest, globs, {path for path, *_ in libs}, root):
+            if rel not in tracked:
+                loose.append(rel)
+                continue
             raise BaselineProblem(
                 f"{rel} changed and nothing accounts for it (no test read it, no depends_on or "
                 "[tool.devpool.select] inputs glob names it; list it under ignore if it "
                 "cannot affect tests)"
             )
+    if loose:
+        selection.notes.append(
+            f"{len(loose)} untracked file{'s' if len(loose) != 1 else ''} no recorded test "
+            f"read (not inputs; git add one to make it count), e.g. {loose[0]}"
+        )
     changed_paths = sorted(changed)
     for nodeid, test in database["tests"].items():
         if current.devices is not None and nodeid not in current.devices:

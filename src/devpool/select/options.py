@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from devpool.config import select_mode
-from devpool.errors import DevpoolError
+from devpool.config import SELECT_KEYS, select_mode
+from devpool.errors import DevpoolError, check_keys
 
 DEFAULT_IGNORE = ("*.md", "*.rst", "docs/*", "LICENSE*", ".gitignore")
 DEFAULT_KEY_PACKAGES = ("pytest",)
@@ -30,20 +30,12 @@ class SelectOptions:
         return matches(rel, self.ignore)
 
 
-_KEYS = {"mode", "inputs", "ignore", "key-packages", "max-age-days", "full-on"}
-
-
 def select_options(table: Mapping[str, Any], where: str) -> SelectOptions:
     """Read [tool.devpool.select] (absent, or a mode string: the defaults)."""
     section = table.get("select")
     if not isinstance(section, Mapping):
         return SelectOptions()
-    unknown = sorted(set(section) - _KEYS)
-    if unknown:
-        raise DevpoolError(
-            f"{where}: [tool.devpool.select] has unknown key {unknown[0]!r}; "
-            f"known keys: {', '.join(sorted(_KEYS))}"
-        )
+    check_keys(section, SELECT_KEYS, "tool.devpool.select", where)
     values: dict[str, Any] = {}
     for key in ("inputs", "ignore", "key-packages", "full-on"):
         if key in section:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +36,67 @@ def _serve(args: argparse.Namespace) -> int:
         from devpool.project import project_settings
 
         lock_dir = project_settings(Path.cwd(), (), {}).lock_dir
+    if args.lock_dir:
+        _named_folder(lock_dir, "--lock-dir", "lock folder")
+    for name in args.folders:
+        _named_folder(Path(name), "", ".devpool folder")
     folders = [Path(f) for f in args.folders] or [Path.cwd() / ".devpool"]
     for folder in folders:
         if folder.exists() and not folder.is_dir():
             raise DevpoolError(f"{folder} is not a .devpool folder")
     app = build_app(lock_dir, folders, token, args.ray_address)
-    where = f"http://{args.host}:{args.port}/"
+    listening = _listen(args.host, args.port)  # before the banner: a taken port says so
+    where = f"http://{args.host}:{listening.getsockname()[1]}/"
     print(f"devpool serve: {where} (lock folder {lock_dir}; read only)", flush=True)
     # An open /events stream never ends by itself: give such clients a second at shutdown.
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=1,
-    )
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=1)
+    uvicorn.Server(config).run(sockets=[listening])
     return 0
+
+
+def _named_folder(path: Path, option: str, what: str) -> None:
+    """A folder the user named: one a run has yet to make is shown once it is there (and
+    said so); one whose parent is missing too is a mistake (a typo in the path)."""
+    named = f"{option} {path}".strip()
+    if path.is_dir():
+        return
+    if path.exists():
+        raise DevpoolError(f"{named} is not a folder")
+    if not path.parent.is_dir():
+        raise DevpoolError(f"{named}: no such {what}, and no folder {path.parent} to hold one")
+    print(f"devpool serve: {path} does not exist yet; shown once a run makes it", file=sys.stderr)
+
+
+def _port(text: str) -> int:
+    """--port: a TCP port number, 0 (any free one) up to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a whole number 0-65535, got {text!r}")
+    return port
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port, or one sentence naming why it cannot."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise DevpoolError(f"--host {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise DevpoolError(
+            f"devpool serve cannot listen on {host}:{port}: {exc.strerror}"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
@@ -59,7 +105,7 @@ def add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
         "serve", help="a live, read-only web page of this host's devices, waiting and runs"
     )
     serve.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default 8470)")
+    serve.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (default 8470)")
     serve.add_argument("--lock-dir", help="lock folder (default: as for devpool locks)")
     serve.add_argument(
         "--token", help=f"every request must carry it (or set {TOKEN_ENV}); needed off loopback"

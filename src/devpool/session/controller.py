@@ -349,6 +349,7 @@ class Controller:
             estimate=lambda job: self.estimates.get(job.nodeid, default),
             memory=self.memory,
             resources=self.settings.resources,
+            keep_master_port=self.settings.keep_master_port,
         )
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         for note in plan.notes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -13,8 +14,9 @@ class DormantNotice:
     Those tests then run in the pytest process itself, without device leases: nothing
     keeps two of them, or two runs, off the same card. A newcomer should learn that."""
 
-    def __init__(self) -> None:
+    def __init__(self, unused: Sequence[str] = ()) -> None:
         self.marked = 0
+        self.unused = list(unused)  # devpool options on the command line, idle without devices
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -26,6 +28,12 @@ class DormantNotice:
         )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.unused:
+            verb = "has" if len(self.unused) == 1 else "have"
+            terminalreporter.write_line(
+                f"devpool: off: {', '.join(self.unused)} {verb} no effect without --devices",
+                yellow=True,
+            )
         if not self.marked:
             return
         tests = "1 test needs" if self.marked == 1 else f"{self.marked} tests need"

@@ -87,7 +87,10 @@ def run_pytest(args: Sequence[str], record: Path | None) -> int:
 def _after(record_path: Path, code: int) -> None:
     """The summary from the record, also (above all) when pytest died before printing one."""
     if not record_path.exists():
-        print(f"devpool run: pytest exited with {code} and wrote no run record", file=sys.stderr)
+        if code != 4:  # a usage error: pytest said why in its one line already
+            print(
+                f"devpool run: pytest exited with {code} and wrote no run record", file=sys.stderr
+            )
         return
     try:
         record = read_record(record_path)
