@@ -20,6 +20,7 @@ shard folds them in before it reads its estimates (it needs no pinned snapshot).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -270,6 +271,11 @@ class History:
     def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = Path(path)
         self._conn = _connect(self.path, create=not read_only)
+        if not read_only:
+            # The newest rows first, without sorting the whole table: what a run's start reads
+            # to guess the kinds it will need (session/early_kinds.py).
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("CREATE INDEX IF NOT EXISTS results_by_time ON results (time)")
         self._select = _columns_of(self._conn)
 
     def __enter__(self) -> History:

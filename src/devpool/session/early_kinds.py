@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-RECENT = 20000  # history rows read: the last runs' worth, whatever the history's size
+RECENT = 5000  # history rows read, the newest: enough to see the kinds of the latest runs
 
 
 @dataclass(frozen=True)
@@ -45,16 +45,21 @@ def early_kinds(
     except sqlite3.Error:
         return []  # an old or foreign file: the run says so itself when it reads it
     prefixes = _selected(args, cwd, rootpath)
-    modules: dict[int, set[str]] = {}
+    files: dict[int, set[str]] = {}
     first: dict[int, float] = {}
     for nodeid, size, duration in rows:
-        file = str(nodeid).split("::", 1)[0]
         size = int(size)
         if not 0 <= size <= devices or not _under(str(nodeid), prefixes):
             continue
-        modules.setdefault(size, set()).add(os.path.normpath(rootpath / file))
+        files.setdefault(size, set()).add(str(nodeid).split("::", 1)[0])
         first[size] = max(first.get(size, 0.0), max(size, 0.5) * float(duration))
-    kinds = [EarlyKind(size, frozenset(modules[size]), first[size]) for size in modules]
+    root = str(rootpath)
+    kinds = [
+        EarlyKind(
+            size, frozenset(os.path.normpath(os.path.join(root, f)) for f in names), first[size]
+        )
+        for size, names in files.items()
+    ]
     return sorted(kinds, key=lambda kind: -kind.first)
 
 
