@@ -41,7 +41,6 @@ class Mistake:
     tests: str = TESTS
     env: dict[str, str] = field(default_factory=dict)
     code: int = 4
-    pytest_owned: bool = False  # pytest's own usage message (several lines, its format)
 
 
 def pytest_row(id: str, *args: str, says: tuple[str, ...] | str, **kw: Any) -> Mistake:
