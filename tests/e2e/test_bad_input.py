@@ -380,7 +380,10 @@ def test_a_mistake_gets_one_sentence_and_exit_4(
     root, done = seen[row.id]
     output = done.stdout + done.stderr
     assert done.returncode == row.code, output
+    assert "Traceback" not in done.stdout and "INTERNALERROR" not in done.stdout, output
     line = one_sentence(done.stderr)
+    if row.devpool:
+        assert done.stdout == "", output  # the sentence comes first, nothing before it
     assert "devpool serve:" not in done.stdout  # no banner for a server that never listened
     if not row.devpool:
         assert line.startswith("ERROR: "), line  # pytest's form of a usage error
