@@ -358,7 +358,10 @@ def seen(
     request: pytest.FixtureRequest, projects: Path, taken_port: int
 ) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
     """Every selected row, run side by side (each is a short process that mostly waits to
-    start): row id → (its project, what the user saw)."""
+    start): row id → (its project, what the user saw). An xdist worker runs its own
+    share row by row instead (it collects every row, but runs only some)."""
+    if hasattr(request.config, "workerinput"):
+        return {}
     wanted = [
         item.callspec.params["row"]
         for item in request.session.items
@@ -373,10 +376,13 @@ def seen(
 def test_a_mistake_gets_one_sentence_and_exit_4(
     row: Mistake,
     seen: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+    projects: Path,
     taken_port: int,
 ) -> None:
     if row.unless and shutil.which(row.unless):
         pytest.skip(f"{row.unless} is here: {row.args} is no mistake on this host")
+    if row.id not in seen:
+        seen[row.id] = (projects / row.id, run_row(row, projects, taken_port))
     root, done = seen[row.id]
     output = done.stdout + done.stderr
     assert done.returncode == row.code, output
