@@ -148,6 +148,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from devpool.devices.fairshare import WaitingRoom
     from devpool.devices.inventory import BUILTIN_PLATFORMS, detect, resolve_inventory
 
+    named = _named_lock_dir(args)  # a mistake is said before any fact
     python = host_platform.python_version()
     print(f"devpool {__version__}, pytest {pytest.__version__}, Python {python}")
     settings = _project(args.devices)
@@ -181,7 +182,7 @@ def _doctor(args: argparse.Namespace) -> int:
             for device, procs in sorted(seen.items()):
                 who = ", ".join(p.describe() for p in procs) or "no other process"
                 print(f"probe {inventory.platform.name}:{device}: {who}")
-    lock_dir = LockDir(_named_lock_dir(args) or settings.lock_dir)
+    lock_dir = LockDir(named or settings.lock_dir)
     states = lock_dir.status()
     held = [s for s in states if s.held]
     shared = [s for s in states if s.shares]

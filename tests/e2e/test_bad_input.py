@@ -3,12 +3,14 @@
 Every row runs the real command in a subprocess (`python -m pytest ...` or the `devpool`
 command) and checks what the user sees: exit status 4 (pytest's usage error, or
 devpool's), one sentence that names what was wrong, and no traceback. Rows share one
-folder of small projects; pytest starts with only devpool's plugin, so the table is fast.
+folder of small projects and run side by side, and pytest starts with only devpool's
+plugin, so the table is fast.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -41,7 +43,7 @@ class Mistake:
     tests: str = TESTS
     env: dict[str, str] = field(default_factory=dict)
     code: int = 4
-    pytest_owned: bool = False  # pytest's own usage message (several lines, its format)
+    unless: str = ""  # a tool whose presence makes this no mistake (nvidia-smi: a real card)
 
 
 def pytest_row(id: str, *args: str, says: tuple[str, ...] | str, **kw: Any) -> Mistake:
@@ -130,7 +132,12 @@ OPTIONS = [
     Mistake("option-devices-twice", ("--devices", "sim:0,0"), ("0,0",)),
     Mistake("option-devices-empty-ids", ("--devices", "sim:"), ("'sim:'",)),
     Mistake("option-devices-negative", ("--devices", "sim:-1"), ("'sim:-1'",)),
-    Mistake("option-devices-no-such-card", ("--devices", "cuda:0"), ("cuda:0", "sim")),
+    Mistake(
+        "option-devices-no-such-card",
+        ("--devices", "cuda:0"),
+        ("cuda:0", "sim"),
+        unless="nvidia-smi",
+    ),
 ]
 
 TABLES = [
@@ -351,7 +358,10 @@ def seen(
     request: pytest.FixtureRequest, projects: Path, taken_port: int
 ) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
     """Every selected row, run side by side (each is a short process that mostly waits to
-    start): row id → (its project, what the user saw)."""
+    start): row id → (its project, what the user saw). An xdist worker runs its own
+    share row by row instead (it collects every row, but runs only some)."""
+    if hasattr(request.config, "workerinput"):
+        return {}
     wanted = [
         item.callspec.params["row"]
         for item in request.session.items
@@ -366,12 +376,20 @@ def seen(
 def test_a_mistake_gets_one_sentence_and_exit_4(
     row: Mistake,
     seen: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+    projects: Path,
     taken_port: int,
 ) -> None:
+    if row.unless and shutil.which(row.unless):
+        pytest.skip(f"{row.unless} is here: {row.args} is no mistake on this host")
+    if row.id not in seen:
+        seen[row.id] = (projects / row.id, run_row(row, projects, taken_port))
     root, done = seen[row.id]
     output = done.stdout + done.stderr
     assert done.returncode == row.code, output
+    assert "Traceback" not in done.stdout and "INTERNALERROR" not in done.stdout, output
     line = one_sentence(done.stderr)
+    if row.devpool:
+        assert done.stdout == "", output  # the sentence comes first, nothing before it
     assert "devpool serve:" not in done.stdout  # no banner for a server that never listened
     if not row.devpool:
         assert line.startswith("ERROR: "), line  # pytest's form of a usage error

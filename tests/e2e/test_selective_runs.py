@@ -355,6 +355,12 @@ def test_a_checkout_with_scratch_files_and_a_run_folder_inside_selects_alike(
     nothing, tracked or ignored ones aside."""
     files = dict(PROJECT)
     files["pyproject.toml"] = PROJECT["pyproject.toml"] + '        testpaths = ["tests"]\n'
+    files["tests/test_artifacts.py"] = """
+        def test_artifacts(devpool_artifacts):
+            kept = devpool_artifacts / "kept.txt"  # under out/shard-1: devpool's, no input
+            kept.write_text("x")
+            assert kept.read_text() == "x"
+        """
     project = git_project(tmp_path / "checkout", files)
     (project / "notes.txt").write_text("untracked before the recording\n")
     (project / "build").mkdir()
@@ -390,6 +396,7 @@ def test_a_checkout_with_scratch_files_and_a_run_folder_inside_selects_alike(
     chosen = {line.split()[1] for line in first.splitlines() if line.startswith("selected ")}
     assert {"tests/test_math.py::test_mul", "tests/test_math.py::test_both"} <= chosen
     assert "tests/test_math.py::test_add" not in chosen
+    assert "tests/test_artifacts.py::test_artifacts" not in chosen
     (project / "scratch.txt").write_text("a note to self\n")
     (project / "build" / "cache.bin").write_text("rebuilt\n")
     (project / "out" / "shard-2").mkdir()

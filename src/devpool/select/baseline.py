@@ -221,8 +221,9 @@ def union_deps(many: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 class Builder:
     """The controller gathers each test's dependencies here, then writes one generation."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, own: tuple[str, ...] = ()) -> None:
         self.root = root
+        self.own = own  # devpool's run and lock folders in the project: never inputs
         self.tests: dict[str, dict[str, Any]] = {}
         self.code = BlockCache(root)
         # A file is parsed once per run: its blocks are those of the source as the run
@@ -247,6 +248,9 @@ class Builder:
     def add(self, deps: Mapping[str, Any], outcome: str, devices: int) -> None:
         """One attempt's dependencies (a worker's devpool_deps) and its outcome."""
         deps = self._blocks(self._here(deps))
+        if self.own and isinstance(deps.get("files"), Mapping):
+            files = {k: v for k, v in deps["files"].items() if not str(k).startswith(self.own)}
+            deps = {**deps, "files": files}
         nodeid = str(deps["nodeid"])
         test = self.tests.get(nodeid)
         if test is None:

@@ -33,6 +33,7 @@ from devpool.select.baseline import (
     source_state,
 )
 from devpool.select.diff import Current, Selection, select
+from devpool.select.fingerprints import project_rel
 from devpool.select.options import SelectOptions
 from devpool.select.policy import auto_mode
 from devpool.select.record import DEPS_ATTR
@@ -44,6 +45,20 @@ _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 def store_for(root: Path) -> Store:
     """The project's baseline store: <rootdir>/.devpool/select."""
     return Store(devpool_dir(root) / "select")
+
+
+def own_folders(root: Path, settings: Settings, run_dir: Path) -> tuple[str, ...]:
+    """devpool's own folders inside the project, as 'rel/' prefixes: what a test reads
+    there (its devpool_artifacts, a log) is devpool's output, no input of the test."""
+    folders = [run_dir, settings.lock_dir]
+    if settings.run_record is not None:
+        folders.append(settings.run_record.parent)
+    found = []
+    for folder in folders:
+        rel = project_rel(root, str(folder.resolve()))
+        if rel is not None and rel not in ("", "."):
+            found.append(rel.rstrip("/") + "/")
+    return tuple(found)
 
 
 class SelectSession:
@@ -63,7 +78,7 @@ class SelectSession:
         self.root = config.rootpath
         self.store = store_for(self.root)
         self.selection: Selection | None = None
-        self.builder = Builder(self.root)
+        self.builder = Builder(self.root, own_folders(self.root, settings, controller.run_dir))
         self.warming: threading.Thread | None = None
         self.outcomes: dict[str, str] = {}  # display id → worst phase outcome so far
         self.misses: list[str] = []
