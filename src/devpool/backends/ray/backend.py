@@ -260,7 +260,9 @@ class RayBackend:
         lists = shipped_lists(env, self.cwd) if ship else {}
         refs = []
         for rank in worker.ranks:
-            rank_env = dict(env, **ray_ports.rank_env(ports, master))
+            rank_env = dict(
+                env, **ray_ports.rank_env(ports, master, self.settings.keep_master_port)
+            )
             if n > 1:
                 rank_env.update(
                     DEVPOOL_NODE_RANK=str(rank.rank),

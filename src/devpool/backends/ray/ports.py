@@ -39,6 +39,7 @@ def lease(actor: Any, settings: Settings, request: Request) -> list[int]:
     return [int(port) for port in ray.get(call)]
 
 
-def rank_env(ports: list[int], master_addr: str) -> dict[str, str]:
-    """What every rank's process sees of the ports (the controller's MASTER_PORT wins)."""
-    return ports_env(ports, master_addr, os.environ)
+def rank_env(ports: list[int], master_addr: str, keep_caller: bool = False) -> dict[str, str]:
+    """What every rank's process sees of the ports: the leased port is MASTER_PORT, over the
+    caller's unless --devpool-keep-master-port."""
+    return ports_env(ports, master_addr, os.environ, keep_caller=keep_caller)
