@@ -8,7 +8,9 @@ and adds one back. Every wait polls a condition under a deadline.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -381,3 +383,77 @@ def test_a_resource_the_cluster_does_not_declare_is_refused_with_the_ray_start_l
     assert result.ret == 1, out
     assert "needs the custom resource 'license'" in out, out
     assert "ray start --resources='{\"license\": 1}'" in out, out
+
+
+HOLD_RING = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+OUT = Path({out!r})
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.resources(hccl=1)
+@pytest.mark.parametrize("i", range(2))
+def test_holds_the_ring(i):
+    (OUT / f"held-{{i}}").write_text(os.environ["DEVPOOL_RAY_NODE_ID"])
+    time.sleep(120)
+"""
+
+
+def test_a_sigkilled_runs_ring_comes_back_and_the_other_run_finishes_green(
+    pytester: pytest.Pytester, cluster: Cluster
+) -> None:
+    """Ray gives a dead driver's actors' custom resources back: the run waiting for both
+    nodes' rings gets them once the holder is SIGKILLed, and ends green."""
+    out = pytester.path / "out"
+    out.mkdir()
+    roots = []
+    bodies = {
+        "holder": HOLD_RING.format(out=str(out)),
+        "waiter": RING.format(holds=str(pytester.path / "holds.txt")),
+    }
+    for name, body in bodies.items():
+        root = pytester.path / name
+        root.mkdir()
+        (root / "pyproject.toml").write_text(PYPROJECT + "\n[tool.devpool.resources]\nhccl = 2\n")
+        (root / "test_ring.py").write_text(body)
+        roots.append(root)
+
+    def start(root: Path) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pytest", *PLUGIN_ARGS, *ray_args(cluster)]
+            + [f"--devpool-lock-dir={root / 'locks'}", "-q"],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    holder = start(roots[0])
+    waiter = None
+    try:
+        wait_until(lambda: len(list(out.glob("held-*"))) == 2, 120, "both rings held")
+        waiter = start(roots[1])
+        records = roots[1] / ".devpool" / "runs"
+
+        def asked() -> bool:  # its first rings asked of Ray (queued behind the held ones)
+            return any("job_start" in r.read_text() for r in records.glob("*/record.jsonl"))
+
+        wait_until(asked, 120, "the waiter to ask Ray for a ring")
+        assert waiter.poll() is None
+        assert not any("job_end" in r.read_text() for r in records.glob("*/record.jsonl"))
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+        output = waiter.communicate(timeout=180)[0]
+    finally:
+        for proc in (holder, waiter):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert waiter.returncode == 0, output
+    assert "4 passed" in output, output
