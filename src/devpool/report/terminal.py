@@ -29,21 +29,6 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
-class Trouble:
-    """One test that did not pass, as the summary shows it."""
-
-    nodeid: str
-    outcome: Outcome
-    devices: str  # "sim:2,3" or "cpu"
-    duration: float
-    detail: str  # "exit code 1", "SIGKILL (signal 9)", "killed after 5s limit", reason for infra
-    log: Path
-    gating: bool = True  # False for a flaky test that passed on a rerun
-    artifacts: Path | None = None  # its devpool_artifacts folder, kept because it failed
-    earlier: tuple[Path, ...] = ()  # the logs of its attempts that ran again, first to last
-
-
-@dataclass(frozen=True)
 class _Gateway:
     id: str
 
