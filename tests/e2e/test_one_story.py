@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +265,7 @@ def test_every_ending_tells_one_story(tmp_path: Path) -> None:
             f"--devpool-lock-dir={tmp_path / 'locks'}",
             f"--devpool-run-record={record}",
             "--devpool-reruns=1",
+            f"--junitxml={tmp_path / 'junit.xml'}",
         ],
         tmp_path,
     )
@@ -271,7 +273,21 @@ def test_every_ending_tells_one_story(tmp_path: Path) -> None:
     expected = closing_counts(ours.stdout)
     for category in ("flaky", "timeout", "crashed", "infra", "quarantined", "xfailed", "rerun"):
         assert expected.get(category), (category, ours.stdout)
-    check_one_story(every_form(record, tmp_path), expected, terminal_block(ours.stdout))
+    forms = every_form(record, tmp_path)
+    check_one_story(forms, expected, terminal_block(ours.stdout))
+    # JUnit, pytest's own file from the same reports: a failure or error element for exactly
+    # the tests the summary names as not passing, a skipped one for skips, xfails, quarantine.
+    _, tests = forms["json"]
+    cases = {
+        f"{c.get('classname')}.py::{c.get('name')}": {child.tag for child in c}
+        for c in ET.parse(tmp_path / "junit.xml").iter("testcase")
+    }
+    failing = {n for n, tags in cases.items() if tags & {"failure", "error"}}
+    assert failing == {
+        n for cat in ("failed", "error", "timeout", "crashed", "infra") for n in tests.get(cat, [])
+    }
+    skipped = {n for n, tags in cases.items() if "skipped" in tags}
+    assert skipped == {n for cat in ("skipped", "xfailed", "quarantined") for n in tests[cat]}
     text = report(record, tmp_path)
     # named, not only counted
     assert re.search(r"^flaky \(\d+\):\n(  .*\n)*  test_devpool.py::test_flaky$", text, re.M), text

@@ -405,13 +405,25 @@ def short_summary(result: pytest.RunResult) -> list[str]:
 
 
 def verbose_results(result: pytest.RunResult) -> list[str]:
-    """-v's result lines ('test_m0.py::test_x SUBPASSED[part] (i=0)'), without the [ NN%].
+    """-v's result lines as 'test_m0.py::test_x SUBPASSED[part] (i=0)', without the [ NN%].
 
+    devpool writes them as pytest writes xdist's, naming where each ran
+    (`[sim:2,3] [ 50%] PASSED test_m0.py::test_x`): read into the same shape. As under xdist,
+    a skip's or xfail's reason is not on that line; it is compared in the short summary.
     Not those of unittest classes (TestUnitNNNN): for a unittest subTest, pytest 9.0 itself
     prints a -v line with no status word, where devpool's replay prints SUBPASSED; the
     short summary and the counts still compare them."""
-    found = re.compile(r"(\S+::\S.*?)\s+\[\s*\d+%\]")
-    lines = [m[1] for line in result.outlines if (m := found.fullmatch(line))]
+    plain = re.compile(r"(\S+::\S.*?)\s+\[\s*\d+%\]")
+    xdist = re.compile(
+        r"\[[^\]]+\] \[\s*\d+%\] (SUB\w+(?:\[[^\]]*\])?(?: ?\(.*?\))?|[A-Z]+) (\S+::.*?) ?"
+    )
+    reason = re.compile(r" (SKIPPED|XFAIL|XPASS) \(.*\)$")
+    lines = []
+    for line in result.outlines:
+        if found := plain.fullmatch(line):
+            lines.append(reason.sub(r" \1", found[1]))
+        elif found := xdist.fullmatch(line):
+            lines.append(f"{found[2]} {found[1]}")
     return [line for line in lines if "::TestUnit" not in line]
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,20 +188,10 @@ class RunRecord:
             last[job.nodeid] = job
         return list(last.values())
 
-    def counts(self) -> Counter[str]:
-        """Tests per category as pytest counts them (xfailed and xpassed apart)."""
-        return Counter(job.shown or "running" for job in self.final_attempts())
-
     @property
     def interrupted(self) -> bool:
         """The run ended early at a signal or Ctrl-C (pytest's exit status 2)."""
         return self.end is not None and self.end.get("exitstatus") == INTERRUPTED
-
-    def not_run(self) -> list[str]:
-        """The planned tests with no finished attempt, in plan order ([] for a record that
-        does not list its plan)."""
-        ended = {job.nodeid for job in self.finished_jobs()}
-        return [str(nodeid) for nodeid in self.start.get("planned", []) if nodeid not in ended]
 
     def duration(self) -> float:
         begin = float(self.start.get("time", 0.0))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,36 +27,21 @@ STACK_LINES = 20  # at most, of the stack of a timed-out test's own thread, in t
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-@dataclass(frozen=True)
-class Trouble:
-    """One test that did not pass, as the summary shows it."""
-
-    nodeid: str
-    outcome: Outcome
-    devices: str  # "sim:2,3" or "cpu"
-    duration: float
-    detail: str  # "exit code 1", "SIGKILL (signal 9)", "killed after 5s limit", reason for infra
-    log: Path
-    gating: bool = True  # False for a flaky test that passed on a rerun
-    artifacts: Path | None = None  # its devpool_artifacts folder, kept because it failed
-    earlier: tuple[Path, ...] = ()  # the logs of its attempts that ran again, first to last
-
-
-@dataclass(frozen=True)
 class _Gateway:
-    id: str
+    def __init__(self, place: str) -> None:
+        self.id = place
 
 
-@dataclass(frozen=True)
-class Where:
+class Where(str):
     """Where a report ran, in the shape pytest's terminal reads xdist's worker from
     (`report.node.gateway.id`): under -v each line starts `[sim:2,3]` or `[cpu]`, as xdist's
-    start `[gw0]`. One object per place, so --junitxml keys a test's phases alike."""
+    start `[gw0]`. A str, so a plugin that writes reports as JSON (pytest-reportlog) writes
+    the place; one object per place, so --junitxml keys a test's phases alike."""
 
-    gateway: _Gateway
     # pytest writes this line above a failure of a report from an xdist worker: nothing here,
     # FAILURES reads as plain pytest's
-    _workerinfocache: str = ""
+    _workerinfocache = ""
+    gateway: _Gateway
 
 
 _PLACES: dict[str, Where] = {}
@@ -65,7 +49,11 @@ _PLACES: dict[str, Where] = {}
 
 def where_ran(place: str) -> Where:
     """The one Where for a place ('sim:2,3', 'cpu')."""
-    return _PLACES.setdefault(place, Where(_Gateway(place)))
+    if place not in _PLACES:
+        where = Where(place)
+        where.gateway = _Gateway(place)
+        _PLACES[place] = where
+    return _PLACES[place]
 
 
 def file_name(nodeid: str, attempt: int) -> str:

@@ -19,7 +19,6 @@ from devpool.history.durations import TestResult
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
 from devpool.report.junit import Attempt as JunitAttempt
-from devpool.report.terminal import Trouble
 
 
 class RunContext(Protocol):
@@ -40,8 +39,6 @@ class RunContext(Protocol):
     memory: dict[int, int]  # bytes each device hands out to device_memory tests ({}: none)
 
     # Findings, for the summary at the end of the run.
-    troubles: list[Trouble]
-    quarantine_failures: list[Trouble]
     repeats: dict[str, list[tuple[Outcome, str]]]
     results: list[TestResult]
     retried: dict[str, list[JunitAttempt]]

@@ -23,7 +23,6 @@ from devpool.outcomes import RERUN, Outcome
 from devpool.plan.jobs import Job
 from devpool.report.junit import Attempt as JunitAttempt
 from devpool.report.terminal import (
-    Trouble,
     file_name,
     log_path,
     tail,
@@ -258,26 +257,6 @@ class Replay:
         artifacts = self._artifacts(job, attempt.number, outcome, retried)
         if not retried:
             self.ended[outcome.value] = self.ended.get(outcome.value, 0) + 1
-            earlier = tuple(
-                path
-                for before in ctx.retried.get(job.display, [])
-                if (path := log_path(ctx.log_dir, job.display, before.attempt)).is_file()
-            )
-            trouble = Trouble(
-                job.display,
-                outcome,
-                where,
-                end - began,
-                detail,
-                log or Path(),
-                gating,
-                artifacts,
-                earlier,
-            )
-            if log is not None and (gating or outcome is Outcome.FLAKY):
-                ctx.troubles.append(trouble)
-            elif log is not None and quarantine is not None and outcome.gates:
-                ctx.quarantine_failures.append(trouble)
             if ctx.settings.repeat > 1:
                 ctx.repeats.setdefault(job.nodeid, []).append((outcome, where))
             if worker is not None and outcome is not Outcome.SKIPPED:

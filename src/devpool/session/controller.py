@@ -39,7 +39,7 @@ from devpool.report.junit import Attempt
 from devpool.report.record import LiveRecord, RecordWriter, host_name, read_record
 from devpool.report.slow import SlowTests
 from devpool.report.summary import summarize
-from devpool.report.terminal import Trouble, lend_endings, take_back
+from devpool.report.terminal import lend_endings, take_back
 from devpool.run.loop import Loop
 from devpool.session import jobs, past_runs, summary, workers
 from devpool.session.run_folder import prune_runs, run_id
@@ -67,12 +67,10 @@ class Controller:
         self.requests: dict[str, Request] = {}
         self.failed_before: set[str] = set()  # with --ff / --lf: these start first
         self.deselected: list[tuple[str, str]] = []
-        self.troubles: list[Trouble] = []
         self.repeats: dict[str, list[tuple[Outcome, str]]] = {}
         self.retried: dict[str, list[Attempt]] = {}  # display id → attempts run again
         self.quarantined: dict[str, Entry] = {}  # node id → its quarantine
         self.quarantine_notes: list[str] = []  # expired or unmatched entries, said loudly
-        self.quarantine_failures: list[Trouble] = []
         self.bad_devices: dict[int, str] = {}  # device → why it was retired this session
         self.device_notes: list[str] = []  # devices checked after an error and kept
         self.run_notes: list[str] = []  # e.g. why the fork server could not fork
