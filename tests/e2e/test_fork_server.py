@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from sessions import closing_line, events, records, run, suite, text
 
+from openmp_library import build_openmp_library
+
 pytestmark = pytest.mark.usefixtures("_no_autoload")
 
 # Appended to every generated module: which process imported it, and who its parent is.
@@ -319,36 +321,6 @@ def test_a_timeout_in_a_forked_worker_dumps_its_stacks_and_ends_that_test(
     assert gone({int(records(out)["hangs"]["pid"])})
 
 
-OPENMP = """
-double parallel_sum(int n) {
-    double total = 0;
-    #pragma omp parallel for reduction(+:total)
-    for (int i = 0; i < n; i++) total += i * 0.5;
-    return total;
-}
-"""
-
-
-def openmp_library(folder: Path) -> Path:
-    """A real OpenMP (libgomp) library, built here: its pool is what torch's CPU ops start."""
-    import os
-    import shutil
-    import subprocess
-
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("no C compiler (cc) to build the OpenMP library of this test")
-        pytest.skip("no C compiler (cc) to build the OpenMP library of this test")
-    (folder / "par.c").write_text(OPENMP)
-    target = folder / "libpar.so"
-    subprocess.run(
-        [compiler, "-shared", "-fPIC", "-fopenmp", "-O1", "-o", str(target), str(folder / "par.c")],
-        check=True,
-    )
-    return target
-
-
 @pytest.mark.timeout(180)
 def test_an_openmp_pool_started_at_import_means_fresh_interpreters_naming_libgomp(
     pytester: pytest.Pytester, out: Path, lock: Path, tmp_path: Path
@@ -356,7 +328,7 @@ def test_an_openmp_pool_started_at_import_means_fresh_interpreters_naming_libgom
     """A module that runs a parallel op at import starts libgomp's threads in the template;
     `threading` cannot see them, and every child forked from it would hang on its first
     parallel op. The template says so and its workers start fresh: the tests pass."""
-    library = openmp_library(tmp_path)
+    library = build_openmp_library(tmp_path)
     module(
         pytester,
         out,

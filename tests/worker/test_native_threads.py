@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -11,14 +9,7 @@ from pathlib import Path
 
 import pytest
 
-OPENMP = """
-double parallel_sum(int n) {
-    double total = 0;
-    #pragma omp parallel for reduction(+:total)
-    for (int i = 0; i < n; i++) total += i * 0.5;
-    return total;
-}
-"""
+from openmp_library import build_openmp_library
 
 
 def verdict(body: str) -> str:
@@ -54,17 +45,7 @@ def test_openblas_pool_restarts_after_fork_so_numpy_is_safe() -> None:
 
 
 def test_an_openmp_pool_is_named(tmp_path: Path) -> None:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("no C compiler (cc) to build the OpenMP library of this test")
-        pytest.skip("no C compiler")
-    (tmp_path / "par.c").write_text(OPENMP)
-    library = tmp_path / "libpar.so"
-    subprocess.run(
-        [compiler, "-shared", "-fPIC", "-fopenmp", "-o", str(library), str(tmp_path / "par.c")],
-        check=True,
-    )
+    library = build_openmp_library(tmp_path)
     said = verdict(
         f"""
         import ctypes
