@@ -26,7 +26,7 @@ from devpool.plan.markers import MARKERS
 from devpool.report.terminal import file_name
 from devpool.select import DEPENDS_ON_MARKER
 from devpool.select.options import select_options
-from devpool.session.plain_collection import PlainCollection, is_controller
+from devpool.session.plain_collection import is_controller
 from devpool.worker import capture
 
 
@@ -56,9 +56,7 @@ def pytest_load_initial_conftests(
     base = capture.worker_base(args, os.environ)
     if base is None:
         if is_controller(early_config, args):
-            plain = PlainCollection()
-            plain.start()
-            early_config.add_cleanup(plain.stop)
+            compat.rerunfailures.no_status_server()  # the controller forks templates
         return (yield)
     with capture.named_capture_files(base):
         return (yield)

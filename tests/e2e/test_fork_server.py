@@ -26,8 +26,9 @@ with open(IMPORTS, "a") as log:
 
 
 def parent():
-    with open(f"/proc/{{os.getppid()}}/cmdline", "rb") as cmdline:
-        return cmdline.read().replace(b"\\0", b" ").decode()
+    # A template names itself (it may be a fork of the controller, with its command line).
+    with open(f"/proc/{{os.getppid()}}/comm") as comm:
+        return comm.read().strip()
 
 
 def seen(name, **data):
@@ -101,7 +102,7 @@ def test_isolation_job_forks_each_test_from_a_template_that_imported_the_module_
     assert all(r["state"] == [int(r["key"][-1])] for r in seen.values()), seen
     assert len({r["pid"] for r in seen.values()}) == 7, seen
     # Each forked from a template (one per kind: CPU-only, one device), not started afresh.
-    assert all("--devpool-worker template," in r["parent"] for r in seen.values()), seen
+    assert all(r["parent"] == "devpool-tmpl" for r in seen.values()), seen
     templates = {r["ppid"] for r in seen.values()}
     assert len(templates) == 2, seen
     # The module was imported by the controller and once by each template, never per test.
@@ -129,7 +130,7 @@ def test_without_the_fork_server_every_test_starts_a_fresh_interpreter_with_the_
     )
     assert "1 failed, 6 passed" in closing_line(result), text(result)
     seen = records(out)
-    assert not any("template," in r["parent"] for r in seen.values()), seen
+    assert not any(r["parent"] == "devpool-tmpl" for r in seen.values()), seen
     assert len({pid for _, pid in imports(out)}) == 1 + 7, imports(out)  # controller + each test
 
 
@@ -172,10 +173,10 @@ def test_the_isolate_marker_and_a_retry_after_a_crash_fork_too(
     [log] = pytester.path.glob(".devpool/runs/*/logs/test_mixed.py_test_crashes_once.log")
     assert "last words before the crash" in log.read_text(), log.read_text()
     for key in ("isolated", "crash1", "crash2"):  # the retry too: a fork, not a fresh start
-        assert "template," in seen[key]["parent"], seen
+        assert seen[key]["parent"] == "devpool-tmpl", seen
     # Warm CPU-only workers fork too (from the template that collected while the controller
     # did), and still run many tests each: both warm tests in one process, no other's.
-    assert "template," in seen["warm1"]["parent"], seen
+    assert seen["warm1"]["parent"] == "devpool-tmpl", seen
     assert seen["warm1"]["pid"] == seen["warm2"]["pid"], seen
     assert seen["warm1"]["pid"] not in {seen[k]["pid"] for k in ("isolated", "crash1", "crash2")}
 
@@ -205,7 +206,7 @@ def test_a_thread_in_the_template_means_fresh_interpreters_and_one_line_saying_w
     assert "2 passed" in closing_line(result), output
     why = "fork server for 0-device workers off: not safe to fork: it runs 1 thread(s)"
     assert output.count(why) == 1 and "telemetry" in output, output
-    assert not any("template," in r["parent"] for r in records(out).values())
+    assert not any(r["parent"] == "devpool-tmpl" for r in records(out).values())
     [event] = events(next(pytester.path.glob(".devpool/runs/*/record.jsonl")), "fork_server")
     assert "telemetry" in str(event["note"]), event
 
@@ -236,7 +237,7 @@ def test_a_module_that_initialises_a_device_runtime_at_import_is_named(
     output = text(result)
     assert "2 passed" in closing_line(result), output
     assert "importing test_eager.py initialised simrt" in output, output
-    assert not any("template," in r["parent"] for r in records(out).values())
+    assert not any(r["parent"] == "devpool-tmpl" for r in records(out).values())
 
 
 def test_a_template_killed_under_its_children_ends_their_tests_and_the_run_goes_on(
@@ -275,10 +276,10 @@ def test_a_template_killed_under_its_children_ends_their_tests_and_the_run_goes_
     )
     output = text(result)
     seen = records(out)
-    assert "template," in seen["killer1"]["parent"], seen
+    assert seen["killer1"]["parent"] == "devpool-tmpl", seen
     assert "fork server for 0-device workers off: the template" in output, output
     assert "3 passed" in closing_line(result) and "1 flaky" in closing_line(result), output
-    assert "template," not in seen["killer2"]["parent"], seen  # fresh, the template is gone
+    assert seen["killer2"]["parent"] != "devpool-tmpl", seen  # fresh, the template is gone
     pids = {int(r["pid"]) for r in seen.values()}
     assert gone(pids), "a forked worker outlived its run"
 
@@ -317,7 +318,7 @@ def test_a_timeout_in_a_forked_worker_dumps_its_stacks_and_ends_that_test(
     assert time.monotonic() - started < 30, output
     assert "1 timeout" in closing_line(result) and "1 passed" in closing_line(result), output
     assert "in _stuck_here" in output, output  # the forked child's faulthandler, its own file
-    assert "template," in records(out)["hangs"]["parent"]
+    assert records(out)["hangs"]["parent"] == "devpool-tmpl"
     assert gone({int(records(out)["hangs"]["pid"])})
 
 
@@ -353,4 +354,4 @@ def test_an_openmp_pool_started_at_import_means_fresh_interpreters_naming_libgom
     assert "2 passed" in closing_line(result), output
     assert "fork server for 1-device workers off: not safe to fork" in output, output
     assert "libgomp" in output and "native thread" in output, output
-    assert not any("template," in r["parent"] for r in records(out).values())
+    assert not any(r["parent"] == "devpool-tmpl" for r in records(out).values())

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from devpool.backends import WorkerHandle
+from devpool.backends.controller_fork import ForkedChild, fork_template
 from devpool.backends.pipes import EventPipes
 from devpool.backends.templates import ForkedProcess, ForkRequest, Template
 from devpool.devices.leases import Lease
@@ -154,10 +155,12 @@ class LocalBackend:
         worker.process = template.fork(fork)
         return worker
 
-    def prepare(self, kind: str, template_env: Mapping[str, str]) -> None:
-        """Start the template of a kind ahead of its first worker (it collects meanwhile)."""
+    def prepare(self, kind: str, template_env: Mapping[str, str], here: bool = False) -> None:
+        """Start the template of a kind ahead of its first worker (it collects meanwhile).
+        here: fork it from this process, which is about to collect and is safe to fork
+        (backends/controller_fork.py)."""
         if kind not in self.templates:
-            self._start_template(kind, template_env)
+            self._start_template(kind, template_env, here)
 
     def covers(self, kind: str, modules: frozenset[str]) -> bool:
         """Whether the template of a kind imported every one of these test modules."""
@@ -246,12 +249,17 @@ class LocalBackend:
                 start_new_session=True,
             )
 
-    def _start_template(self, kind: str, env: Mapping[str, str]) -> Template:
+    def _start_template(self, kind: str, env: Mapping[str, str], here: bool = False) -> Template:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         log = self.log_dir / f"template-{len(self.templates) + 1}.log"
         child_env = {**env, **self.worker_env, "DEVPOOL_STACKS_FILE": str(stacks_file(log))}
         spec = f"template,{theirs.fileno()},{os.getpid()}"
-        process = self._spawn(spec, child_env, log, (theirs.fileno(),))
+        process: subprocess.Popen[bytes] | ForkedChild
+        if here:
+            args = [*self.args, "--devpool-worker", spec]
+            process = fork_template(args, child_env, self.cwd, log, (theirs.fileno(),))
+        else:
+            process = self._spawn(spec, child_env, log, (theirs.fileno(),))
         theirs.close()
         # It gives up a little before the workers waiting for it would be ended as stuck:
         # they then start fresh, with a full start timeout of their own.

@@ -61,7 +61,7 @@ def header_lines(config: pytest.Config) -> list[str]:
 def configure_worker(config: pytest.Config) -> None:
     """In a worker, before the other plugins' pytest_configure runs (devpool's is tryfirst)."""
     session_files.configure_worker(config)
-    rerunfailures.configure_worker(config)
+    rerunfailures.no_status_server()
     config.pluginmanager.register(WorkerPlugins(config), "devpool-worker-plugins")
 
 

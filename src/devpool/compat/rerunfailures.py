@@ -131,13 +131,14 @@ def header_lines(config: pytest.Config) -> list[str]:
     return lines
 
 
-def configure_worker(config: pytest.Config) -> None:
-    """Before its pytest_configure: no status server thread in a worker.
+def no_status_server() -> None:
+    """Before its pytest_configure: no status server thread in a controller or a worker.
 
     With pytest-xdist installed, pytest-rerunfailures starts a socket server thread in every
-    process that is not an xdist worker, for xdist's crashed-item reruns. devpool workers
-    are not xdist's and do not rerun there; the thread would only make a fork server's
-    template unsafe to fork. Its no-op status store stands in."""
+    process that is not an xdist worker, for xdist's crashed-item reruns. devpool's
+    processes are not xdist's and do not rerun there; the thread would only make the
+    controller and the fork server's templates unsafe to fork. Its no-op status store
+    stands in."""
     module: Any = sys.modules.get("pytest_rerunfailures")
     if module is not None and hasattr(module, "StatusDB") and hasattr(module, "ServerStatusDB"):
         module.ServerStatusDB = module.StatusDB

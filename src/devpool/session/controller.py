@@ -42,6 +42,7 @@ from devpool.report.summary import summarize
 from devpool.report.terminal import lend_endings, take_back
 from devpool.run.loop import Loop
 from devpool.session import jobs, past_runs, summary, workers
+from devpool.session.plain_collection import PlainCollection
 from devpool.session.run_folder import prune_runs, run_id
 
 
@@ -118,13 +119,21 @@ class Controller:
             self.early_backend,
         )
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection(self, session: pytest.Session) -> None:
-        """While this process collects, a fork server template for CPU-only workers collects
-        too: they fork from it once the plan is made, instead of each collecting again."""
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> Generator[None, None, None]:
+        """While this process collects, the fork server templates of the kinds the run will
+        likely need collect too: forked from this process (or started afresh), before it
+        imports a test module; workers fork from them once the plan is made. The test
+        modules are then imported here without assertion rewriting (plain_collection)."""
         backend = workers.early_backend(session.config, self.settings, self.log_dir, self)
         if backend is not None:
             self.early_backend = backend
+        plain = PlainCollection()
+        plain.start()
+        try:
+            return (yield)
+        finally:
+            plain.stop()
 
     def emit(self, event_type: str, **fields: Any) -> None:
         """One run event: to the record (written at once) and to every live listener."""

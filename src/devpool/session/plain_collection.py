@@ -5,7 +5,10 @@ import, rewrite and run them. Rewriting in the controller too (parsing and compi
 module's AST again) was about a third of its CPU on a real suite, on the serial path
 before any test starts; pytest-xdist's controller does not import the suite at all. The
 rewriting hook is set aside while this process collects and put back afterwards (an
-in-process pytester session shares sys.meta_path with the session around it).
+in-process pytester session shares sys.meta_path with the session around it). The
+conftests pytest loads before collecting, and what they import, are rewritten as pytest
+rewrites them: a template forked from this process just before it collects
+(backends/controller_fork.py) has them as a worker would.
 """
 
 from __future__ import annotations

@@ -66,6 +66,8 @@ def native_thread_ids() -> list[int]:
     except OSError:
         return []
     python = {t.native_id for t in threading.enumerate() if t.native_id is not None}
+    # After a fork, Python 3.11 keeps the parent's native id on the main thread object.
+    python.add(threading.get_native_id())
     return sorted(tid for tid in tasks - python if _alive(tid))
 
 

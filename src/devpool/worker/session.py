@@ -38,13 +38,16 @@ _CONTROLLER_ONLY = {
 }
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker when the controller dies, so no orphan keeps a device."""
+def _die_with_parent(name: bytes) -> None:
+    """Ask Linux to SIGKILL this worker when the controller dies, so no orphan keeps a device;
+    and name it (ps -o comm, /proc/PID/comm): a template forked from the controller keeps
+    the controller's command line."""
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(15, ctypes.c_char_p(name[:15]))  # PR_SET_NAME
     except (OSError, AttributeError):
         return
 
@@ -71,7 +74,7 @@ class WorkerSession:
         self.poisoned = False
         self.renamed: dict[str, str] = {}  # this process's node id → the controller's
         self._teardown: protocol.Message | None = None  # sent with the next finish
-        _die_with_parent()
+        _die_with_parent(b"devpool-tmpl" if self.template is not None else b"devpool-worker")
         if os.getppid() != parent:  # the controller died before prctl took effect
             os._exit(3)
         # -x / --maxfail: the controller stops the run, but only a worker that stops at its
@@ -195,7 +198,7 @@ class WorkerSession:
 
     def _become(self, session: pytest.Session, fork: forkserver.Fork) -> None:
         """In a child the template forked: a worker of its own, on the pipes it was sent."""
-        _die_with_parent()
+        _die_with_parent(b"devpool-worker")
         if os.getppid() != fork.template_pid:  # the template died before prctl took effect
             os._exit(3)
         forkserver.become_worker(self.config, fork, self._log)

@@ -1,0 +1,194 @@
+"""Templates forked from the controller (backends/controller_fork.py): the controller, about
+to collect, forks the early templates instead of starting interpreters. What a test sees
+in such a worker is what it sees in plain pytest: conftest and helper assertions
+rewritten, no exit handler, file or lease of the controller's; and a controller that is
+not safe to fork starts its templates afresh, with the same outcomes."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+from sessions import FAST, events
+
+pytestmark = pytest.mark.usefixtures("_no_autoload")
+
+
+@pytest.fixture
+def _no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
+CONFTEST = """
+import atexit
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.register_assert_rewrite("helpers")
+OUT = Path({out!r})
+REGISTERED_BY = os.getpid()
+
+
+def _at_exit():
+    with open(OUT / "atexit.txt", "a") as log:
+        log.write(f"{{REGISTERED_BY}} {{os.getpid()}}\\n")
+
+
+atexit.register(_at_exit)
+{extra}
+
+@pytest.fixture
+def checked():
+    value = {{"a": 1, "b": 2}}
+    assert value == {{"a": 1, "b": 3}}
+"""
+
+HELPERS = """
+def same(left, right):
+    assert left == right
+"""
+
+TESTS = """
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from helpers import same
+
+OUT = Path({out!r})
+
+
+def parent_view():
+    ppid = os.getppid()
+    with open(f"/proc/{{ppid}}/comm") as comm:
+        name = comm.read().strip()
+    with open(f"/proc/{{ppid}}/stat") as stat:
+        grandparent = int(stat.read().rsplit(")", 1)[1].split()[1])
+    fds = []
+    for fd in os.listdir(f"/proc/{{ppid}}/fd"):
+        try:
+            fds.append(os.readlink(f"/proc/{{ppid}}/fd/{{fd}}"))
+        except OSError:
+            pass
+    with open(f"/proc/{{ppid}}/cmdline", "rb") as cmdline:
+        command = cmdline.read().replace(b"\\0", b" ").decode()
+    return dict(name=name, grandparent=grandparent, fds=fds, command=command)
+
+
+def test_sees_its_template():
+    (OUT / "view.json").write_text(json.dumps(parent_view()))
+
+
+def test_fixture_assertion(checked):
+    pass
+
+
+def test_helper_assertion():
+    same([1, 2, 3], [1, 2, 4])
+
+
+def test_own_assertion():
+    x = 3
+    assert x + 1 == 5
+
+
+@pytest.mark.device_count(1)
+def test_on_a_device():
+    assert os.environ["DEVPOOL_DEVICES"]
+"""
+
+
+def project(pytester: pytest.Pytester, out: Path, extra: str = "") -> None:
+    # In a package, as most projects' tests are: pytest itself imports a top-level
+    # `conftest` again in every session, but not `tests.conftest`; the conftest imports
+    # the helper, so the controller has both before it forks.
+    package = pytester.mkpydir("tests")
+    (package / "conftest.py").write_text(
+        CONFTEST.format(out=str(out), extra=extra) + "\nfrom helpers import same  # noqa\n"
+    )
+    pytester.makepyfile(helpers=HELPERS)
+    (package / "test_mix.py").write_text(TESTS.format(out=str(out)))
+    pytester.makeini("[pytest]\npythonpath = .\n")
+
+
+def failures(output: str) -> dict[str, list[str]]:
+    """Each failed test's `E` lines, as pytest printed them."""
+    found: dict[str, list[str]] = {}
+    current = None
+    for line in output.splitlines():
+        header = re.match(r"_{3,} (.+?) _{3,}$", line)
+        if header:
+            current = header.group(1)
+            found[current] = []
+        elif current and line.startswith("E "):
+            found[current].append(line)
+    return found
+
+
+def test_a_template_forked_from_the_controller_keeps_nothing_of_it(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    project(pytester, out)
+    plain = pytester.runpytest_subprocess(*FAST, "-k", "not device", timeout=120)
+    (out / "atexit.txt").unlink()
+    result = pytester.runpytest_subprocess(
+        *FAST, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=120
+    )
+    output = result.stdout.str()
+    assert result.ret == 1, output
+    assert "2 failed, 2 passed, 1 error" in output, output
+    assert "fork server" not in output, output
+    # Conftest, helper (register_assert_rewrite) and test assertions read as in plain pytest.
+    expected = failures(plain.stdout.str())
+    assert len(expected) == 3 and all(expected.values()), plain.stdout.str()
+    assert failures(output) == expected, output
+
+    [record] = pytester.path.glob(".devpool/runs/*/record.jsonl")
+    [start] = events(record, "session_start")
+    controller = start["pid"]
+    view = json.loads((out / "view.json").read_text())
+    # The CPU test's template: a child of the controller, with the controller's command
+    # line (a fork of it), and none of its files: no lease, no lock folder, no record.
+    assert view["name"] == "devpool-tmpl", view
+    assert view["grandparent"] == controller, view
+    assert "--devpool-worker" not in view["command"], view
+    held = [path for path in view["fds"] if str(lock) in path or path.endswith(".jsonl")]
+    assert not held, view["fds"]
+    # The handler the controller's import of the conftest registered ran in the controller
+    # alone (a template's own import registers one that its workers run, as afresh).
+    lines = [line.split() for line in (out / "atexit.txt").read_text().splitlines()]
+    assert [str(controller), str(controller)] in lines, lines
+    assert all(ran == by for by, ran in lines if by == str(controller)), lines
+
+
+def test_a_controller_that_runs_a_thread_starts_its_templates_afresh(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    # A thread in the controller only (a fork of it would inherit its locks, not it).
+    extra = textwrap.dedent(
+        """
+        import sys, threading, time
+        if "--devpool-worker" not in sys.argv:
+            threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        """
+    )
+    project(pytester, out, extra)
+    plain = pytester.runpytest_subprocess(*FAST, "-k", "not device", timeout=120)
+    result = pytester.runpytest_subprocess(
+        *FAST, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=120
+    )
+    output = result.stdout.str()
+    assert "2 failed, 2 passed, 1 error" in output, output
+    assert failures(output) == failures(plain.stdout.str()), output
+    assert "fork server" not in output, output  # the templates themselves fork
+    view = json.loads((out / "view.json").read_text())
+    assert view["name"] == "devpool-tmpl", view
+    assert "--devpool-worker template," in view["command"], view  # a fresh interpreter
