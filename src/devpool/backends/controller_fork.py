@@ -126,11 +126,16 @@ def _become_template(
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False))
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), line_buffering=True, errors="backslashreplace"
-    )
+    streams = {
+        "stdin": io.TextIOWrapper(io.FileIO(0, "r", closefd=False)),
+        "stdout": io.TextIOWrapper(io.FileIO(1, "w", closefd=False)),
+        "stderr": io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), line_buffering=True, errors="backslashreplace"
+        ),
+    }
+    for name, stream in streams.items():  # the controller's are pytest's capture files
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
     sys.argv = [sys.argv[0], *args]
     # pytest's main puts in the template's own assertion rewriting hook.
     sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "AssertionRewritingHook"]
