@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from devpool.backends import WorkerHandle
-from devpool.backends.controller_fork import ForkedChild, fork_template
 from devpool.backends.pipes import EventPipes
 from devpool.backends.templates import ForkedProcess, ForkRequest, Template
+from devpool.backends.zygote import Zygote, ZygoteChild, ZygoteGone
 from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
 from devpool.worker import protocol
@@ -105,6 +105,7 @@ class LocalBackend:
         self.pipes = EventPipes()
         self._next_key = 0
         self.templates: dict[str, Template] = {}  # kind → its template
+        self.zygote: Zygote | None = None  # forks templates; None: they start afresh
         self.start_timeout = start_timeout  # seconds a worker may take to start (and collect)
         self.closed = False
 
@@ -155,12 +156,15 @@ class LocalBackend:
         worker.process = template.fork(fork)
         return worker
 
-    def prepare(self, kind: str, template_env: Mapping[str, str], here: bool = False) -> None:
-        """Start the template of a kind ahead of its first worker (it collects meanwhile).
-        here: fork it from this process, which is about to collect and is safe to fork
-        (backends/controller_fork.py)."""
+    def prepare(self, kind: str, template_env: Mapping[str, str]) -> None:
+        """Start the template of a kind ahead of its first worker (it collects meanwhile)."""
         if kind not in self.templates:
-            self._start_template(kind, template_env, here)
+            self._start_template(kind, template_env)
+
+    def start_zygote(self) -> None:
+        """Fork the zygote that forks every later template (backends/zygote.py): this
+        process is about to collect, and is safe to fork."""
+        self.zygote = Zygote(self.log_dir / "zygote.log")
 
     def covers(self, kind: str, modules: frozenset[str]) -> bool:
         """Whether the template of a kind imported every one of these test modules."""
@@ -249,16 +253,16 @@ class LocalBackend:
                 start_new_session=True,
             )
 
-    def _start_template(self, kind: str, env: Mapping[str, str], here: bool = False) -> Template:
+    def _start_template(self, kind: str, env: Mapping[str, str]) -> Template:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         log = self.log_dir / f"template-{len(self.templates) + 1}.log"
         child_env = {**env, **self.worker_env, "DEVPOOL_STACKS_FILE": str(stacks_file(log))}
         spec = f"template,{theirs.fileno()},{os.getpid()}"
-        process: subprocess.Popen[bytes] | ForkedChild
-        if here:
-            args = [*self.args, "--devpool-worker", spec]
-            process = fork_template(args, child_env, self.cwd, log, (theirs.fileno(),))
-        else:
+        process: subprocess.Popen[bytes] | ZygoteChild | None = None
+        if self.zygote is not None and not self.zygote.gone:
+            with contextlib.suppress(ZygoteGone):
+                process = self.zygote.spawn(self.args, child_env, self.cwd, log, theirs.fileno())
+        if process is None:
             process = self._spawn(spec, child_env, log, (theirs.fileno(),))
         theirs.close()
         # It gives up a little before the workers waiting for it would be ended as stuck:
@@ -320,4 +324,6 @@ class LocalBackend:
             if not template.ended:
                 self.pipes.uncall(template.sock.fileno())
             template.close()
+        if self.zygote is not None:
+            self.zygote.close()
         self.pipes.close()

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from devpool.backends.controller_fork import ForkedChild
+from devpool.backends.zygote import ZygoteChild
 from devpool.devices.leases import Lease
 
 
@@ -88,7 +88,7 @@ class Template:
     """One template process, on the controller's side of its socket."""
 
     kind: str
-    process: subprocess.Popen[bytes] | ForkedChild
+    process: subprocess.Popen[bytes] | ZygoteChild
     sock: socket.socket
     log: str
     ready_by: float

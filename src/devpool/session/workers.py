@@ -69,19 +69,20 @@ def early_backend(
         config.args,
         cwd,
     )
-    # Forked from this process, a template only collects; started afresh, it imports
-    # pytest, the plugins and the conftests first.
-    here = forkserver.unsafe_reason(config) == ""
+    # Forked from this process (through the zygote), a template only collects; started
+    # afresh, it imports pytest, the plugins and the conftests first.
+    if forkserver.unsafe_reason(config) == "":
+        backend.start_zygote()
     if not guessed or 0 in {kind.size for kind in guessed}:
-        backend.prepare(template_kind(0), templates_env(ctx, ()), here)
-    room = len(guessed) if here else max(1, (os.cpu_count() or 1) - 1)
+        backend.prepare(template_kind(0), templates_env(ctx, ()))
+    room = len(guessed) if backend.zygote else max(1, (os.cpu_count() or 1) - 1)
     for kind in [k for k in guessed if k.size > 0][:room]:
         env = templates_env(ctx, tuple(ctx.inventory.devices[: kind.size]))
         modules = log_dir.parent / "collect" / f"early-{kind.size}.txt"
         modules.parent.mkdir(parents=True, exist_ok=True)
         modules.write_text("\n".join(sorted(kind.modules)) + "\n", encoding="utf-8")
         env["DEVPOOL_COLLECT_ONLY"] = str(modules)
-        backend.prepare(template_kind(kind.size), env, here)
+        backend.prepare(template_kind(kind.size), env)
     return backend
 
 

@@ -1,8 +1,8 @@
-"""Templates forked from the controller (backends/controller_fork.py): the controller, about
-to collect, forks the early templates instead of starting interpreters. What a test sees
-in such a worker is what it sees in plain pytest: conftest and helper assertions
-rewritten, no exit handler, file or lease of the controller's; and a controller that is
-not safe to fork starts its templates afresh, with the same outcomes."""
+"""Templates forked by the zygote (backends/zygote.py), a fork of the controller about to
+collect, instead of fresh interpreters: the early ones and those the plan asks for later.
+What a test sees in such a worker is what it sees in plain pytest: conftest and helper
+assertions rewritten, no exit handler, file or lease of the controller's; and a controller
+that is not safe to fork starts its templates afresh, with the same outcomes."""
 
 from __future__ import annotations
 
@@ -66,25 +66,29 @@ from helpers import same
 OUT = Path({out!r})
 
 
-def parent_view():
-    ppid = os.getppid()
-    with open(f"/proc/{{ppid}}/comm") as comm:
+def view(pid):
+    with open(f"/proc/{{pid}}/comm") as comm:
         name = comm.read().strip()
-    with open(f"/proc/{{ppid}}/stat") as stat:
-        grandparent = int(stat.read().rsplit(")", 1)[1].split()[1])
+    with open(f"/proc/{{pid}}/stat") as stat:
+        parent = int(stat.read().rsplit(")", 1)[1].split()[1])
     fds = []
-    for fd in os.listdir(f"/proc/{{ppid}}/fd"):
+    for fd in os.listdir(f"/proc/{{pid}}/fd"):
         try:
-            fds.append(os.readlink(f"/proc/{{ppid}}/fd/{{fd}}"))
+            fds.append(os.readlink(f"/proc/{{pid}}/fd/{{fd}}"))
         except OSError:
             pass
-    with open(f"/proc/{{ppid}}/cmdline", "rb") as cmdline:
+    with open(f"/proc/{{pid}}/cmdline", "rb") as cmdline:
         command = cmdline.read().replace(b"\\0", b" ").decode()
-    return dict(name=name, grandparent=grandparent, fds=fds, command=command)
+    return dict(pid=pid, name=name, parent=parent, fds=fds, command=command)
+
+
+def ancestry(name):
+    template = view(os.getppid())
+    (OUT / name).write_text(json.dumps([template, view(template["parent"])]))
 
 
 def test_sees_its_template():
-    (OUT / "view.json").write_text(json.dumps(parent_view()))
+    ancestry("cpu.json")
 
 
 def test_fixture_assertion(checked):
@@ -103,6 +107,7 @@ def test_own_assertion():
 @pytest.mark.device_count(1)
 def test_on_a_device():
     assert os.environ["DEVPOOL_DEVICES"]
+    ancestry("device.json")
 """
 
 
@@ -154,14 +159,19 @@ def test_a_template_forked_from_the_controller_keeps_nothing_of_it(
     [record] = pytester.path.glob(".devpool/runs/*/record.jsonl")
     [start] = events(record, "session_start")
     controller = start["pid"]
-    view = json.loads((out / "view.json").read_text())
-    # The CPU test's template: a child of the controller, with the controller's command
-    # line (a fork of it), and none of its files: no lease, no lock folder, no record.
-    assert view["name"] == "devpool-tmpl", view
-    assert view["grandparent"] == controller, view
-    assert "--devpool-worker" not in view["command"], view
-    held = [path for path in view["fds"] if str(lock) in path or path.endswith(".jsonl")]
-    assert not held, view["fds"]
+    # The CPU-only template started early; the 1-device one when the plan asked for it
+    # (no history guessed it). Both children of the zygote, itself a child of the
+    # controller: all three with the controller's command line (forks of it) and none of
+    # its files: no lease, no lock folder, no record.
+    for name in ("cpu.json", "device.json"):
+        template, zygote = json.loads((out / name).read_text())
+        assert template["name"] == "devpool-tmpl", template
+        assert zygote["name"] == "devpool-zygote", zygote
+        assert zygote["parent"] == controller, zygote
+        for process in (template, zygote):
+            assert "--devpool-worker" not in process["command"], process
+            held = [p for p in process["fds"] if str(lock) in p or p.endswith(".jsonl")]
+            assert not held, process["fds"]
     # The handler the controller's import of the conftest registered ran in the controller
     # alone (a template's own import registers one that its workers run, as afresh).
     lines = [line.split() for line in (out / "atexit.txt").read_text().splitlines()]
@@ -189,6 +199,7 @@ def test_a_controller_that_runs_a_thread_starts_its_templates_afresh(
     assert "2 failed, 2 passed, 1 error" in output, output
     assert failures(output) == failures(plain.stdout.str()), output
     assert "fork server" not in output, output  # the templates themselves fork
-    view = json.loads((out / "view.json").read_text())
-    assert view["name"] == "devpool-tmpl", view
-    assert "--devpool-worker template," in view["command"], view  # a fresh interpreter
+    template, parent = json.loads((out / "cpu.json").read_text())
+    assert template["name"] == "devpool-tmpl", template
+    assert "--devpool-worker template," in template["command"], template  # afresh
+    assert parent["name"] != "devpool-zygote", parent
