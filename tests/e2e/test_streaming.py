@@ -61,7 +61,7 @@ def _streamed(events: list[Any]) -> int:
             continue
         job, state = event["job"], event["state"]
         if state == "sent":
-            pid = event["worker_pid"]
+            pid = event["worker"]  # a fork's pid is known only once it runs
             if last.get(pid) == "started" and unstarted.get(pid):
                 parts += 1
             worker_of[job] = pid

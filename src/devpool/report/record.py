@@ -11,7 +11,8 @@ Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
                  planned (the node ids of every planned test), ray_address (with
                  --devpool-backend ray: the cluster it joins)
   lease          job, nodeid, devices, holder_pid, wait (seconds blocked on other runs)
-  job_start      job, nodeid, devices, host, worker_pid, queue_wait, attempt, log
+  job_start      job, nodeid, devices, host, worker (key), worker_pid (null for a fork not
+                 made yet: its worker_ready has it), queue_wait, attempt, log
   report         nodeid, when, outcome, duration
   job_end        job, nodeid, outcome, devices, host, start, end, run_time, queue_wait,
                  attempt, log, detail, tail (last lines of the log, for tests that did not pass),

@@ -240,7 +240,9 @@ class Placing:
         for attempt in attempts:
             attempt.worker = slot.key
             attempt.devices = slot.worker.devices
-            attempt.move(State.SENT, self.ctx.emit, worker_pid=slot.worker.pid)
+            attempt.move(
+                State.SENT, self.ctx.emit, worker=slot.key, worker_pid=slot.worker.pid or None
+            )
         self.job_started(slot, job, now)
         self.blocked_since.pop(job.devices_needed, None)
         if not self.pool.send(slot, job, attempts):
@@ -264,7 +266,9 @@ class Placing:
         for attempt in attempts:
             attempt.worker = slot.key
             attempt.devices = slot.worker.devices
-            attempt.move(State.SENT, self.ctx.emit, worker_pid=slot.worker.pid)
+            attempt.move(
+                State.SENT, self.ctx.emit, worker=slot.key, worker_pid=slot.worker.pid or None
+            )
         if not self.pool.extend(slot, attempts):
             self.pool.kill(slot)  # its exit is handled as usual
 
@@ -279,8 +283,8 @@ class Placing:
             nodeid=job.display,
             devices=list(slot.worker.devices),
             host=self.ctx.host,
-            worker=slot.key,  # its pid: worker_ready's, for a fork not made yet (pid 0)
-            worker_pid=slot.worker.pid,
+            worker=slot.key,  # its pid: worker_ready's, for a fork not made yet (null here)
+            worker_pid=slot.worker.pid or None,
             queue_wait=round(job.waited, 3),
             attempt=job.attempt,
             log=str(slot.worker.log),
