@@ -33,6 +33,7 @@ import pytest
 pytest.register_assert_rewrite("helpers")
 OUT = Path({out!r})
 REGISTERED_BY = os.getpid()
+SEEN_DEVICES = os.environ.get("DEVPOOL_DEVICES")  # at import: a template's, not the controller's
 
 
 def _at_exit():
@@ -83,7 +84,10 @@ def view(pid):
 
 
 def ancestry(name):
+    from tests.conftest import SEEN_DEVICES
+
     template = view(os.getppid())
+    template["conftest_saw"] = SEEN_DEVICES
     (OUT / name).write_text(json.dumps([template, view(template["parent"])]))
 
 
@@ -163,8 +167,10 @@ def test_a_template_forked_from_the_controller_keeps_nothing_of_it(
     # (no history guessed it). Both children of the zygote, itself a child of the
     # controller: all three with the controller's command line (forks of it) and none of
     # its files: no lease, no lock folder, no record.
-    for name in ("cpu.json", "device.json"):
+    for name, devices in (("cpu.json", ""), ("device.json", "0")):
         template, zygote = json.loads((out / name).read_text())
+        # The conftest ran again in the template, in its environment, as in a fresh one.
+        assert template["conftest_saw"] == devices, template
         assert template["name"] == "devpool-tmpl", template
         assert zygote["name"] == "devpool-zygote", zygote
         assert zygote["parent"] == controller, zygote

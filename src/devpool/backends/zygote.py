@@ -232,6 +232,12 @@ def _fork_template(request: dict[str, Any], fd: int) -> int:
         sys.meta_path[:] = [
             f for f in sys.meta_path if type(f).__name__ != "AssertionRewritingHook"
         ]
+        # Conftests run again, in the template's environment, as in a fresh interpreter
+        # (pytest imports a top-level `conftest` again itself, not `tests.conftest`); what
+        # they import stays imported.
+        for name, module in list(sys.modules.items()):
+            if os.path.basename(getattr(module, "__file__", None) or "") == "conftest.py":
+                del sys.modules[name]
         code = int(pytest.main(args))
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
