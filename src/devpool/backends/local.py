@@ -164,7 +164,10 @@ class LocalBackend:
     def start_zygote(self) -> None:
         """Fork the zygote that forks every later template (backends/zygote.py): this
         process is about to collect, and is safe to fork."""
-        self.zygote = Zygote(self.log_dir / "zygote.log")
+        try:
+            self.zygote = Zygote(self.log_dir / "zygote.log")
+        except OSError:
+            self.zygote = None  # no process to spare: templates start afresh
 
     def covers(self, kind: str, modules: frozenset[str]) -> bool:
         """Whether the template of a kind imported every one of these test modules."""
