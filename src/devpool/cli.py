@@ -58,6 +58,13 @@ def _named_lock_dir(args: argparse.Namespace) -> Path | None:
 
 
 def _locks(args: argparse.Namespace) -> int:
+    if args.ray_address is not None:
+        from devpool.backends.ray.waiting import cluster_lines
+
+        if args.lock_dir:
+            raise DevpoolError("devpool locks: give --lock-dir or --ray-address, not both")
+        print("\n".join(cluster_lines(args.ray_address or None)))
+        return 0
     lock_dir = LockDir(_named_lock_dir(args) or _project().lock_dir)
     states = lock_dir.status()
     held = host_status(lock_dir.path)
@@ -217,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     locks = commands.add_parser("locks", help="list who holds which device on this host")
     locks.add_argument("--lock-dir", help=lock_dir_help)
+    locks.add_argument(
+        "--ray-address",
+        nargs="?",
+        const="",
+        help="list devpool's workers on a Ray cluster by run and node, and the runs waiting "
+        "there for a fair share (default address: RAY_ADDRESS, else the cluster started on "
+        "this host)",
+    )
     locks.set_defaults(func=_locks)
     doctor = commands.add_parser(
         "doctor", help="platform, devices, drivers, lock folder, holders and probe results"

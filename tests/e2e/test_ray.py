@@ -457,3 +457,80 @@ def test_a_sigkilled_runs_ring_comes_back_and_the_other_run_finishes_green(
                 proc.wait()
     assert waiter.returncode == 0, output
     assert "4 passed" in output, output
+
+
+SPANS = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+SPANS = Path({spans!r})
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.parametrize("i", range({count}))
+def test_step(i):
+    start = time.time()
+    time.sleep({seconds})
+    fd = os.open(SPANS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, f"{{start}} {{time.time()}}\\n".encode())
+    os.close(fd)
+"""
+
+
+def test_two_runs_on_one_cluster_share_its_devices(
+    pytester: pytest.Pytester, cluster: Cluster
+) -> None:
+    """Fair share on a cluster (ray/waiting.py): a run started while another holds every
+    device with a long stream of one-device tests gets its share within seconds, not once
+    the first run is done; both end green."""
+    shapes = {"first": (96, 1.5), "second": (16, 0.5)}
+    roots = {}
+    for name, (count, seconds) in shapes.items():
+        root = pytester.path / name
+        root.mkdir()
+        (root / "pyproject.toml").write_text(PYPROJECT)
+        spans = pytester.path / f"{name}.spans"
+        (root / "test_steps.py").write_text(
+            SPANS.format(spans=str(spans), count=count, seconds=seconds)
+        )
+        roots[name] = root
+
+    def start(root: Path) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pytest", *PLUGIN_ARGS, *ray_args(cluster)]
+            + [f"--devpool-lock-dir={root / 'locks'}", "-q"],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    def spans(name: str) -> list[tuple[float, float]]:
+        path = pytester.path / f"{name}.spans"
+        if not path.exists():
+            return []
+        return [tuple(map(float, line.split())) for line in path.read_text().splitlines()]  # type: ignore[misc]
+
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        procs["first"] = start(roots["first"])
+        wait_until(lambda: len(spans("first")) >= 8, 180, "the first run to hold the devices")
+        procs["second"] = start(roots["second"])
+        outputs = {name: proc.communicate(timeout=300)[0] for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    for name, proc in procs.items():
+        assert proc.returncode == 0, outputs[name]
+        assert f"{shapes[name][0]} passed" in outputs[name], outputs[name]
+    first_end = max(end for _, end in spans("first"))
+    second_start = min(start for start, _ in spans("second"))
+    # Without a share the second run's actors wait in Ray's queue until the first run's
+    # warm workers end with its last test.
+    assert second_start < first_end - 5, (second_start, first_end, outputs["second"])

@@ -19,6 +19,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 from devpool.errors import DevpoolError
 
@@ -35,6 +36,15 @@ class Waiter:
     platform: str
     since: float  # time.time() when its wait began
     wants: int  # devices its first blocked job needs
+
+
+class Room(Protocol):
+    """Where the runs sharing devices say they wait: a host's lock folder (WaitingRoom), a
+    Ray cluster's store (backends/ray/waiting.py)."""
+
+    def wait(self, waiter: Waiter | None) -> None: ...
+
+    def others(self, platform: str) -> list[Waiter]: ...
 
 
 class WaitingRoom:

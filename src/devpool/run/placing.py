@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 
 from devpool.backends import Backend
-from devpool.devices.fairshare import Waiter, WaitingRoom, fair_limit
+from devpool.devices.fairshare import Room, Waiter, WaitingRoom, fair_limit
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import Blockers, Want, describe_holders
 from devpool.outcomes import Outcome
@@ -57,7 +57,11 @@ class Placing:
         self.health = health
         self.attempts = attempts  # the loop's: job id → its current attempt
         self.stopped = False  # -x / --maxfail: the loop said stop
-        self.room = WaitingRoom(ctx.lock_dir.path, ctx.run_id)
+        # The runs that share our devices: a host's lock folder, or a Ray cluster's store.
+        room = getattr(backend, "waiting_room", None)
+        self.room: Room = (
+            room(ctx.run_id) if room is not None else WaitingRoom(ctx.lock_dir.path, ctx.run_id)
+        )
         self.limit: int | None = None  # most devices we may hold while other runs wait
         self.shared_at = 0.0
         self.waiting_since: float | None = None  # wall clock, while other runs block us
@@ -95,6 +99,10 @@ class Placing:
     def share(self, now: float) -> None:
         """Hold no more than a fair share of the pool while other runs wait for it."""
         waits = dict(self.blocked_since)
+        unplaced = getattr(self.backend, "unplaced", None)  # Ray: other runs' actors
+        if unplaced is not None:
+            for size, since in unplaced(now).items():
+                waits[size] = min(waits.get(size, since), since)
         if self.stalled_since is not None and len(self.scheduler.queue):
             head = min(self.scheduler.queue.heads(), key=lambda job: job.priority())
             waits.setdefault(head.devices_needed, self.stalled_since)
@@ -256,6 +264,8 @@ class Placing:
             return
         if head.request.nodes > 1:
             return  # the ranks of a multi-node worker end a batch together (ray/merge.py)
+        if self.over_share():
+            return  # other runs wait: this worker ends with its batch (loop._job_done)
         unstarted = [a.job for a in slot.sent if a.state is State.SENT]
         if len(unstarted) * 2 > BATCH_MAX or sum(map(_small, unstarted)) * 2 > BATCH_SECONDS:
             return  # enough left that the worker cannot run dry before the next look

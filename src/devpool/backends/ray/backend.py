@@ -28,6 +28,7 @@ from devpool.backends.ray.cluster import alive_nodes, connect, describe_cluster,
 from devpool.backends.ray.handle import Rank, RayWorker
 from devpool.backends.ray.merge import Merge
 from devpool.backends.ray.names import ActorName
+from devpool.backends.ray.waiting import ClusterWaitingRoom
 from devpool.config import Settings
 from devpool.devices.inventory import Inventory
 from devpool.devices.leases import Lease
@@ -40,6 +41,7 @@ from devpool.worker.session import stacks_file
 EVENTS_WAIT = 0.5  # seconds an actor holds an events() call open waiting for output
 LOST_EXIT = -int(signal.SIGKILL)  # the exit status reported for a worker whose node went away
 CPU_BUNDLE = 0.01  # a multi-node CPU-only test still needs one bundle per node
+PLACE_GRACE = 2.0  # seconds a placement takes on a cluster with room (actor start included)
 SHIP_EXCLUDES = [
     ".git",
     ".devpool",
@@ -124,6 +126,23 @@ class RayBackend:
             need = plural(n, "node")
         return f"needs {need}; cluster has {describe_cluster(self.nodes, self.resource)}"
 
+    # ---- sharing the cluster with other runs ------------------------------------------------
+
+    def waiting_room(self, session: str) -> ClusterWaitingRoom:
+        """Where runs on this cluster say they wait for a fair share (ray/waiting.py)."""
+        return ClusterWaitingRoom(session)
+
+    def unplaced(self, now: float) -> dict[int, float]:
+        """Sizes (devices per rank) whose workers Ray has not placed for PLACE_GRACE seconds,
+        and since when (monotonic): other runs' actors hold what they need."""
+        since: dict[int, float] = {}
+        for worker in self.workers.values():
+            if worker.placed or worker.finished.is_set() or now - worker.asked < PLACE_GRACE:
+                continue
+            size = len(worker.devices)
+            since[size] = min(since.get(size, worker.asked), worker.asked)
+        return since
+
     # ---- workers --------------------------------------------------------------------------
 
     def start(
@@ -144,6 +163,7 @@ class RayBackend:
         log = self.log_dir / f"worker-{key}.log"
         log.write_text(f"devpool: waiting for a Ray placement of {request.describe()}\n")
         worker = RayWorker(key, devices, max(1, request.nodes), log, read_end, lease)
+        worker.asked = time.monotonic()
         self.workers[key] = worker
         self.pipes.watch(worker)
         thread = threading.Thread(
@@ -225,6 +245,7 @@ class RayBackend:
         for rank, where in zip(worker.ranks, ray.get(refs), strict=True):
             rank.node_id = where["node_id"]
             rank.address = where["address"]
+        worker.placed = True
         return True
 
     def _actor_name(self, worker: RayWorker, run_id: str, rank: int) -> str:

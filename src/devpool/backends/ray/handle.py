@@ -59,6 +59,8 @@ class RayWorker:
     finished: threading.Event = field(default_factory=threading.Event)
     stop_asked: threading.Event = field(default_factory=threading.Event)
     running: bool = False  # the rank processes are started: send() goes straight to them
+    placed: bool = False  # Ray placed its actors (until then it waits for other runs' share)
+    asked: float = 0.0  # time.monotonic() it asked Ray for its placement
     outbox: list[protocol.Message] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 

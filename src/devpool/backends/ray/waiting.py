@@ -1,0 +1,127 @@
+"""Fair share between runs on one Ray cluster: the cluster's waiting room.
+
+On a host, a run that waits for devices other runs hold says so with a file in the lock
+folder's `waiting/` (devices/fairshare.py), and every run holds at most a fair share while
+others wait. On a cluster the runs' drivers may sit on different hosts and share no
+folder; they share the cluster's key-value store (Ray's GCS). A waiting run keeps a key
+there, `waiting/<session>` in devpool's namespace, with the same fields as the file and
+the time it last said so; it says so again every few seconds while it waits. A key not
+renewed for STALE seconds belongs to a run that died (SIGKILL leaves no goodbye) and is
+removed by whoever reads it. The rule on top is the host's (fairshare.fair_limit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+from devpool.backends.ray.cluster import import_ray
+from devpool.backends.ray.names import NAMESPACE, ActorName
+from devpool.devices.fairshare import Waiter
+
+PREFIX = "waiting/"
+STALE = 15.0  # seconds: a waiting run renews its key every RENEW
+RENEW = 3.0
+
+
+class ClusterWaitingRoom:
+    """The waiting room of a Ray cluster, in its key-value store."""
+
+    def __init__(self, session: str) -> None:
+        self.session = session
+        self._mine: Waiter | None = None
+        self._said = 0.0  # time.time() this run last wrote its key
+
+    def _kv(self) -> Any:
+        import_ray()
+        from ray.experimental import internal_kv
+
+        return internal_kv
+
+    def wait(self, waiter: Waiter | None) -> None:
+        """Say that this run waits (or, with None, that it no longer does)."""
+        now = time.time()
+        if waiter == self._mine and (waiter is None or now - self._said < RENEW):
+            return
+        kv = self._kv()
+        key = PREFIX + self.session
+        with contextlib.suppress(Exception):  # the cluster went away: the run says so itself
+            if waiter is None:
+                kv._internal_kv_del(key, namespace=NAMESPACE)  # noqa: SLF001
+            else:
+                value = json.dumps({**asdict(waiter), "seen": now})
+                kv._internal_kv_put(key, value, overwrite=True, namespace=NAMESPACE)  # noqa: SLF001
+        self._mine, self._said = waiter, now
+
+    def others(self, platform: str) -> list[Waiter]:
+        """Live runs other than this one that wait for devices of this platform."""
+        return [waiter for waiter in self.others_all() if waiter.platform == platform]
+
+    def others_all(self) -> list[Waiter]:
+        """Live runs other than this one that wait, for devices of any platform."""
+        kv = self._kv()
+        found = []
+        now = time.time()
+        try:
+            keys = kv._internal_kv_list(PREFIX, namespace=NAMESPACE)  # noqa: SLF001
+        except Exception:  # noqa: BLE001 - the cluster went away: no one to share with
+            return []
+        for key in keys:
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            if name == PREFIX + self.session:
+                continue
+            try:
+                fields = json.loads(kv._internal_kv_get(name, namespace=NAMESPACE))  # noqa: SLF001
+                seen = float(fields.pop("seen"))
+                waiter = Waiter(**fields)
+            except Exception:  # noqa: BLE001 - gone meanwhile, or not ours
+                continue
+            if now - seen > STALE:
+                with contextlib.suppress(Exception):  # a run that died while waiting
+                    kv._internal_kv_del(name, namespace=NAMESPACE)  # noqa: SLF001
+                continue
+            found.append(waiter)
+        return found
+
+
+def cluster_lines(address: str | None) -> list[str]:
+    """`devpool locks --ray-address`: devpool's workers on each node of the cluster, by run,
+    and the runs waiting there for a fair share. Joins the cluster as a driver to read them."""
+    from devpool.backends.ray.cluster import connect
+    from devpool.serve.cluster import ask_state_api
+
+    target = connect(address)
+    ray = import_ray()
+    gcs = ray.get_runtime_context().gcs_address
+    nodes, actors = ask_state_api(gcs)
+    where = {
+        n["node_id"]: n.get("node_ip") or n.get("node_name") or n["node_id"][:8] for n in nodes
+    }
+    held: dict[str, dict[str, int]] = {}  # run → node → ranks
+    for actor in actors:
+        name = ActorName.parse(actor.get("name"))
+        if name is None:
+            continue
+        node = where.get(actor.get("node_id") or "", "not placed yet")
+        run = f"{name.run_id} (host {name.host})"
+        held.setdefault(run, {})
+        held[run][node] = held[run].get(node, 0) + 1
+    lines = [f"devpool workers on the Ray cluster at {target}:"]
+    if not held:
+        lines.append("  none")
+    for run, per_node in sorted(held.items()):
+        spread = ", ".join(f"{count} on {node}" for node, count in sorted(per_node.items()))
+        lines.append(f"  run {run}: {spread}")
+    waiting = ClusterWaitingRoom("devpool-locks").others_all()
+    if waiting:
+        lines.append("runs waiting for a fair share:")
+        for waiter in waiting:
+            since = time.strftime("%H:%M:%S", time.localtime(waiter.since))
+            lines.append(
+                f"  run {waiter.session} (pid {waiter.pid} on {waiter.host}, {waiter.platform}):"
+                f" its next job needs {waiter.wants}, waiting since {since}"
+            )
+    return lines
