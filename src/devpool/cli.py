@@ -62,7 +62,7 @@ def _locks(args: argparse.Namespace) -> int:
         from devpool.backends.ray.waiting import cluster_lines
 
         if args.lock_dir:
-            raise DevpoolError("devpool locks: give --lock-dir or --ray-address, not both")
+            raise DevpoolError("give --lock-dir or --ray-address, not both")
         print("\n".join(cluster_lines(args.ray_address or None)))
         return 0
     lock_dir = LockDir(_named_lock_dir(args) or _project().lock_dir)

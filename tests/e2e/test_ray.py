@@ -520,6 +520,7 @@ def test_two_runs_on_one_cluster_share_its_devices(
         procs["first"] = start(roots["first"])
         wait_until(lambda: len(spans("first")) >= 8, 180, "the first run to hold the devices")
         procs["second"] = start(roots["second"])
+        seen = locks_while_waiting(cluster, procs["second"])
         outputs = {name: proc.communicate(timeout=300)[0] for name, proc in procs.items()}
     finally:
         for proc in procs.values():
@@ -534,3 +535,37 @@ def test_two_runs_on_one_cluster_share_its_devices(
     # Without a share the second run's actors wait in Ray's queue until the first run's
     # warm workers end with its last test.
     assert second_start < first_end - 5, (second_start, first_end, outputs["second"])
+    # `devpool locks --ray-address` showed the first run's workers on the nodes, and the
+    # second run waiting for its share.
+    [first_run] = [p.name for p in (roots["first"] / ".devpool" / "runs").iterdir()]
+    [second_run] = [p.name for p in (roots["second"] / ".devpool" / "runs").iterdir()]
+    assert f"run {first_run} (host " in seen, seen
+    assert "runs waiting for a fair share:" in seen and f"run {second_run} (pid " in seen, seen
+
+
+def locks_while_waiting(cluster: Cluster, waiter: subprocess.Popen[str]) -> str:
+    """What `devpool locks --ray-address` says once it shows a run waiting for a share."""
+    command = [sys.executable, "-m", "devpool.cli", "locks", f"--ray-address={cluster.address}"]
+    deadline = time.monotonic() + 90
+    output = ""
+    while time.monotonic() < deadline and waiter.poll() is None:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output
+        if "runs waiting for a fair share:" in output:
+            return output
+    return output
+
+
+def test_devpool_locks_takes_a_lock_folder_or_a_cluster_not_both(cluster: Cluster) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "devpool.cli", "locks", "--lock-dir=/tmp", "--ray-address"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "devpool: error: give --lock-dir or --ray-address, not both"
+    ], done.stderr
