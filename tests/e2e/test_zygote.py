@@ -209,3 +209,58 @@ def test_a_controller_that_runs_a_thread_starts_its_templates_afresh(
     assert template["name"] == "devpool-tmpl", template
     assert "--devpool-worker template," in template["command"], template  # afresh
     assert parent["name"] != "devpool-zygote", parent
+
+
+UNSAFE_MODULE = """
+import atexit
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+OUT = Path({out!r})
+# A thread at import: the template that imports this module must not fork.
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+
+
+def parent_name():
+    with open(f"/proc/{{os.getppid()}}/comm") as comm:
+        return comm.read().strip()
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_in_a_worker_of_the_zygote(i):
+    (OUT / f"parent-{{i}}").write_text(parent_name())
+    atexit.register(lambda: (OUT / f"atexit-{{i}}-{{os.getpid()}}").write_text("ran"))
+    assert i != 2, "the third fails"
+"""
+
+
+def test_an_unsafe_templates_workers_come_from_the_zygote_and_end_as_fresh_ones(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    """A kind whose template may not fork (a thread started at import) gets its workers
+    from the zygote: each collects for itself, without a start of its own, and ends as an
+    interpreter ends (atexit handlers run), with plain pytest's outcomes."""
+    pytester.makepyfile(test_unsafe=UNSAFE_MODULE.format(out=str(out)))
+    plain = pytester.runpytest_subprocess(*FAST, timeout=120)
+    for made in out.iterdir():
+        made.unlink()
+    result = pytester.runpytest_subprocess(
+        *FAST,
+        f"--devpool-lock-dir={lock}",
+        "--devices",
+        "sim:0-1",
+        "--devpool-isolation=job",
+        timeout=120,
+    )
+    output = result.stdout.str()
+    assert "1 failed, 2 passed" in plain.stdout.str(), plain.stdout.str()
+    assert "1 failed, 2 passed" in output, output
+    assert failures(output) == failures(plain.stdout.str()), output
+    assert "fork server for 0-device workers off" in output and "thread" in output, output
+    parents = {(out / f"parent-{i}").read_text() for i in range(3)}
+    assert parents == {"devpool-zygote"}, parents
+    assert len(list(out.glob("atexit-*"))) == 3, sorted(p.name for p in out.iterdir())

@@ -38,7 +38,7 @@ class Worker:
     key: int
     devices: tuple[int, ...]
     lease: Lease | None
-    process: subprocess.Popen[bytes] | ForkedProcess  # forked: from a template
+    process: subprocess.Popen[bytes] | ForkedProcess | ZygoteChild  # forked: from a template
     log: Path
     fd_in: int  # controller writes commands here
     fd_out: int  # controller reads events here
@@ -230,10 +230,18 @@ class LocalBackend:
         cmd_read: int,
         ev_write: int,
         lease: Lease | None,
-    ) -> subprocess.Popen[bytes]:
+    ) -> subprocess.Popen[bytes] | ZygoteChild:
         lease_fds = lease.fds() if lease is not None else []
-        spec = f"{cmd_read},{ev_write},{os.getpid()}"
-        process = self._spawn(spec, env, log, (cmd_read, ev_write, *lease_fds))
+        fds = (cmd_read, ev_write, *lease_fds)
+        process: subprocess.Popen[bytes] | ZygoteChild | None = None
+        if self.zygote is not None and not self.zygote.gone:
+            # Not from a template (none of its kind may fork): from the zygote, it skips the
+            # interpreter's, pytest's and the plugins' start and collects for itself.
+            with contextlib.suppress(ZygoteGone):
+                process = self.zygote.spawn(self.args, env, self.cwd, log, fds, template=False)
+        if process is None:
+            spec = f"{cmd_read},{ev_write},{os.getpid()}"
+            process = self._spawn(spec, env, log, fds)
         os.close(cmd_read)
         os.close(ev_write)
         return process
@@ -264,7 +272,7 @@ class LocalBackend:
         process: subprocess.Popen[bytes] | ZygoteChild | None = None
         if self.zygote is not None and not self.zygote.gone:
             with contextlib.suppress(ZygoteGone):
-                process = self.zygote.spawn(self.args, child_env, self.cwd, log, theirs.fileno())
+                process = self.zygote.spawn(self.args, child_env, self.cwd, log, [theirs.fileno()])
         if process is None:
             process = self._spawn(spec, child_env, log, (theirs.fileno(),))
         theirs.close()

@@ -16,8 +16,9 @@ signal handlers, no exit handler of the controller's. When the controller is not
 fork (a thread, a device runtime, coverage: worker/template.py's checks), templates start
 as fresh processes.
 
-controller → zygote:  {"args": [...], "env": {...}, "cwd": C, "log": L} with the template's
-                      socket (SCM_RIGHTS); the zygote adds `--devpool-worker template,FD,PID`
+controller → zygote:  {"args": [...], "env": {...}, "cwd": C, "log": L, "template": T} with
+                      the template's socket, or a worker's pipes and lease fds (SCM_RIGHTS);
+                      the zygote adds `--devpool-worker template,FD,PID` or `CMD,EV,PID`
 zygote → controller:  {"pid": 123} for each request, in order; {"exit": 123, "code": 0}
 """
 
@@ -38,7 +39,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ import pytest
 
 _RESET = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGCHLD")
 PACKET = 1 << 20  # one request: its environment is the largest part
+MAX_FDS = 64  # a worker's pipes and the lease fds of its devices, ports and resources
 REPLY_TIMEOUT = 10.0  # a fork takes milliseconds; a zygote this late is stuck
 
 
@@ -83,14 +85,28 @@ class Zygote:
         self.gone = False
 
     def spawn(
-        self, args: list[str], env: Mapping[str, str], cwd: Path, log: Path, fd: int
+        self,
+        args: list[str],
+        env: Mapping[str, str],
+        cwd: Path,
+        log: Path,
+        fds: Sequence[int],
+        template: bool = True,
     ) -> ZygoteChild:
-        """A template running `pytest args`, on the socket fd (sent, not kept)."""
+        """A process running `pytest args` as a template (fds: its socket) or as a worker
+        that collects for itself (fds: its command and event pipes, then its lease's); the
+        fds are sent, not kept."""
         if self.gone:
             raise ZygoteGone
-        request = {"args": args, "env": dict(env), "cwd": str(cwd), "log": str(log)}
+        request = {
+            "args": args,
+            "env": dict(env),
+            "cwd": str(cwd),
+            "log": str(log),
+            "template": template,
+        }
         try:
-            socket.send_fds(self.sock, [json.dumps(request).encode()], [fd])
+            socket.send_fds(self.sock, [json.dumps(request).encode()], list(fds))
             deadline = time.monotonic() + REPLY_TIMEOUT
             while True:
                 message = self._receive(deadline - time.monotonic())
@@ -195,12 +211,13 @@ def _serve(sock: socket.socket) -> int:
         ready, _, _ = select.select(watched, [], [])
         for fd in ready:
             if fd not in children:
-                data, fds, _, _ = socket.recv_fds(sock, PACKET, 1)
+                data, fds, _, _ = socket.recv_fds(sock, PACKET, MAX_FDS)
                 if not data:
                     listening = False
                     continue
-                pid = _fork_template(json.loads(data), fds[0])
-                os.close(fds[0])
+                pid = _fork_pytest(json.loads(data), fds)
+                for fd in fds:
+                    os.close(fd)
                 children[os.pidfd_open(pid)] = pid
                 _send(sock, {"pid": pid})
                 continue
@@ -216,14 +233,18 @@ def _send(sock: socket.socket, message: dict[str, Any]) -> None:
         sock.send(json.dumps(message).encode())
 
 
-def _fork_template(request: dict[str, Any], fd: int) -> int:
+def _fork_pytest(request: dict[str, Any], fds: list[int]) -> int:
     pid = os.fork()
     if pid:
         return pid
     code = 70
     try:
-        args = [*request["args"], "--devpool-worker", f"template,{fd},{os.getppid()}"]
-        _let_go(Path(request["log"]), keep=(fd,))
+        parent = os.getppid()
+        spec = (
+            f"template,{fds[0]},{parent}" if request["template"] else f"{fds[0]},{fds[1]},{parent}"
+        )
+        args = [*request["args"], "--devpool-worker", spec]
+        _let_go(Path(request["log"]), keep=tuple(fds))
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -239,12 +260,14 @@ def _fork_template(request: dict[str, Any], fd: int) -> int:
             if os.path.basename(getattr(module, "__file__", None) or "") == "conftest.py":
                 del sys.modules[name]
         code = int(pytest.main(args))
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
     except BaseException:  # noqa: BLE001 - never return into the zygote's loop
         with contextlib.suppress(Exception):
             os.write(2, traceback.format_exc().encode())
-    os._exit(code)
+        os._exit(code)
+    # Its pages are the zygote's: tearing the interpreter down would copy most of them.
+    from devpool.worker.session import exit_without_teardown
+
+    exit_without_teardown(code)
 
 
 def _let_go(log: Path, keep: tuple[int, ...]) -> None:

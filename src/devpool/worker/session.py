@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -50,6 +50,21 @@ def _die_with_parent(name: bytes) -> None:
         libc.prctl(15, ctypes.c_char_p(name[:15]))  # PR_SET_NAME
     except (OSError, AttributeError):
         return
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """End a forked process as interpreter exit would, without tearing the interpreter
+    down: join non-daemon threads and run threading's exit hooks (concurrent.futures
+    finishes queued work), then every atexit handler (tests', plugins', logging's)."""
+    import atexit
+    import threading
+
+    threading._shutdown()  # type: ignore[attr-defined]  # noqa: SLF001
+    atexit._run_exitfuncs()  # noqa: SLF001
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 class WorkerSession:
@@ -105,20 +120,8 @@ class WorkerSession:
         handlers (tests', plugins', logging's) run, and then the process exits without
         tearing the interpreter down. Finalising every module and object it shares with its
         template would copy most of its pages (seconds of CPU with torch imported)."""
-        if not self.forked:
-            return
-        import atexit
-        import threading
-
-        # What interpreter exit would do before tearing down: join non-daemon threads and
-        # run threading's exit hooks (concurrent.futures finishes queued work), then every
-        # atexit handler (tests', plugins', logging's).
-        threading._shutdown()  # type: ignore[attr-defined]  # noqa: SLF001
-        atexit._run_exitfuncs()  # noqa: SLF001
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(self.exitstatus)
+        if self.forked:
+            exit_without_teardown(self.exitstatus)
 
     def _exit_last(self) -> None:
         """Make the forked exit the config's outermost cleanup: every cleanup registered so
