@@ -385,6 +385,19 @@ def test_a_resource_the_cluster_does_not_declare_is_refused_with_the_ray_start_l
     assert "ray start --resources='{\"license\": 1}'" in out, out
 
 
+def start_session(cluster: Cluster, root: Path) -> subprocess.Popen[str]:
+    """A devpool session on the cluster in root, in a process group of its own (to SIGKILL)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", *PLUGIN_ARGS, *ray_args(cluster)]
+        + [f"--devpool-lock-dir={root / 'locks'}", "-q"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 HOLD_RING = """
 import os
 import time
@@ -423,22 +436,11 @@ def test_a_sigkilled_runs_ring_comes_back_and_the_other_run_finishes_green(
         (root / "test_ring.py").write_text(body)
         roots.append(root)
 
-    def start(root: Path) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "pytest", *PLUGIN_ARGS, *ray_args(cluster)]
-            + [f"--devpool-lock-dir={root / 'locks'}", "-q"],
-            cwd=root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-
-    holder = start(roots[0])
+    holder = start_session(cluster, roots[0])
     waiter = None
     try:
         wait_until(lambda: len(list(out.glob("held-*"))) == 2, 120, "both rings held")
-        waiter = start(roots[1])
+        waiter = start_session(cluster, roots[1])
         records = roots[1] / ".devpool" / "runs"
 
         def asked() -> bool:  # its first rings asked of Ray (queued behind the held ones)
@@ -498,17 +500,6 @@ def test_two_runs_on_one_cluster_share_its_devices(
         )
         roots[name] = root
 
-    def start(root: Path) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "pytest", *PLUGIN_ARGS, *ray_args(cluster)]
-            + [f"--devpool-lock-dir={root / 'locks'}", "-q"],
-            cwd=root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-
     def spans(name: str) -> list[tuple[float, float]]:
         path = pytester.path / f"{name}.spans"
         if not path.exists():
@@ -517,9 +508,9 @@ def test_two_runs_on_one_cluster_share_its_devices(
 
     procs: dict[str, subprocess.Popen[str]] = {}
     try:
-        procs["first"] = start(roots["first"])
+        procs["first"] = start_session(cluster, roots["first"])
         wait_until(lambda: len(spans("first")) >= 8, 180, "the first run to hold the devices")
-        procs["second"] = start(roots["second"])
+        procs["second"] = start_session(cluster, roots["second"])
         seen = locks_while_waiting(cluster, procs["second"])
         outputs = {name: proc.communicate(timeout=300)[0] for name, proc in procs.items()}
     finally:
