@@ -332,17 +332,7 @@ def test_two_runs_on_one_cluster_never_hold_a_nodes_ring_at_once(
         (root / "pyproject.toml").write_text(PYPROJECT + "\n[tool.devpool.resources]\nhccl = 2\n")
         (root / "test_ring.py").write_text(RING.format(holds=str(holds)))
         runs.append(root)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "pytest", *PLUGIN_ARGS, *ray_args(cluster)]
-            + [f"--devpool-lock-dir={root / 'locks'}", "-q"],
-            cwd=root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for root in runs
-    ]
+    procs = [start_session(cluster, root) for root in runs]
     try:
         outputs = [proc.communicate(timeout=240)[0] for proc in procs]
     finally:
