@@ -12,6 +12,10 @@ its template must not fork, and no test may hang). Variants alternate:
 - devpool --devices sim:0-3 --devpool-isolation job (a process per test): target ≤ 1.5x
   the default mode.
 
+On a host with fewer cores than sim devices, one-device model tests side by side each
+start an OpenMP pool as wide as the host, and the pools spin against each other; plain
+pytest runs them one at a time. --omp-threads N sets OMP_NUM_THREADS for every variant.
+
 Needs torch in the running interpreter (`pip install torch`); exits 0 with a line saying
 so when it is missing.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import tempfile
 from pathlib import Path
 
@@ -110,7 +115,15 @@ def test_matches_golden():
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--omp-threads",
+        type=int,
+        help="OMP_NUM_THREADS for every variant, plain pytest's too (torchrun's default for "
+        "several processes on one host is 1)",
+    )
     args = parser.parse_args()
+    if args.omp_threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.omp_threads)
     if importlib.util.find_spec("torch") is None:
         print("torch_suite: torch is not installed in this interpreter; nothing measured")
         return
@@ -128,7 +141,11 @@ def main() -> None:
         plain = Variant("plain pytest (serial)", [*PYTEST, "-p", "no:devpool"])
         warm = Variant("devpool, default (forked)", devpool)
         job = Variant("devpool, isolation job", [*devpool, "--devpool-isolation=job"])
-        print("torch suite: 62 CPU, 32 one-device, 8 two-rank gloo tests; sim:0-3; 2 cores")
+        threads = os.environ.get("OMP_NUM_THREADS", "unset")
+        print(
+            "torch suite: 62 CPU, 32 one-device, 8 two-rank gloo tests; sim:0-3; "
+            f"{os.cpu_count()} cores; OMP_NUM_THREADS {threads}"
+        )
         alternate([plain, warm, job], root, args.repeat)
     print("  " + show_ratio(warm, plain, 1.2))
     print("  " + show_ratio(job, warm, 1.5))
