@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from devpool import compat
+from devpool.backends import zygote
 from devpool.config import (
     add_options,
     conflicting_flags,
@@ -57,6 +58,7 @@ def pytest_load_initial_conftests(
     if base is None:
         if is_controller(early_config, args):
             compat.rerunfailures.no_status_server()  # the controller forks templates
+            early_config.stash[zygote.UNSET] = zygote.Unset.now()  # before pytest's own
         return (yield)
     with capture.named_capture_files(base):
         return (yield)

@@ -264,3 +264,60 @@ def test_an_unsafe_templates_workers_come_from_the_zygote_and_end_as_fresh_ones(
     parents = {(out / f"parent-{i}").read_text() for i in range(3)}
     assert parents == {"devpool-zygote"}, parents
     assert len(list(out.glob("atexit-*"))) == 3, sorted(p.name for p in out.iterdir())
+
+
+WARNER = """
+import warnings
+
+
+def pytest_configure(config):
+    # What pytest-asyncio does when its ini value is unset: a warning at configure time,
+    # outside pytest's warning capture.
+    warnings.warn(DeprecationWarning("set asyncio_default_fixture_loop_scope"))
+"""
+
+LOOKS_AROUND = """
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+OUT = Path({out!r})
+
+
+@pytest.mark.parametrize("devices", [0, 1])
+def test_looks_around(devices, request):
+    if devices:
+        request.applymarker(pytest.mark.device_count(1))
+    root = logging.getLogger()
+    seen = {{
+        "handlers": sorted(type(h).__name__ for h in root.handlers),
+        "level": root.level,
+        "warning_filters": len([f for f in __import__("warnings").filters if f[0] == "error"]),
+    }}
+    name = os.environ.get("DEVPOOL_RUN_ID") and "devpool" or "plain"
+    (OUT / f"{{name}}-{{devices}}.json").write_text(json.dumps(seen))
+"""
+
+
+def test_a_fork_of_the_zygote_sees_the_warning_filters_and_logging_of_a_fresh_process(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    """The zygote is forked inside pytest's collection, where pytest applies the ini's
+    filterwarnings and its log capture: a process forked from it starts as a fresh one
+    (found by the click suite: pytest-asyncio's configure-time warning became an error)."""
+    pytester.makepyfile(warner=WARNER, test_around=LOOKS_AROUND.format(out=str(out)))
+    pytester.makeini("[pytest]\nfilterwarnings = error\nlog_level = DEBUG\n")
+    plain = pytester.runpytest_subprocess(*FAST, "-p", "warner", timeout=120)
+    assert plain.ret == 0, plain.stdout.str()
+    result = pytester.runpytest_subprocess(
+        *FAST, "-p", "warner", f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=120
+    )
+    assert result.ret == 0, result.stdout.str()
+    assert "2 passed" in result.stdout.str(), result.stdout.str()
+    for devices in (0, 1):
+        seen = json.loads((out / f"devpool-{devices}.json").read_text())
+        assert seen == json.loads((out / f"plain-{devices}.json").read_text()), seen

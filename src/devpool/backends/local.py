@@ -22,7 +22,7 @@ from typing import Any
 from devpool.backends import WorkerHandle
 from devpool.backends.pipes import EventPipes
 from devpool.backends.templates import ForkedProcess, ForkRequest, Template
-from devpool.backends.zygote import Zygote, ZygoteChild, ZygoteGone
+from devpool.backends.zygote import Unset, Zygote, ZygoteChild, ZygoteGone
 from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
 from devpool.worker import protocol
@@ -161,11 +161,11 @@ class LocalBackend:
         if kind not in self.templates:
             self._start_template(kind, template_env)
 
-    def start_zygote(self) -> None:
+    def start_zygote(self, unset: Unset | None = None) -> None:
         """Fork the zygote that forks every later template (backends/zygote.py): this
         process is about to collect, and is safe to fork."""
         try:
-            self.zygote = Zygote(self.log_dir / "zygote.log")
+            self.zygote = Zygote(self.log_dir / "zygote.log", unset)
         except OSError:
             self.zygote = None  # no process to spare: templates start afresh
 

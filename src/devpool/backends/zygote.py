@@ -31,6 +31,7 @@ import faulthandler
 import gc
 import io
 import json
+import logging
 import os
 import select
 import signal
@@ -39,9 +40,11 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -51,6 +54,33 @@ MAX_FDS = 64  # a worker's pipes and the lease fds of its devices, ports and res
 REPLY_TIMEOUT = 10.0  # a fork takes milliseconds; a zygote this late is stuck
 
 
+@dataclass(frozen=True)
+class Unset:
+    """What the controller's pytest set around its collection, as it was before: warning
+    filters (pytest applies the ini's filterwarnings while collecting) and the root logger
+    (pytest's log capture). Taken before pytest loads the conftests; a fork given its
+    environment back starts as a fresh interpreter would."""
+
+    filters: tuple[Any, ...]
+    handlers: tuple[logging.Handler, ...]
+    level: int
+
+    @classmethod
+    def now(cls) -> Unset:
+        root = logging.getLogger()
+        return cls(tuple(warnings.filters), tuple(root.handlers), root.level)
+
+    def restore(self) -> None:
+        cast(list[Any], warnings.filters)[:] = list(self.filters)
+        warnings._filters_mutated()  # type: ignore[attr-defined]  # noqa: SLF001
+        root = logging.getLogger()
+        root.handlers[:] = list(self.handlers)
+        root.setLevel(self.level)
+
+
+UNSET = pytest.StashKey[Unset]()  # on the controller's config, from pytest_load_initial_conftests
+
+
 class ZygoteGone(Exception):
     """The zygote ended or does not answer: templates start as fresh processes."""
 
@@ -58,7 +88,7 @@ class ZygoteGone(Exception):
 class Zygote:
     """The controller's side: forks the zygote, asks it for templates, hears their ends."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, unset: Unset | None = None) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             with contextlib.suppress(Exception):
@@ -71,6 +101,8 @@ class Zygote:
             try:
                 ours.close()
                 _let_go(log, keep=(theirs.fileno(),))
+                if unset is not None:
+                    unset.restore()
                 with contextlib.suppress(OSError, AttributeError):
                     ctypes.CDLL(None).prctl(15, ctypes.c_char_p(b"devpool-zygote"))
                 code = _serve(theirs)

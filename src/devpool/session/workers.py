@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from devpool import compat
-from devpool.backends import Backend
+from devpool.backends import Backend, zygote
 from devpool.backends.local import LocalBackend
 from devpool.compat import coverage
 from devpool.config import Settings
@@ -72,7 +72,7 @@ def early_backend(
     # Forked from this process (through the zygote), a template only collects; started
     # afresh, it imports pytest, the plugins and the conftests first.
     if forkserver.unsafe_reason(config) == "":
-        backend.start_zygote()
+        backend.start_zygote(config.stash.get(zygote.UNSET, None))
     if not guessed or 0 in {kind.size for kind in guessed}:
         backend.prepare(template_kind(0), templates_env(ctx, ()))
     room = len(guessed) if backend.zygote else max(1, (os.cpu_count() or 1) - 1)
