@@ -12,9 +12,10 @@ with the template's environment and arguments, and only collects.
 
 The zygote and its templates keep nothing of the controller's: their own session and
 process group, a log as stdout and stderr, no file descriptor but their sockets, default
-signal handlers, no exit handler of the controller's. When the controller is not safe to
-fork (a thread, a device runtime, coverage: worker/template.py's checks), templates start
-as fresh processes.
+signal handlers, no exit handler of the controller's. The workers of a kind whose template
+may not fork are forks of the zygote too, each collecting for itself. When the controller
+is not safe to fork (a thread, a device runtime, coverage: worker/template.py's checks),
+templates and those workers start as fresh processes.
 
 controller → zygote:  {"args": [...], "env": {...}, "cwd": C, "log": L, "template": T} with
                       the template's socket, or a worker's pipes and lease fds (SCM_RIGHTS);
@@ -51,7 +52,7 @@ import pytest
 _RESET = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGCHLD")
 PACKET = 1 << 20  # one request: its environment is the largest part
 MAX_FDS = 64  # a worker's pipes and the lease fds of its devices, ports and resources
-REPLY_TIMEOUT = 10.0  # a fork takes milliseconds; a zygote this late is stuck
+REPLY_TIMEOUT = 60.0  # a fork takes milliseconds; a zygote this late is stuck
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,10 @@ class Zygote:
         ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
         if not ready:
             if not idle:
+                # Stuck: a late answer would give a second process the fds the caller now
+                # gives a fresh one. It ends, and what it forked ends with it (PDEATHSIG).
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGKILL)
                 self._end()
             return None
         try:
