@@ -59,11 +59,11 @@ def _named_lock_dir(args: argparse.Namespace) -> Path | None:
 
 def _locks(args: argparse.Namespace) -> int:
     if args.ray_address is not None:
-        from devpool.backends.ray.waiting import cluster_lines
+        from devpool.serve.cluster import locks_lines
 
         if args.lock_dir:
             raise DevpoolError("give --lock-dir or --ray-address, not both")
-        print("\n".join(cluster_lines(args.ray_address or None)))
+        print("\n".join(locks_lines(args.ray_address or None)))
         return 0
     lock_dir = LockDir(_named_lock_dir(args) or _project().lock_dir)
     states = lock_dir.status()

@@ -70,6 +70,7 @@ class Placing:
         # the queue needs (their leases, or the fair share their waiting gives us). It waits.
         self.stalled_since: float | None = None
         self.said_share = False  # the line saying we wait for a fair share, said once
+        self.trimmed: set[int] = set()  # workers told to end their batch: over the share
         self.delayed: list[tuple[float, Job]] = []  # reruns waiting out their delay
         self.host = HostLeases(self)  # ports and named resources (run/host_leases.py)
 
@@ -136,6 +137,18 @@ class Placing:
                 break
             held -= len(slot.worker.devices)
             self.pool.retire(slot, now)
+        # Busy workers over the share end with the test they run: the rest of each batch
+        # goes back untouched (a first run's batches of unknown tests can be long).
+        for slot in list(self.pool.slots.values()):
+            if held <= self.limit:
+                break
+            if slot.key in self.pool.idle or not slot.worker.devices:
+                continue
+            held -= len(slot.worker.devices)
+            unstarted = any(a.state is State.SENT for a in slot.sent)
+            if unstarted and slot.key not in self.trimmed:
+                self.trimmed.add(slot.key)
+                slot.worker.send({"op": "cancel"})
 
     def start(self, now: float) -> bool:
         """Place and start what fits now; True when anything was placed."""

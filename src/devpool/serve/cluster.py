@@ -326,3 +326,43 @@ def _actor(actor: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]]) -> d
         "test": test,
         "page": run["page"] if run is not None else None,
     }
+
+
+def locks_lines(address: str | None) -> list[str]:
+    """`devpool locks --ray-address`: devpool's workers on each node of the cluster, by run,
+    and the runs waiting there for a fair share. Joins the cluster as a driver to read them."""
+    from devpool.backends.ray.cluster import connect, import_ray
+    from devpool.backends.ray.waiting import ClusterWaitingRoom
+
+    target = connect(address)
+    ray = import_ray()
+    gcs = ray.get_runtime_context().gcs_address
+    nodes, actors = ask_state_api(gcs)
+    where = {
+        n["node_id"]: n.get("node_ip") or n.get("node_name") or n["node_id"][:8] for n in nodes
+    }
+    held: dict[str, dict[str, int]] = {}  # run → node → ranks
+    for actor in actors:
+        name = ActorName.parse(actor.get("name"))
+        if name is None:
+            continue
+        node = where.get(actor.get("node_id") or "", "not placed yet")
+        run = f"{name.run_id} (host {name.host})"
+        held.setdefault(run, {})
+        held[run][node] = held[run].get(node, 0) + 1
+    lines = [f"devpool workers on the Ray cluster at {target}:"]
+    if not held:
+        lines.append("  none")
+    for run, per_node in sorted(held.items()):
+        spread = ", ".join(f"{count} on {node}" for node, count in sorted(per_node.items()))
+        lines.append(f"  run {run}: {spread}")
+    waiting = ClusterWaitingRoom("devpool-locks").others_all()
+    if waiting:
+        lines.append("runs waiting for a fair share:")
+        for waiter in waiting:
+            since = time.strftime("%H:%M:%S", time.localtime(waiter.since))
+            lines.append(
+                f"  run {waiter.session} (pid {waiter.pid} on {waiter.host}, {waiter.platform}):"
+                f" its next job needs {waiter.wants}, waiting since {since}"
+            )
+    return lines

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import Any
 
 from devpool.backends.ray.cluster import import_ray
-from devpool.backends.ray.names import NAMESPACE, ActorName
+from devpool.backends.ray.names import NAMESPACE
 from devpool.devices.fairshare import Waiter
 
 PREFIX = "waiting/"
@@ -85,43 +85,3 @@ class ClusterWaitingRoom:
                 continue
             found.append(waiter)
         return found
-
-
-def cluster_lines(address: str | None) -> list[str]:
-    """`devpool locks --ray-address`: devpool's workers on each node of the cluster, by run,
-    and the runs waiting there for a fair share. Joins the cluster as a driver to read them."""
-    from devpool.backends.ray.cluster import connect
-    from devpool.serve.cluster import ask_state_api
-
-    target = connect(address)
-    ray = import_ray()
-    gcs = ray.get_runtime_context().gcs_address
-    nodes, actors = ask_state_api(gcs)
-    where = {
-        n["node_id"]: n.get("node_ip") or n.get("node_name") or n["node_id"][:8] for n in nodes
-    }
-    held: dict[str, dict[str, int]] = {}  # run → node → ranks
-    for actor in actors:
-        name = ActorName.parse(actor.get("name"))
-        if name is None:
-            continue
-        node = where.get(actor.get("node_id") or "", "not placed yet")
-        run = f"{name.run_id} (host {name.host})"
-        held.setdefault(run, {})
-        held[run][node] = held[run].get(node, 0) + 1
-    lines = [f"devpool workers on the Ray cluster at {target}:"]
-    if not held:
-        lines.append("  none")
-    for run, per_node in sorted(held.items()):
-        spread = ", ".join(f"{count} on {node}" for node, count in sorted(per_node.items()))
-        lines.append(f"  run {run}: {spread}")
-    waiting = ClusterWaitingRoom("devpool-locks").others_all()
-    if waiting:
-        lines.append("runs waiting for a fair share:")
-        for waiter in waiting:
-            since = time.strftime("%H:%M:%S", time.localtime(waiter.since))
-            lines.append(
-                f"  run {waiter.session} (pid {waiter.pid} on {waiter.host}, {waiter.platform}):"
-                f" its next job needs {waiter.wants}, waiting since {since}"
-            )
-    return lines
