@@ -232,19 +232,24 @@ class LocalBackend:
         lease: Lease | None,
     ) -> subprocess.Popen[bytes] | ZygoteChild:
         lease_fds = lease.fds() if lease is not None else []
-        fds = (cmd_read, ev_write, *lease_fds)
-        process: subprocess.Popen[bytes] | ZygoteChild | None = None
-        if self.zygote is not None and not self.zygote.gone:
-            # Not from a template (none of its kind may fork): from the zygote, it skips the
-            # interpreter's, pytest's and the plugins' start and collects for itself.
-            with contextlib.suppress(ZygoteGone):
-                process = self.zygote.spawn(self.args, env, self.cwd, log, fds, template=False)
-        if process is None:
-            spec = f"{cmd_read},{ev_write},{os.getpid()}"
-            process = self._spawn(spec, env, log, fds)
+        # Not from a template (none of its kind may fork): from the zygote it skips the
+        # interpreter's, pytest's and the plugins' start and collects for itself.
+        spec = f"{cmd_read},{ev_write},{os.getpid()}"
+        process = self._start(spec, env, log, (cmd_read, ev_write, *lease_fds))
         os.close(cmd_read)
         os.close(ev_write)
         return process
+
+    def _start(
+        self, spec: str, env: Mapping[str, str], log: Path, fds: tuple[int, ...]
+    ) -> subprocess.Popen[bytes] | ZygoteChild:
+        """A pytest process of its own session (spec: `--devpool-worker`'s value, a template's
+        or a worker's), forked from the zygote while there is one, else a fresh interpreter."""
+        if self.zygote is not None and not self.zygote.gone:
+            template = spec.startswith("template,")
+            with contextlib.suppress(ZygoteGone):  # the zygote writes the spec for its fds
+                return self.zygote.spawn(self.args, env, self.cwd, log, fds, template=template)
+        return self._spawn(spec, env, log, fds)
 
     def _spawn(
         self, spec: str, env: Mapping[str, str], log: Path, fds: tuple[int, ...]
@@ -269,12 +274,7 @@ class LocalBackend:
         log = self.log_dir / f"template-{len(self.templates) + 1}.log"
         child_env = {**env, **self.worker_env, "DEVPOOL_STACKS_FILE": str(stacks_file(log))}
         spec = f"template,{theirs.fileno()},{os.getpid()}"
-        process: subprocess.Popen[bytes] | ZygoteChild | None = None
-        if self.zygote is not None and not self.zygote.gone:
-            with contextlib.suppress(ZygoteGone):
-                process = self.zygote.spawn(self.args, child_env, self.cwd, log, [theirs.fileno()])
-        if process is None:
-            process = self._spawn(spec, child_env, log, (theirs.fileno(),))
+        process = self._start(spec, child_env, log, (theirs.fileno(),))
         theirs.close()
         # It gives up a little before the workers waiting for it would be ended as stuck:
         # they then start fresh, with a full start timeout of their own.

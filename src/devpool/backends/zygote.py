@@ -163,22 +163,19 @@ class Zygote:
                 # gives a fresh one. It ends, and what it forked ends with it (PDEATHSIG).
                 with contextlib.suppress(OSError):
                     os.kill(self.pid, signal.SIGKILL)
-                self._end()
+                self.gone = True
             return None
         try:
             data = self.sock.recv(PACKET)
         except OSError:
             data = b""
         if not data:
-            self._end()
+            self.gone = True
             return None
         message: dict[str, Any] = json.loads(data)
         if "exit" in message:
             self.codes[int(message["exit"])] = int(message["code"])
         return message
-
-    def _end(self) -> None:
-        self.gone = True
 
     def close(self, grace: float = 5.0) -> None:
         """Let the zygote end once its templates have (they end with it otherwise)."""
@@ -202,7 +199,7 @@ class Zygote:
 
 
 class ZygoteChild:
-    """A template the zygote forked, seen as subprocess.Popen sees a child (pid, poll,
+    """A template or worker the zygote forked, seen as subprocess.Popen sees a child (pid, poll,
     wait): its exit status comes from the zygote, which reaps it."""
 
     def __init__(self, zygote: Zygote, pid: int) -> None:
