@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ray_cluster import (
@@ -300,6 +301,7 @@ RING = """
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -392,6 +394,7 @@ HOLD_RING = """
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -455,6 +458,7 @@ SPANS = """
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -551,3 +555,99 @@ def test_devpool_locks_takes_a_lock_folder_or_a_cluster_not_both(cluster: Cluste
     assert done.stderr.strip().splitlines() == [
         "devpool: error: give --lock-dir or --ray-address, not both"
     ], done.stderr
+
+
+WHO_AM_I = """
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+OUT = Path({out!r})
+{conftest_thread}
+
+def record(name):
+    ppid = os.getppid()
+    OUT.joinpath(f"{{name}}-{{os.environ.get('DEVPOOL_NODE_RANK', '0')}}.json").write_text(
+        json.dumps(dict(
+            node=os.environ["DEVPOOL_RAY_NODE_ID"],
+            parent=ppid,
+            parent_comm=Path(f"/proc/{{ppid}}/comm").read_text().strip(),
+            devices=os.environ["DEVPOOL_DEVICES"],
+        ))
+    )
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.parametrize("i", range(4))
+def test_one(i):
+    record(f"one{{i}}")
+
+
+@pytest.mark.nodes(2)
+@pytest.mark.device_count(1)
+def test_pair():
+    record("pair")
+"""
+
+
+def _who(out: Path) -> dict[str, dict[str, Any]]:
+    return {path.stem: json.loads(path.read_text()) for path in out.glob("*.json")}
+
+
+def test_ranks_fork_from_their_nodes_templates(pytester: pytest.Pytester, cluster: Cluster) -> None:
+    """Every rank's worker is a fork of its own node's template of its kind (both ranks of
+    a nodes(2) test too), and the templates end with the run; --devpool-no-fork-server
+    starts fresh interpreters, with the same outcomes."""
+    out = pytester.path / "out"
+    out.mkdir()
+    pytester.makepyprojecttoml(PYPROJECT)
+    pytester.makepyfile(test_who=WHO_AM_I.format(out=str(out), conftest_thread=""))
+    record = pytester.path / "record.jsonl"
+    forked = run_ray(pytester, cluster, record)
+    assert forked.ret == 0, forked.stdout.str()
+    seen = _who(out)
+    assert sorted(seen) == ["one0-0", "one1-0", "one2-0", "one3-0", "pair-0", "pair-1"]
+    assert {who["parent_comm"] for who in seen.values()} == {"devpool-tmpl"}, seen
+    # One template per node and kind: the one-device tests on a node fork from one, and
+    # the two ranks of the pair (a kind of its own: 2 devices in all) from one per node.
+    ones: dict[str, set[int]] = {}
+    for name, who in seen.items():
+        if name.startswith("one"):
+            ones.setdefault(who["node"], set()).add(who["parent"])
+    assert all(len(parents) == 1 for parents in ones.values()), seen
+    assert seen["pair-0"]["node"] != seen["pair-1"]["node"]
+    assert seen["pair-0"]["parent"] != seen["pair-1"]["parent"]
+    templates = {who["parent"] for who in seen.values()}
+    wait_until(lambda: not any(alive(pid) for pid in templates), 30, "the templates to end")
+    fresh_record = pytester.path / "fresh.jsonl"
+    shutil.rmtree(out)
+    out.mkdir()
+    fresh = run_ray(pytester, cluster, fresh_record, "--devpool-no-fork-server")
+    assert fresh.ret == 0, fresh.stdout.str()
+    assert "devpool-tmpl" not in {who["parent_comm"] for who in _who(out).values()}
+    assert outcomes(fresh_record) == outcomes(record)
+
+
+def test_a_node_template_that_may_not_fork_says_so_and_its_ranks_start_fresh(
+    pytester: pytest.Pytester, cluster: Cluster
+) -> None:
+    out = pytester.path / "out"
+    out.mkdir()
+    pytester.makepyprojecttoml(PYPROJECT)
+    # A thread started at import: a fork could inherit a lock it holds.
+    thread = (
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+    )
+    pytester.makepyfile(test_who=WHO_AM_I.format(out=str(out), conftest_thread=thread))
+    record = pytester.path / "record.jsonl"
+    result = run_ray(pytester, cluster, record)
+    assert result.ret == 0, result.stdout.str()
+    seen = _who(out)
+    assert len(seen) == 6 and "devpool-tmpl" not in {w["parent_comm"] for w in seen.values()}
+    result.stdout.fnmatch_lines(
+        ["*fork server for 1-device workers off on node *: *1 thread(s) besides the main one*"]
+    )

@@ -76,6 +76,7 @@ class Forks(Protocol):
         lease: Lease | None,
         env: Mapping[str, str],
         start: bool = True,
+        request: Request | None = None,
     ) -> WorkerHandle | None: ...
 
     def prepare(self, kind: str, template_env: Mapping[str, str]) -> None: ...

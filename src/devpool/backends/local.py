@@ -129,10 +129,11 @@ class LocalBackend:
         lease: Lease | None,
         env: Mapping[str, str],
         start: bool = True,
+        request: Request | None = None,
     ) -> Worker | None:
         """A worker forked from the template of its kind (started now if there is none and
         start says so); None when no template can fork it (the caller starts a fresh
-        interpreter)."""
+        interpreter). A local worker needs no more of its request than its devices."""
         template = self.templates.get(kind)
         if template is None and not start:
             return None

@@ -180,7 +180,7 @@ class WorkerPool:
         size = job.devices_needed
         self.forked = True
         env_of = self.warm.template_env(size)
-        worker = backend.fork(template_kind(size), env_of, devices, lease, env)
+        worker = backend.fork(template_kind(size), env_of, devices, lease, env, request=job.request)
         self._fork_notes()
         return worker
 

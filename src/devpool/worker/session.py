@@ -72,11 +72,13 @@ class WorkerSession:
 
     def __init__(self, config: pytest.Config, spec: str) -> None:
         self.config = config
-        # A template (fork server) collects, then forks workers: "template,SOCKET,PARENT".
+        # A template (fork server) collects, then forks workers: "template,SOCKET,PARENT",
+        # and on a Ray node ",PATH": where the node's rank actors ask it for forks too.
         self.template: forkserver.Template | None = None
         if spec.startswith("template,"):
-            sock, parent = (int(part) for part in spec.split(",")[1:])
-            self.template = forkserver.Template(sock)
+            _, sock, parent_pid, *listen = spec.split(",", 3)
+            parent = int(parent_pid)
+            self.template = forkserver.Template(int(sock), listen[0] if listen else None)
             self.fd_in = self.fd_out = -1  # a forked child gets its own pipes
         else:
             fd_in, fd_out, parent = (int(part) for part in spec.split(","))

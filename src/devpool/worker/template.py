@@ -12,6 +12,10 @@ template → controller:  {"ev": "ready", "pid": 123}  |  {"ev": "unsafe", "why"
                         {"ev": "forked", "key": 7, "pid": 456}
                         {"ev": "exit", "pid": 456, "code": -9}
 
+On a Ray node the template also listens on a Unix socket path (the spec's fourth part):
+each rank actor of the node connects there and sends its own fork request; "forked" and
+"exit" for that child go back on its connection alone.
+
 Each fork returns in the child as a `Fork`: the child then becomes an ordinary worker on
 those pipes (session.py), without starting Python, pytest, its plugins or the imports again.
 Forking is only sound when the template holds nothing a child cannot share: a device
@@ -121,13 +125,20 @@ class Fork:
 class Template:
     """The serving loop of a template process (pytest_runtestloop calls serve())."""
 
-    def __init__(self, sock_fd: int) -> None:
+    def __init__(self, sock_fd: int, listen: str | None = None) -> None:
         self.sock = socket.socket(fileno=sock_fd)
         self.children: dict[int, int] = {}  # pidfd → pid
+        self.asked: dict[int, socket.socket] = {}  # pid → the connection that asked for it
+        self.listener: socket.socket | None = None
+        self.clients: list[socket.socket] = []
+        if listen is not None:
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.listener.bind(listen)
+            self.listener.listen(64)
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any], to: socket.socket | None = None) -> None:
         with contextlib.suppress(OSError):  # the controller is gone: PDEATHSIG ends us too
-            self.sock.send(json.dumps(message).encode())
+            (to or self.sock).send(json.dumps(message).encode())
 
     def refuse(self, why: str) -> None:
         """Say why this template cannot serve; the controller starts fresh interpreters."""
@@ -142,16 +153,29 @@ class Template:
         self.send({"ev": "ready", "pid": os.getpid()})
         selector = selectors.DefaultSelector()
         selector.register(self.sock, selectors.EVENT_READ)
+        if self.listener is not None:
+            selector.register(self.listener, selectors.EVENT_READ)
         stopping = False
         while not stopping or self.children:
             for key, _ in selector.select():
-                if key.fileobj is self.sock:
-                    request, fds = self._receive()
+                if key.fileobj is self.listener:
+                    client, _ = self.listener.accept()
+                    self.clients.append(client)
+                    selector.register(client, selectors.EVENT_READ)
+                    continue
+                if isinstance(key.fileobj, socket.socket):
+                    sock = key.fileobj
+                    request, fds = self._receive(sock)
                     if request is None or request.get("op") == "stop":
-                        stopping = True
-                        selector.unregister(self.sock)
+                        selector.unregister(sock)
+                        if sock is self.sock:
+                            stopping = True
+                            self._stop_listening(selector)
+                        elif sock in self.clients:
+                            self.clients.remove(sock)
+                            sock.close()
                         continue
-                    fork = self._fork(config, request, fds, selector)
+                    fork = self._fork(config, request, fds, selector, sock)
                     if fork is not None:
                         return fork  # in the child
                 else:
@@ -159,9 +183,16 @@ class Template:
         selector.close()
         return None
 
-    def _receive(self) -> tuple[dict[str, Any] | None, list[int]]:
+    def _stop_listening(self, selector: selectors.BaseSelector) -> None:
+        """No more rank actors connect; those connected hear about their children's exits."""
+        if self.listener is not None:
+            selector.unregister(self.listener)
+            self.listener.close()
+            self.listener = None
+
+    def _receive(self, sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
         try:
-            data, fds, _, _ = socket.recv_fds(self.sock, PACKET, MAX_FDS)
+            data, fds, _, _ = socket.recv_fds(sock, PACKET, MAX_FDS)
         except OSError:
             return None, []
         if not data:
@@ -175,12 +206,13 @@ class Template:
         request: dict[str, Any],
         fds: list[int],
         selector: selectors.BaseSelector,
+        asker: socket.socket,
     ) -> Fork | None:
         why = unsafe_reason(config)  # a thread or a runtime may have started since
         if why:
             for fd in fds:
                 os.close(fd)
-            self.send({"ev": "failed", "key": request["key"], "why": why})
+            self.send({"ev": "failed", "key": request["key"], "why": why}, asker)
             return None
         sys.stdout.flush()
         sys.stderr.flush()
@@ -190,7 +222,8 @@ class Template:
             selector.close()
             for pidfd in self.children:
                 os.close(pidfd)
-            self.sock.close()
+            for sock in [self.sock, *self.clients, *([self.listener] if self.listener else [])]:
+                sock.close()
             os.setpgid(0, 0)  # its own process group: killpg ends it and its children alone
             commands, events, log = fds[:3]
             return Fork(commands, events, log, dict(request["env"]), template)
@@ -200,8 +233,9 @@ class Template:
             os.close(fd)  # the lease fds live in the child alone now
         pidfd = os.pidfd_open(pid)
         self.children[pidfd] = pid
+        self.asked[pid] = asker
         selector.register(pidfd, selectors.EVENT_READ)
-        self.send({"ev": "forked", "key": request["key"], "pid": pid})
+        self.send({"ev": "forked", "key": request["key"], "pid": pid}, asker)
         return None
 
     def _reap(self, pidfd: int, selector: selectors.BaseSelector) -> None:
@@ -209,7 +243,8 @@ class Template:
         selector.unregister(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
-        self.send({"ev": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+        code = os.waitstatus_to_exitcode(status)
+        self.send({"ev": "exit", "pid": pid, "code": code}, self.asked.pop(pid, None))
 
 
 def become_worker(config: pytest.Config, fork: Fork, template_log: Path | None) -> None:

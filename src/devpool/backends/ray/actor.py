@@ -1,19 +1,26 @@
 """The rank actor: on its node, one rank's worker process (and maybe a peer service).
 
-The actor starts the same `python -m pytest ... --devpool-worker` process as the local
-backend and buffers its event lines until the controller pulls them with events().
+The actor starts the same worker as the local backend and buffers its event lines until the
+controller pulls them with events(). The worker is a fork of the node's template of its kind
+(NodeTemplates, one actor per run and node: worker/template.py's fork server, listening on
+a Unix socket path of the node) where that template is ready, else a fresh
+`python -m pytest ... --devpool-worker` process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +34,7 @@ from devpool.worker import worklist
 from devpool.worker.session import stacks_file
 
 STOP_WAIT = 5.0  # seconds a peer service gets between SIGTERM and SIGKILL
+FORK_WAIT = 30.0  # seconds a rank waits for its template's fork before starting fresh
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class RankSpec:
     # --devpool-ray-ship-code: the controller's lists the worker reads (env var → lines),
     # written on the node; module paths relative to the shipped folder.
     lists: dict[str, list[str]] = field(default_factory=dict)
+    template: str = ""  # the node template's socket path to fork from ("": start fresh)
 
 
 # Files the controller names in a worker's environment and the worker reads at its start:
@@ -76,7 +85,7 @@ class RankProcess:
     """The actor body: one worker process (and maybe a peer service) on this node."""
 
     def __init__(self) -> None:
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | ForkedRank | None = None
         self.service: subprocess.Popen[bytes] | None = None
         self.fd_in = -1
         self.buffer = bytearray()
@@ -132,14 +141,6 @@ class RankProcess:
 
         node_id = ray.get_runtime_context().get_node_id()
         devices = self._devices(spec, node_id)
-        env = dict(spec.env)
-        ids = ",".join(str(d) for d in devices)
-        env["DEVPOOL_DEVICES"] = ids
-        env["DEVPOOL_RAY_NODE_ID"] = node_id
-        visible = env.get("DEVPOOL_VISIBLE_ENV", "")
-        env.pop("DEVPOOL_VISIBLE_ENV", None)
-        if visible:
-            env[visible] = ids
         cwd = os.getcwd() if spec.ship_code else spec.cwd
         if spec.log:
             Path(spec.log).parent.mkdir(parents=True, exist_ok=True)
@@ -147,43 +148,45 @@ class RankProcess:
         else:
             fd, self.log = tempfile.mkstemp(prefix="devpool-worker-", suffix=".log")
             os.close(fd)
+        env = node_env(spec, devices, node_id)
         env["DEVPOOL_STACKS_FILE"] = str(stacks_file(Path(self.log)))
-        for name, lines in spec.lists.items():
-            if name == MODULES_ENV:  # where this node unpacked the shipped folder
-                lines = [os.path.join(cwd, line) for line in lines]
-            fd, path = tempfile.mkstemp(prefix="devpool-list-", suffix=".txt")
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write("".join(f"{line}\n" for line in lines))
-            self.written.append(path)
-            env[name] = path
+        self.written += write_lists(spec, cwd, env)
         if spec.peer_service:
             self._start_service(spec.peer_service, cwd, env)
         cmd_read, cmd_write = os.pipe()
         ev_read, ev_write = os.pipe()
-        argv = [
-            sys.executable,
-            "-m",
-            "pytest",
-            *spec.args,
-            "--devpool-worker",
-            f"{cmd_read},{ev_write},{os.getpid()}",
-        ]
-        with open(self.log, "ab") as out:
-            self.process = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                pass_fds=(cmd_read, ev_write),
-                start_new_session=True,
-            )
+        why = ""
+        if spec.template:
+            self.process, why = fork_from(spec.template, env, (cmd_read, ev_write), self.log)
+        if self.process is None:
+            if why:
+                with open(self.log, "a", encoding="utf-8") as out:
+                    out.write(f"devpool: not forked from this node's template: {why}\n")
+            argv = [
+                sys.executable,
+                "-m",
+                "pytest",
+                *spec.args,
+                "--devpool-worker",
+                f"{cmd_read},{ev_write},{os.getpid()}",
+            ]
+            with open(self.log, "ab") as out:
+                self.process = subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(cmd_read, ev_write),
+                    start_new_session=True,
+                )
         os.close(cmd_read)
         os.close(ev_write)
         self.fd_in = cmd_write
         threading.Thread(target=self._read, args=(ev_read,), daemon=True).start()
-        return {"pid": self.process.pid, "devices": devices, "log": self.log}
+        forked = isinstance(self.process, ForkedRank)
+        return {"pid": self.process.pid, "devices": devices, "log": self.log, "forked": forked}
 
     def _start_service(self, command: str, cwd: str, env: Mapping[str, str]) -> None:
         with open(self.log, "ab") as out:
@@ -284,3 +287,220 @@ class RankProcess:
             with contextlib.suppress(OSError):
                 os.unlink(path)
         self.written = []
+
+
+def node_env(spec: RankSpec, devices: list[int], node_id: str) -> dict[str, str]:
+    """A worker's (or template's) environment on this node: its devices' ids bound."""
+    env = dict(spec.env)
+    ids = ",".join(str(d) for d in devices)
+    env["DEVPOOL_DEVICES"] = ids
+    env["DEVPOOL_RAY_NODE_ID"] = node_id
+    visible = env.pop("DEVPOOL_VISIBLE_ENV", "")
+    if visible:
+        env[visible] = ids
+    return env
+
+
+def write_lists(spec: RankSpec, cwd: str, env: dict[str, str]) -> list[str]:
+    """--devpool-ray-ship-code: the shipped lists as files of this node, named in env."""
+    written = []
+    for name, lines in spec.lists.items():
+        if name == MODULES_ENV:  # where this node unpacked the shipped folder
+            lines = [os.path.join(cwd, line) for line in lines]
+        fd, path = tempfile.mkstemp(prefix="devpool-list-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write("".join(f"{line}\n" for line in lines))
+        written.append(path)
+        env[name] = path
+    return written
+
+
+class ForkedRank:
+    """A rank's worker forked by the node's template: the template is its parent and says
+    when it exits, on the connection that asked for it."""
+
+    def __init__(self, conn: socket.socket, pid: int) -> None:
+        self.conn = conn
+        self.pid = pid
+        self.code: int | None = None
+        self.cond = threading.Condition()
+        threading.Thread(target=self._listen, daemon=True).start()
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                data = self.conn.recv(1 << 16)
+            except OSError:
+                data = b""
+            message: dict[str, Any] = (
+                json.loads(data) if data else {"ev": "exit", "code": -signal.SIGKILL}
+            )
+            if message.get("ev") == "exit":  # or the template is gone, and its children too
+                with self.cond:
+                    self.code = int(message["code"])
+                    self.cond.notify_all()
+                self.conn.close()
+                return
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self.cond:
+            self.cond.wait_for(lambda: self.code is not None, timeout)
+            if self.code is None:
+                raise subprocess.TimeoutExpired(f"forked worker {self.pid}", timeout or 0.0)
+            return self.code
+
+
+def fork_from(
+    path: str, env: dict[str, str], pipes: tuple[int, int], log: str
+) -> tuple[ForkedRank | None, str]:
+    """Ask the node's template at path for a fork on these pipes; (None, why) when it did not."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        conn.settimeout(FORK_WAIT)
+        conn.connect(path)
+        message = json.dumps({"op": "fork", "key": 0, "env": env}).encode()
+        socket.send_fds(conn, [message], [*pipes, log_fd])
+        data = conn.recv(1 << 16)
+        reply = json.loads(data) if data else {"why": "the template ended"}
+    except (OSError, ValueError) as exc:
+        conn.close()
+        return None, f"{type(exc).__name__}: {exc}"
+    finally:
+        os.close(log_fd)
+    if reply.get("ev") != "forked":
+        conn.close()
+        return None, str(reply.get("why", reply))
+    conn.settimeout(None)
+    return ForkedRank(conn, int(reply["pid"])), ""
+
+
+@dataclass
+class NodeTemplate:
+    """One kind's template on this node: its process, and what it said."""
+
+    process: subprocess.Popen[bytes]
+    sock: socket.socket
+    path: str
+    log: str
+    state: str = "starting"  # → ready, or off
+    why: str = ""
+
+
+class NodeTemplates:
+    """The actor body, one per run and node: a template per kind of worker, which the node's
+    rank actors fork their workers from (worker/template.py)."""
+
+    def __init__(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix="devpool-templates-")
+        self.templates: dict[str, NodeTemplate] = {}
+        self.cond = threading.Condition()
+        self.written: list[str] = []
+
+    def prepare(self, kind: str, spec: RankSpec, limit: float) -> None:
+        """Start the template of a kind (once): it collects in the background."""
+        ray = import_ray()
+
+        with self.cond:
+            if kind in self.templates:
+                return
+            index = len(self.templates) + 1
+            path = os.path.join(self.folder, f"{index}.sock")
+            log = os.path.join(self.folder, f"template-{index}.log")
+            cwd = os.getcwd() if spec.ship_code else spec.cwd
+            node_id = ray.get_runtime_context().get_node_id()
+            env = node_env(spec, list(range(spec.count)), node_id)
+            env["DEVPOOL_STACKS_FILE"] = str(stacks_file(Path(log)))
+            self.written += write_lists(spec, cwd, env)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            argv = [
+                sys.executable,
+                "-m",
+                "pytest",
+                *spec.args,
+                "--devpool-worker",
+                f"template,{theirs.fileno()},{os.getpid()},{path}",
+            ]
+            with open(log, "wb") as out:
+                process = subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(theirs.fileno(),),
+                    start_new_session=True,
+                )
+            theirs.close()
+            template = NodeTemplate(process, ours, path, log)
+            self.templates[kind] = template
+            self.cond.notify_all()
+        threading.Thread(target=self._listen, args=(template, limit), daemon=True).start()
+
+    def _listen(self, template: NodeTemplate, limit: float) -> None:
+        """What the template says: ready, or why it cannot fork (then it ends)."""
+        template.sock.settimeout(limit)
+        try:
+            data = template.sock.recv(1 << 16)
+        except OSError:  # it did not collect in time
+            data = b""
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(template.process.pid, signal.SIGKILL)
+        message = json.loads(data) if data else {}
+        with self.cond:
+            if message.get("ev") == "ready":
+                template.state = "ready"
+            else:
+                template.state = "off"
+                template.why = str(message.get("why") or self._ended(template))
+            self.cond.notify_all()
+
+    def _ended(self, template: NodeTemplate) -> str:
+        try:
+            code = template.process.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            return f"did not finish collecting in time; see {template.log}"
+        return f"the template ended with {code} before it was ready; see {template.log}"
+
+    def wait(self, kind: str, timeout: float) -> tuple[str, str]:
+        """("ready", socket path) or ("off", why) once the template of a kind has said, or
+        ("starting", "") after timeout seconds."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                template = self.templates.get(kind)  # None: prepare() has not run yet
+                if template is not None and template.state == "ready":
+                    return "ready", template.path
+                if template is not None and template.state == "off":
+                    return "off", template.why
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return ("starting", "") if template else ("off", "no template was started")
+                self.cond.wait(left)
+
+    def discard(self, kind: str) -> None:
+        """End the template of a kind (its forked workers end with it)."""
+        with self.cond:
+            template = self.templates.pop(kind, None)
+        if template is not None:
+            self._end(template)
+
+    def _end(self, template: NodeTemplate) -> None:
+        with contextlib.suppress(OSError):
+            template.sock.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(template.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            template.process.wait(timeout=STOP_WAIT)
+
+    def stop(self) -> None:
+        """End every template of this node, and remove what this actor wrote."""
+        with self.cond:
+            templates, self.templates = list(self.templates.values()), {}
+        for template in templates:
+            self._end(template)
+        for path in self.written:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        shutil.rmtree(self.folder, ignore_errors=True)

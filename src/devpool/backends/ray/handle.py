@@ -63,6 +63,7 @@ class RayWorker:
     asked: float = 0.0  # time.monotonic() it asked Ray for its placement
     outbox: list[protocol.Message] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    kind: str = ""  # its ranks fork from their nodes' templates of this kind ("": fresh)
 
     @property
     def pid(self) -> int:
