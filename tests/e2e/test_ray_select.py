@@ -103,14 +103,15 @@ def test_a_record_under_ray_writes_the_baseline_a_local_record_writes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     root = ray_project(pytester.path, {**PROJECT, **WHERE})
-    # Fresh interpreters locally, as Ray starts them: a worker forked from a fork server's
-    # template also maps the libraries the template loaded while it collected (more
-    # libraries: selection stays sound, it selects more).
-    record(pytester, tmp_path, "sim:0-3", name="local", more=("--devpool-no-fork-server",))
+    # Fresh interpreters on both sides: a worker forked from a fork server's template also
+    # maps the libraries the template loaded while it collected (more libraries: selection
+    # stays sound, it selects more), and the local and the nodes' templates load differently.
+    fresh = "--devpool-no-fork-server"
+    record(pytester, tmp_path, "sim:0-3", name="local", more=(fresh,))
     local = baseline(root)
     where = tmp_path / "where"
     monkeypatch.setenv("WHERE_OUT", str(where))
-    ray_record(pytester, tmp_path, "ray", cluster, *([SHIP] if ship else []))
+    ray_record(pytester, tmp_path, "ray", cluster, fresh, *([SHIP] if ship else []))
     if ship:  # the worker ran a copy of the project, not the controller's files
         assert not Path(where.read_text()).is_relative_to(root), where.read_text()
     else:

@@ -37,7 +37,7 @@ from devpool.backends.ray.actor import (
 from devpool.backends.ray.cluster import alive_nodes, connect, describe_cluster, import_ray, plural
 from devpool.backends.ray.handle import Rank, RayWorker
 from devpool.backends.ray.merge import Merge
-from devpool.backends.ray.names import ActorName
+from devpool.backends.ray.names import ActorName, templates_name
 from devpool.backends.ray.waiting import ClusterWaitingRoom
 from devpool.config import Settings
 from devpool.devices.inventory import Inventory
@@ -256,11 +256,11 @@ class RayBackend:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
                 index = len(self.node_templates)
-                name = ActorName(host_name(), run_id or "unknown", "templates", index)
+                name = templates_name(host_name(), run_id or "unknown", index)
                 actor = (
                     ray.remote(NodeTemplates)
                     .options(
-                        name=str(name),
+                        name=name,
                         num_cpus=0,
                         max_concurrency=64,
                         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),

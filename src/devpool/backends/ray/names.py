@@ -35,3 +35,9 @@ class ActorName:
         if len(parts) != _PARTS or parts[0] != PREFIX or not parts[4].isdigit():
             return None
         return cls(parts[1], parts[2], parts[3], int(parts[4]))
+
+
+def templates_name(host: str, run_id: str, index: int) -> str:
+    """The name of a run's NodeTemplates actor on its index-th node: not a rank's (parse()
+    gives None), so views of the ranks leave it out; it still says whose run it serves."""
+    return ":".join((f"{PREFIX}-templates", host, run_id, str(index)))
