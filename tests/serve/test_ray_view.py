@@ -4,6 +4,10 @@ Ray's own state API tells them; and a cluster that does not answer, said in one 
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -99,6 +103,56 @@ def test_each_node_and_the_actor_serving_a_held_test_as_rays_state_api_says(
     assert page.locator("#ray .ray-node").count() == 2
     assert server.json("/api/v1/ray")["clusters"][0]["why"] == ["project proj: backend = ray"]
     page.screenshot(path=str(tmp_path / "ray-after.png"), full_page=True)
+
+
+WAITING_RUN = """
+import sys, time
+import ray
+ray.init(address=sys.argv[1], namespace="devpool")
+from devpool.backends.ray.waiting import ClusterWaitingRoom
+from devpool.devices.fairshare import Waiter
+room = ClusterWaitingRoom("20261202-101500-4242")
+waiter = Waiter("20261202-101500-4242", 4242, "ci-runner-7", "sim", time.time() - 30, 4)
+print("waiting", flush=True)
+while True:  # as a waiting run does: its key renewed every few seconds
+    room.wait(waiter)
+    time.sleep(0.5)
+"""
+
+
+def test_a_run_waiting_for_its_share_shows_as_the_clusters_store_says(
+    browser: Any, project: Project, serve: Callable[..., Server], cluster: Cluster
+) -> None:
+    """A run that waits on the cluster for a fair share (its key in the cluster's key-value
+    store, written by the waiting room itself) is on the page, read without joining."""
+    _on_ray(project, cluster.address)
+    waiting = subprocess.Popen(
+        [sys.executable, "-c", WAITING_RUN, cluster.address],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert waiting.stdout is not None and waiting.stdout.readline() == "waiting\n"
+        server = serve()
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        shown = page.locator('#ray .ray-waiting[data-run="20261202-101500-4242"]')
+        shown.wait_for(timeout=30000)
+        text = shown.inner_text()
+        assert "pid 4242 on ci-runner-7" in text and "its next job needs 4 sim" in text, text
+        (view,) = server.json("/api/v1/ray")["clusters"]
+        (said,) = view["waiting"]
+        assert {k: v for k, v in said.items() if k != "since"} == {
+            "session": "20261202-101500-4242",
+            "pid": 4242,
+            "host": "ci-runner-7",
+            "platform": "sim",
+            "wants": 4,
+        }
+    finally:
+        os.killpg(waiting.pid, signal.SIGKILL)
+        waiting.wait()
 
 
 def test_a_cluster_that_does_not_answer_is_one_line_and_the_page_stays(

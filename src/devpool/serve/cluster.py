@@ -15,6 +15,7 @@ failure.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -45,6 +46,7 @@ _SIZES = {"memory", "object_store_memory"}  # bytes, shown apart from device cou
 _GROUP = "_group_"  # in a placement group's own resource names (NPU_group_0_<id>)
 
 Asker = Callable[[str], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+WaitAsker = Callable[[str], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -56,12 +58,15 @@ class Answer:
     nodes: list[dict[str, Any]]
     actors: list[dict[str, Any]]
     problem: str | None = None
+    waiting: tuple[dict[str, Any], ...] = ()  # runs waiting there for a fair share
 
     def signature(self) -> tuple[Any, ...]:
-        """What a reader would see change: nodes and their states, actors and theirs."""
+        """What a reader would see change: nodes and their states, actors and theirs, the
+        runs that wait."""
         nodes = tuple((n.get("node_id"), n.get("state")) for n in self.nodes)
         actors = tuple((a.get("actor_id"), a.get("state"), a.get("node_id")) for a in self.actors)
-        return (self.problem, nodes, actors)
+        waiting = tuple((w["session"], w["wants"]) for w in self.waiting)
+        return (self.problem, nodes, actors, waiting)
 
 
 def ask_state_api(address: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -91,6 +96,16 @@ def ask_state_api(address: str) -> tuple[list[dict[str, Any]], list[dict[str, An
         raise_on_missing_output=False,
     )
     return [dataclasses.asdict(n) for n in nodes], [dataclasses.asdict(a) for a in actors]
+
+
+def ask_waiting(address: str) -> list[dict[str, Any]]:
+    """The runs waiting on a cluster for a fair share (backends/ray/waiting.py), read from
+    its key-value store through its GCS address; a dashboard URL has no such face."""
+    if address.startswith(("http://", "https://")):
+        return []
+    from devpool.backends.ray.waiting import waiting_at
+
+    return [dataclasses.asdict(waiter) for waiter in waiting_at(address, STATE_TIMEOUT)]
 
 
 def _ask_dashboard(url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -153,8 +168,9 @@ def _problem(address: str, exc: BaseException) -> str:
 class RayWatch:
     """The last answer of each cluster, asked again in the background when due."""
 
-    def __init__(self, ask: Asker = ask_state_api) -> None:
+    def __init__(self, ask: Asker = ask_state_api, waiting: WaitAsker = ask_waiting) -> None:
         self._ask = ask
+        self._waiting = waiting
         self._answers: dict[str, Answer] = {}
         self._asking: set[str] = set()
         self._lock = threading.Lock()
@@ -186,7 +202,10 @@ class RayWatch:
     def _question(self, address: str) -> None:
         try:
             nodes, actors = self._ask(address)
-            answer = Answer(time.monotonic(), time.time(), nodes, actors)
+            waiting: tuple[dict[str, Any], ...] = ()
+            with contextlib.suppress(Exception):  # a store we cannot read: no one shown waiting
+                waiting = tuple(self._waiting(address))
+            answer = Answer(time.monotonic(), time.time(), nodes, actors, None, waiting)
         except Exception as exc:  # noqa: BLE001 - any failure of Ray's client is one sentence
             answer = Answer(time.monotonic(), time.time(), [], [], _problem(address, exc))
         with self._lock:
@@ -241,6 +260,7 @@ def ray_view(
             "problem": answer.problem if answer is not None else None,
             "nodes": [],
             "pending": [],
+            "waiting": [],
         }
         if answer is not None:
             actors = [_actor(a, by_run) for a in answer.actors if _is_devpool(a)]
@@ -248,6 +268,7 @@ def ray_view(
             entry["nodes"] = [_node(n, actors) for n in _ordered(answer.nodes)]
             placed = [a for a in actors if a["state"] == "ALIVE" and a["node"] in known]
             entry["pending"] = [a for a in actors if a not in placed]
+            entry["waiting"] = [dict(w) for w in answer.waiting]
         out.append(entry)
     return {"schema": SCHEMA, "clusters": out}
 

@@ -279,6 +279,16 @@ def _ray_actor(actor: Mapping[str, Any], css: str) -> str:
     )
 
 
+def _ray_waiting(waiter: Mapping[str, Any], now: float) -> str:
+    """A run waiting on the cluster for its fair share (backends/ray/waiting.py)."""
+    return (
+        f'<div class="ray-waiting" data-run="{escape(waiter["session"])}">'
+        f"run {escape(waiter['session'])} · pid {escape(waiter['pid'])} on "
+        f"{escape(waiter['host'])} · its next job needs {escape(waiter['wants'])} "
+        f"{escape(waiter['platform'])} · waiting for {_ago(waiter['since'], now)}</div>"
+    )
+
+
 def ray_section(view: Mapping[str, Any], now: float) -> str:
     """Each Ray cluster devpool runs on: its nodes, their devices, devpool's actors."""
     if not view["clusters"]:
@@ -319,6 +329,9 @@ def ray_section(view: Mapping[str, Any], now: float) -> str:
         if found["pending"]:
             parts.append("<h4>Waiting for a placement</h4>")
             parts.extend(_ray_actor(a, "ray-pending") for a in found["pending"])
+        if found["waiting"]:
+            parts.append("<h4>Runs waiting for a fair share</h4>")
+            parts.extend(_ray_waiting(w, now) for w in found["waiting"])
         parts.append("</div>")
     parts.append("</section>")
     return "".join(parts)

@@ -74,9 +74,7 @@ class ClusterWaitingRoom:
             if name == PREFIX + self.session:
                 continue
             try:
-                fields = json.loads(kv._internal_kv_get(name, namespace=NAMESPACE))  # noqa: SLF001
-                seen = float(fields.pop("seen"))
-                waiter = Waiter(**fields)
+                waiter, seen = _parse(kv._internal_kv_get(name, namespace=NAMESPACE))  # noqa: SLF001
             except Exception:  # noqa: BLE001 - gone meanwhile, or not ours
                 continue
             if now - seen > STALE:
@@ -85,3 +83,30 @@ class ClusterWaitingRoom:
                 continue
             found.append(waiter)
         return found
+
+
+def _parse(value: bytes | str) -> tuple[Waiter, float]:
+    """A waiting key's value: the waiter, and the time.time() it last said so."""
+    fields = json.loads(value)
+    seen = float(fields.pop("seen"))
+    return Waiter(**fields), seen
+
+
+def waiting_at(gcs_address: str, timeout: float = 5.0) -> list[Waiter]:
+    """The runs waiting on a cluster, read without joining it as a driver (for the host
+    page, which only asks): through Ray's own GCS client. Keys past STALE are left to the
+    runs to remove."""
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # what Ray reads it with
+
+    client = GcsClient(address=gcs_address)
+    namespace = NAMESPACE.encode()
+    found = []
+    now = time.time()
+    for key in client.internal_kv_keys(PREFIX.encode(), namespace, timeout=timeout):
+        try:
+            waiter, seen = _parse(client.internal_kv_get(key, namespace, timeout=timeout))
+        except Exception:  # noqa: BLE001 - gone meanwhile, or not ours
+            continue
+        if now - seen <= STALE:
+            found.append(waiter)
+    return sorted(found, key=lambda waiter: waiter.since)
