@@ -13,14 +13,12 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,25 +160,8 @@ class RankProcess:
             if why:
                 with open(self.log, "a", encoding="utf-8") as out:
                     out.write(f"devpool: not forked from this node's template: {why}\n")
-            argv = [
-                sys.executable,
-                "-m",
-                "pytest",
-                *spec.args,
-                "--devpool-worker",
-                f"{cmd_read},{ev_write},{os.getpid()}",
-            ]
-            with open(self.log, "ab") as out:
-                self.process = subprocess.Popen(
-                    argv,
-                    cwd=cwd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(cmd_read, ev_write),
-                    start_new_session=True,
-                )
+            worker = f"{cmd_read},{ev_write},{os.getpid()}"
+            self.process = pytest_process(spec, worker, cwd, env, self.log, (cmd_read, ev_write))
         os.close(cmd_read)
         os.close(ev_write)
         self.fd_in = cmd_write
@@ -289,6 +270,25 @@ class RankProcess:
         self.written = []
 
 
+def pytest_process(
+    spec: RankSpec, worker: str, cwd: str, env: dict[str, str], log: str, fds: tuple[int, ...]
+) -> subprocess.Popen[bytes]:
+    """A fresh `python -m pytest ... --devpool-worker WORKER` of its own session, its output
+    appended to log, inheriting fds (a worker's pipes, a template's socket)."""
+    argv = [sys.executable, "-m", "pytest", *spec.args, "--devpool-worker", worker]
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            pass_fds=fds,
+            start_new_session=True,
+        )
+
+
 def node_env(spec: RankSpec, devices: list[int], node_id: str) -> dict[str, str]:
     """A worker's (or template's) environment on this node: its devices' ids bound."""
     env = dict(spec.env)
@@ -373,134 +373,3 @@ def fork_from(
         return None, str(reply.get("why", reply))
     conn.settimeout(None)
     return ForkedRank(conn, int(reply["pid"])), ""
-
-
-@dataclass
-class NodeTemplate:
-    """One kind's template on this node: its process, and what it said."""
-
-    process: subprocess.Popen[bytes]
-    sock: socket.socket
-    path: str
-    log: str
-    state: str = "starting"  # → ready, or off
-    why: str = ""
-
-
-class NodeTemplates:
-    """The actor body, one per run and node: a template per kind of worker, which the node's
-    rank actors fork their workers from (worker/template.py)."""
-
-    def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="devpool-templates-")
-        self.templates: dict[str, NodeTemplate] = {}
-        self.cond = threading.Condition()
-        self.written: list[str] = []
-
-    def prepare(self, kind: str, spec: RankSpec, limit: float) -> None:
-        """Start the template of a kind (once): it collects in the background."""
-        ray = import_ray()
-
-        with self.cond:
-            if kind in self.templates:
-                return
-            index = len(self.templates) + 1
-            path = os.path.join(self.folder, f"{index}.sock")
-            log = os.path.join(self.folder, f"template-{index}.log")
-            cwd = os.getcwd() if spec.ship_code else spec.cwd
-            node_id = ray.get_runtime_context().get_node_id()
-            env = node_env(spec, list(range(spec.count)), node_id)
-            env["DEVPOOL_STACKS_FILE"] = str(stacks_file(Path(log)))
-            self.written += write_lists(spec, cwd, env)
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            argv = [
-                sys.executable,
-                "-m",
-                "pytest",
-                *spec.args,
-                "--devpool-worker",
-                f"template,{theirs.fileno()},{os.getpid()},{path}",
-            ]
-            with open(log, "wb") as out:
-                process = subprocess.Popen(
-                    argv,
-                    cwd=cwd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(theirs.fileno(),),
-                    start_new_session=True,
-                )
-            theirs.close()
-            template = NodeTemplate(process, ours, path, log)
-            self.templates[kind] = template
-            self.cond.notify_all()
-        threading.Thread(target=self._listen, args=(template, limit), daemon=True).start()
-
-    def _listen(self, template: NodeTemplate, limit: float) -> None:
-        """What the template says: ready, or why it cannot fork (then it ends)."""
-        template.sock.settimeout(limit)
-        try:
-            data = template.sock.recv(1 << 16)
-        except OSError:  # it did not collect in time
-            data = b""
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(template.process.pid, signal.SIGKILL)
-        message = json.loads(data) if data else {}
-        with self.cond:
-            if message.get("ev") == "ready":
-                template.state = "ready"
-            else:
-                template.state = "off"
-                template.why = str(message.get("why") or self._ended(template))
-            self.cond.notify_all()
-
-    def _ended(self, template: NodeTemplate) -> str:
-        try:
-            code = template.process.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            return f"did not finish collecting in time; see {template.log}"
-        return f"the template ended with {code} before it was ready; see {template.log}"
-
-    def wait(self, kind: str, timeout: float) -> tuple[str, str]:
-        """("ready", socket path) or ("off", why) once the template of a kind has said, or
-        ("starting", "") after timeout seconds."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                template = self.templates.get(kind)  # None: prepare() has not run yet
-                if template is not None and template.state == "ready":
-                    return "ready", template.path
-                if template is not None and template.state == "off":
-                    return "off", template.why
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return ("starting", "") if template else ("off", "no template was started")
-                self.cond.wait(left)
-
-    def discard(self, kind: str) -> None:
-        """End the template of a kind (its forked workers end with it)."""
-        with self.cond:
-            template = self.templates.pop(kind, None)
-        if template is not None:
-            self._end(template)
-
-    def _end(self, template: NodeTemplate) -> None:
-        with contextlib.suppress(OSError):
-            template.sock.close()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(template.process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            template.process.wait(timeout=STOP_WAIT)
-
-    def stop(self) -> None:
-        """End every template of this node, and remove what this actor wrote."""
-        with self.cond:
-            templates, self.templates = list(self.templates.values()), {}
-        for template in templates:
-            self._end(template)
-        for path in self.written:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        shutil.rmtree(self.folder, ignore_errors=True)
