@@ -131,3 +131,18 @@ def test_no_module_is_over_the_line_limit() -> None:
         if lines > OVER_FOR_NOW.get(rel, MAX_LINES):
             over[rel] = lines
     assert over == {}, f"over {MAX_LINES} lines (or over their ceiling in OVER_FOR_NOW): {over}"
+
+
+def test_a_ray_node_actor_imports_no_pytest() -> None:
+    """Every job on Ray starts a rank actor, a Ray worker process that imports its class's
+    module: pytest (and devpool's controller) stay out of it, as they cost every rank."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import devpool.backends.ray.actor, devpool.backends.ray.node_templates\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pytest', '_pytest')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from devpool.devices.leases import Lease
-from devpool.plan.markers import Request
-from devpool.worker.protocol import Message
+if TYPE_CHECKING:  # a Ray rank actor imports this package: pytest stays out of it
+    from devpool.devices.leases import Lease
+    from devpool.plan.markers import Request
+    from devpool.worker.protocol import Message
 
 
 class WorkerHandle(Protocol):

@@ -26,7 +26,7 @@ from devpool.backends.zygote import Unset, Zygote, ZygoteChild, ZygoteGone
 from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
 from devpool.worker import protocol
-from devpool.worker.session import stacks_file
+from devpool.worker.stacks import stacks_file
 
 TEMPLATE_SHARE = 0.9  # of the worker start timeout, for a template to collect
 

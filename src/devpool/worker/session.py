@@ -390,8 +390,3 @@ def _selection() -> worklist.Selection | None:
     except OSError as exc:  # e.g. a Ray node with shipped code cannot see the controller's file
         print(f"devpool worker: runs without the controller's selection: {exc}", file=sys.stderr)
         return None
-
-
-def stacks_file(log: Path) -> Path:
-    """Where a worker's faulthandler writes its stacks when the controller asks (SIGUSR1)."""
-    return log.with_suffix(".stacks")

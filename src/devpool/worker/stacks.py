@@ -89,3 +89,8 @@ def _machinery(path: str) -> bool:
     if pure.parent.name == "pytest" and pure.name == "__main__.py":
         return True
     return path.startswith(_OWN)
+
+
+def stacks_file(log: Path) -> Path:
+    """Where a worker's faulthandler writes its stacks when the controller asks (SIGUSR1)."""
+    return log.with_suffix(".stacks")

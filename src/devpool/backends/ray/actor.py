@@ -28,8 +28,7 @@ from devpool.backends.ray import ports as ray_ports
 from devpool.backends.ray.cluster import import_ray
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import LockDir
-from devpool.worker import worklist
-from devpool.worker.session import stacks_file
+from devpool.worker.stacks import stacks_file
 
 STOP_WAIT = 5.0  # seconds a peer service gets between SIGTERM and SIGKILL
 FORK_WAIT = 30.0  # seconds a rank waits for its template's fork before starting fresh
@@ -56,16 +55,17 @@ class RankSpec:
     template: str = ""  # the node template's socket path to fork from ("": start fresh)
 
 
-# Files the controller names in a worker's environment and the worker reads at its start:
-# the selected node ids (rootdir-relative) and the modules to collect (paths).
-SELECTION_ENV, MODULES_ENV = worklist.NODEIDS_ENV, "DEVPOOL_COLLECT_ONLY"
+# The file of modules to collect (paths) the controller names in a worker's environment.
+MODULES_ENV = "DEVPOOL_COLLECT_ONLY"
 
 
 def shipped_lists(env: Mapping[str, str], cwd: Path) -> dict[str, list[str]]:
     """The selection and module lists a worker reads, for a node that cannot see the
     controller's files: modules relative to cwd (the folder shipped as working_dir)."""
+    from devpool.worker.worklist import NODEIDS_ENV  # the controller's side: pytest is here
+
     lists: dict[str, list[str]] = {}
-    for name in (SELECTION_ENV, MODULES_ENV):
+    for name in (NODEIDS_ENV, MODULES_ENV):
         path = env.get(name)
         if not path:
             continue

@@ -40,7 +40,7 @@ from devpool.plan.markers import Request
 from devpool.report.record import host_name
 from devpool.report.terminal import read_log
 from devpool.worker import protocol
-from devpool.worker.session import stacks_file
+from devpool.worker.stacks import stacks_file
 
 EVENTS_WAIT = 0.5  # seconds an actor holds an events() call open waiting for output
 LOST_EXIT = -int(signal.SIGKILL)  # the exit status reported for a worker whose node went away

@@ -13,7 +13,7 @@ from typing import Any
 
 from devpool.devices.leases import Lease
 from devpool.worker import protocol
-from devpool.worker.session import stacks_file
+from devpool.worker.stacks import stacks_file
 
 
 @dataclass

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from devpool.backends.ray.actor import STOP_WAIT, RankSpec, node_env, pytest_process, write_lists
 from devpool.backends.ray.cluster import import_ray
-from devpool.worker.session import stacks_file
+from devpool.worker.stacks import stacks_file
 
 
 @dataclass

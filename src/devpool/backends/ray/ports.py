@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from devpool.config import Settings
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.ports import ports_env
 from devpool.devices.resources import HostLease, take_host_lease
-from devpool.plan.markers import Request
+
+if TYPE_CHECKING:  # the rank actor imports this module: pytest stays out of it
+    from devpool.config import Settings
+    from devpool.plan.markers import Request
 
 
 def lease_on_node(lock_dir: str, count: int, ports: tuple[int, int]) -> tuple[Lease, list[int]]:
