@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from devpool.backends.ray.actor import MODULES_ENV, SELECTION_ENV, shipped_lists
+from devpool.backends.ray.actor import MODULES_ENV, shipped_lists
 from devpool.backends.ray.cluster import NodeShape, describe_cluster
 from devpool.backends.ray.merge import Merge, merge_phase
+from devpool.worker.worklist import NODEIDS_ENV as SELECTION_ENV
 
 
 def _report(outcome: str, when: str = "call", longrepr: str | None = None, **extra: Any) -> dict:
