@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any
 
 from devpool.backends import WorkerHandle
 from devpool.backends.pipes import EventPipes
+from devpool.backends.spawn import pytest_process
 from devpool.backends.templates import ForkedProcess, ForkRequest, Template
 from devpool.backends.zygote import Unset, Zygote, ZygoteChild, ZygoteGone
 from devpool.devices.leases import Lease
@@ -255,20 +255,7 @@ class LocalBackend:
     def _spawn(
         self, spec: str, env: Mapping[str, str], log: Path, fds: tuple[int, ...]
     ) -> subprocess.Popen[bytes]:
-        """A `python -m pytest ... --devpool-worker SPEC` process of its own session, its
-        output in log, inheriting fds (a worker's pipes and leases, a template's socket)."""
-        argv = [sys.executable, "-m", "pytest", *self.args, "--devpool-worker", spec]
-        with open(log, "wb") as out:
-            return subprocess.Popen(
-                argv,
-                cwd=self.cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                pass_fds=fds,
-                start_new_session=True,
-            )
+        return pytest_process(self.args, spec, self.cwd, env, log, fds)
 
     def _start_template(self, kind: str, env: Mapping[str, str]) -> Template:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

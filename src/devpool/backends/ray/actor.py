@@ -16,7 +16,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ from typing import Any
 
 from devpool.backends.ray import ports as ray_ports
 from devpool.backends.ray.cluster import import_ray
+from devpool.backends.spawn import pytest_process
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import LockDir
 from devpool.worker.stacks import stacks_file
@@ -161,7 +161,8 @@ class RankProcess:
                 with open(self.log, "a", encoding="utf-8") as out:
                     out.write(f"devpool: not forked from this node's template: {why}\n")
             worker = f"{cmd_read},{ev_write},{os.getpid()}"
-            self.process = pytest_process(spec, worker, cwd, env, self.log, (cmd_read, ev_write))
+            pipes = (cmd_read, ev_write)
+            self.process = pytest_process(spec.args, worker, cwd, env, self.log, pipes, append=True)
         os.close(cmd_read)
         os.close(ev_write)
         self.fd_in = cmd_write
@@ -268,25 +269,6 @@ class RankProcess:
             with contextlib.suppress(OSError):
                 os.unlink(path)
         self.written = []
-
-
-def pytest_process(
-    spec: RankSpec, worker: str, cwd: str, env: dict[str, str], log: str, fds: tuple[int, ...]
-) -> subprocess.Popen[bytes]:
-    """A fresh `python -m pytest ... --devpool-worker WORKER` of its own session, its output
-    appended to log, inheriting fds (a worker's pipes, a template's socket)."""
-    argv = [sys.executable, "-m", "pytest", *spec.args, "--devpool-worker", worker]
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            pass_fds=fds,
-            start_new_session=True,
-        )
 
 
 def node_env(spec: RankSpec, devices: list[int], node_id: str) -> dict[str, str]:

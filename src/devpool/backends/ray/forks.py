@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,10 @@ class NodeForks:
 
     settings: Settings
     nodes: list[NodeShape]
+    # What RayBackend gives: a worker's start, a node actor's spec, a line in a worker's log.
+    start: Callable[..., RayWorker]
+    _spec: Callable[[Mapping[str, str], int, int], RankSpec]
+    _note: Callable[[RayWorker, str], None]
 
     def __init__(self) -> None:
         self.kinds: dict[str, RayKind] = {}  # the fork server's templates, by kind
@@ -52,23 +56,6 @@ class NodeForks:
         self.templates_lock = threading.Lock()
         self._notes: list[str] = []
         self._noted: set[tuple[str, str]] = set()  # (kind, node id) said off
-
-    # What RayBackend gives: a worker's start, a node actor's spec, a line in a worker's log.
-    def start(
-        self,
-        devices: tuple[int, ...],
-        lease: Lease | None,
-        env: Mapping[str, str],
-        request: Request | None = None,
-        kind: str = "",
-    ) -> RayWorker:
-        raise NotImplementedError
-
-    def _spec(self, env: Mapping[str, str], count: int, node_total: int) -> RankSpec:
-        raise NotImplementedError
-
-    def _note(self, worker: RayWorker, line: str) -> None:
-        raise NotImplementedError
 
     def fork(
         self,

@@ -22,8 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from devpool.backends.ray.actor import STOP_WAIT, RankSpec, node_env, pytest_process, write_lists
+from devpool.backends.ray.actor import STOP_WAIT, RankSpec, node_env, write_lists
 from devpool.backends.ray.cluster import import_ray
+from devpool.backends.spawn import pytest_process
 from devpool.worker.stacks import stacks_file
 
 
@@ -66,7 +67,7 @@ class NodeTemplates:
             self.written += write_lists(spec, cwd, env)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             worker = f"template,{theirs.fileno()},{os.getpid()},{path}"
-            process = pytest_process(spec, worker, cwd, env, log, (theirs.fileno(),))
+            process = pytest_process(spec.args, worker, cwd, env, log, (theirs.fileno(),))
             theirs.close()
             template = NodeTemplate(process, ours, path, log)
             self.templates[kind] = template
