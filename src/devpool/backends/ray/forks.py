@@ -196,7 +196,10 @@ class NodeForks:
             state, said = "off", f"{type(exc).__name__}: {exc}"
         if state == "ready":
             return str(said)
-        self._off(worker.kind, node_id, said)
+        if state == "starting":  # still collecting: this rank does not wait for it longer
+            said = f"it has not finished collecting within {FORK_WAIT:g} s"
+        else:
+            self._off(worker.kind, node_id, said)
         self._note(worker, f"devpool: this node's {worker.kind} template cannot fork: {said}")
         return ""
 
