@@ -167,8 +167,7 @@ class RankProcess:
         os.close(ev_write)
         self.fd_in = cmd_write
         threading.Thread(target=self._read, args=(ev_read,), daemon=True).start()
-        forked = isinstance(self.process, ForkedRank)
-        return {"pid": self.process.pid, "devices": devices, "log": self.log, "forked": forked}
+        return {"pid": self.process.pid, "devices": devices, "log": self.log}
 
     def _start_service(self, command: str, cwd: str, env: Mapping[str, str]) -> None:
         with open(self.log, "ab") as out:

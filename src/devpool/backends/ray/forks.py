@@ -32,8 +32,6 @@ from devpool.report.record import host_name
 class RayKind:
     """The templates of one kind of worker, one on each node that can run it."""
 
-    size: int  # devices its jobs hold in all (each rank of a nodes(n) job a share)
-    env: dict[str, str]  # the template's environment (its node binds the device ids)
     started: float  # time.monotonic() they were asked for
     modules: frozenset[str] | None  # the only test modules they import (None: all)
     waits: dict[str, Any] = field(default_factory=dict)  # node id → its wait() call
@@ -84,17 +82,17 @@ class NodeForks:
         size = len(_ids(template_env))
         only = template_env.get("DEVPOOL_COLLECT_ONLY")
         modules = frozenset(Path(only).read_text(encoding="utf-8").split()) if only else None
-        entry = RayKind(size, dict(template_env), time.monotonic(), modules)
+        entry = RayKind(time.monotonic(), modules)
         self.kinds[kind] = entry
         limit = self.settings.worker_start_timeout
         for node in self.nodes:
             if size and not node.count:
                 continue
-            # A kind is the devices a job holds in all: a nodes(n) job's ranks hold a share
-            # each, so a node's template sees at most the node's devices.
+            # A kind is the devices a job holds in all (size): a nodes(n) job's ranks hold a
+            # share each, so a node's template sees at most the node's devices.
             count = min(size, node.count)
             actor = self._templates_on(node.node_id, template_env.get("DEVPOOL_RUN_ID", ""))
-            actor.prepare.remote(kind, self._spec(entry.env, count, node.count), limit)
+            actor.prepare.remote(kind, self._spec(template_env, count, node.count), limit)
             entry.waits[node.node_id] = actor.wait.remote(kind, limit + STOP_WAIT)
 
     def _templates_on(self, node_id: str, run_id: str) -> Any:
