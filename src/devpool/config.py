@@ -143,7 +143,12 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("profile", _text, "a [tool.devpool.profiles.NAME] table to apply (CI=true: 'ci')"),
     Option("max-parallel", _positive_int, "most jobs running at once (default: devices or cores)"),
-    Option("cpu-slots", _positive_int, "most CPU-only tests running at once (default: cores)"),
+    Option(
+        "cpu-slots",
+        _positive_int,
+        "cores the tests may keep busy: a CPU-only test takes one, a CPU-bound device test "
+        "its load (default: cores)",
+    ),
     Option(
         "lock-dir", _text, "folder of per-device lock files shared by runs on this host", path="DIR"
     ),

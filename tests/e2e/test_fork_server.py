@@ -323,12 +323,14 @@ def test_a_timeout_in_a_forked_worker_dumps_its_stacks_and_ends_that_test(
 
 
 @pytest.mark.timeout(180)
-def test_an_openmp_pool_started_at_import_means_fresh_interpreters_naming_libgomp(
+def test_an_openmp_pool_started_at_import_leaves_its_module_out_of_the_template(
     pytester: pytest.Pytester, out: Path, lock: Path, tmp_path: Path
 ) -> None:
     """A module that runs a parallel op at import starts libgomp's threads in the template;
     `threading` cannot see them, and every child forked from it would hang on its first
-    parallel op. The template says so and its workers start fresh: the tests pass."""
+    parallel op. The template says so, naming the module and libgomp: the module's tests
+    start in processes of their own, and a new template without it forks the kind's other
+    tests. Every test passes."""
     library = build_openmp_library(tmp_path)
     module(
         pytester,
@@ -349,9 +351,25 @@ def test_an_openmp_pool_started_at_import_means_fresh_interpreters_naming_libgom
             seen(f"t{{i}}")
         """,
     )
-    result = run(pytester, lock, "--devices", "sim:0-1", timeout=120)
+    module(
+        pytester,
+        out,
+        "test_plain.py",
+        """
+        @pytest.mark.device_count(1)
+        @pytest.mark.parametrize("i", range(3))
+        def test_quiet(i):
+            seen(f"q{i}")
+        """,
+    )
+    # A process per module: in worker isolation a worker that collected both may run both.
+    isolation = "--devpool-isolation=module"
+    result = run(pytester, lock, "--devices", "sim:0-1", isolation, timeout=120)
     output = text(result)
-    assert "2 passed" in closing_line(result), output
-    assert "fork server for 1-device workers off: not safe to fork" in output, output
+    assert "5 passed" in closing_line(result), output
+    said = "fork server for 1-device workers: importing test_golden.py made their template"
+    assert said in output and "not safe to fork" in output, output
     assert "libgomp" in output and "native thread" in output, output
-    assert not any(r["parent"] == "devpool-tmpl" for r in records(out).values())
+    seen_by = records(out)
+    assert not any(seen_by[f"t{i}"]["parent"] == "devpool-tmpl" for i in range(2)), seen_by
+    assert all(seen_by[f"q{i}"]["parent"] == "devpool-tmpl" for i in range(3)), seen_by

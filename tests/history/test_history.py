@@ -184,7 +184,9 @@ def test_newer_export_is_refused(tmp_path: Path, history: History) -> None:
     export = tmp_path / "new.jsonl"
     newer = {"format": "devpool-history", "schema": HISTORY_SCHEMA + 1, "rows": 0}
     export.write_text(json.dumps(newer) + "\n")
-    with pytest.raises(DevpoolError, match=rf"schema {HISTORY_SCHEMA + 1}\); this one reads 2"):
+    with pytest.raises(
+        DevpoolError, match=rf"schema {HISTORY_SCHEMA + 1}\); this one reads {HISTORY_SCHEMA}"
+    ):
         history.merge(export)
 
 

@@ -233,6 +233,82 @@ def test_scheduler_respects_cpu_slots_alongside_device_jobs() -> None:
     assert sum(1 for run in scheduler.running.values() if not run.devices) == 2
 
 
+def cpu_bound(id: int, devices: int, cores: int, estimate: float = 1.0) -> Job:
+    made = job(id, devices, estimate)
+    made.cpu_cores = cores
+    return made
+
+
+def test_cpu_bound_device_jobs_share_the_cores_while_waiting_ones_use_every_device() -> None:
+    scheduler = Scheduler(EIGHT, Backfill(), max_parallel=8, cpu_slots=2)
+    for i in range(4):
+        scheduler.add(cpu_bound(i, 1, cores=1))
+    for i in range(10, 14):
+        scheduler.add(job(i, 1))
+
+    placed = scheduler.schedule(0.0)
+
+    busy = [p for p in placed if p.job.cpu_needed]
+    assert len(busy) == 2  # two cores: two CPU-bound tests, though six devices are free
+    assert sorted(ids(p for p in placed if not p.job.cpu_needed)) == [10, 11, 12, 13]
+
+
+def test_a_cpu_bound_job_waiting_for_cores_is_not_passed_by_cpu_tests_behind_it() -> None:
+    scheduler = Scheduler(EIGHT, Backfill(), max_parallel=8, cpu_slots=2)
+    scheduler.add(job(0, 0, estimate=5.0))  # holds one core
+    assert ids(scheduler.schedule(0.0)) == [0]
+    scheduler.add(cpu_bound(1, 1, cores=2, estimate=10.0))  # wants both cores
+    for i in range(2, 6):
+        scheduler.add(job(i, 0, estimate=0.1))
+
+    assert scheduler.schedule(1.0) == []  # the free core is kept for it
+    scheduler.finish(scheduler.running[0].job)
+    assert ids(scheduler.schedule(5.0)) == [1]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 1, 2, 4]), st.integers(0, 3), st.floats(0.1, 5.0)),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 4),
+)
+@hypothesis_settings(max_examples=60, deadline=None)
+def test_running_jobs_never_take_more_cores_than_there_are(
+    specs: list[tuple[int, int, float]], cores: int
+) -> None:
+    scheduler = Scheduler(EIGHT, Backfill(), max_parallel=8, cpu_slots=cores)
+    jobs = [
+        cpu_bound(i, k, plan.cpu_slots_of(load, cores) if k else 0, estimate=seconds)
+        for i, (k, load, seconds) in enumerate(specs)
+    ]
+    started: set[int] = set()
+    ends: list[tuple[float, int, Job]] = []
+    for item in jobs:
+        scheduler.add(item)
+    now = 0.0
+    while True:
+        for placement in scheduler.schedule(now):
+            started.add(placement.job.id)
+            heapq.heappush(ends, (now + placement.job.estimate, placement.job.id, placement.job))
+        held = sum(run.job.cpu_needed for run in scheduler.running.values())
+        assert held <= cores
+        if not ends:
+            break
+        now = ends[0][0]
+        while ends and ends[0][0] <= now:
+            scheduler.finish(heapq.heappop(ends)[2])
+    assert started == {j.id for j in jobs}  # every job ran: no core request starves
+
+
+def test_cpu_slots_of_a_load() -> None:
+    assert plan.cpu_slots_of(0.02, 8) == 0  # waits on its device
+    assert plan.cpu_slots_of(0.7, 8) == 1
+    assert plan.cpu_slots_of(1.6, 8) == 2
+    assert plan.cpu_slots_of(12.0, 4) == 4  # never more than there are: it still runs
+
+
 def test_simulation_never_exceeds_max_parallel_or_reuses_devices() -> None:
     scheduler = Scheduler(EIGHT, Backfill(), max_parallel=3, cpu_slots=1)
     jobs = [job(i, [0, 1, 2, 4, 8][i % 5], estimate=1.0 + i % 3) for i in range(25)]

@@ -48,5 +48,5 @@ def test_old_run_folders_are_pruned_and_others_left_alone(tmp_path: Path) -> Non
 
 def test_no_history_means_no_estimates(tmp_path: Path) -> None:
     notes: list[str] = []
-    assert read_estimates(tmp_path / "history.sqlite", None, notes) == {}
+    assert read_estimates(tmp_path / "history.sqlite", None, notes) == ({}, {})
     assert notes == []

@@ -105,6 +105,7 @@ class LocalBackend:
         self.pipes = EventPipes()
         self._next_key = 0
         self.templates: dict[str, Template] = {}  # kind → its template
+        self._templates_started = 0
         self.zygote: Zygote | None = None  # forks templates; None: they start afresh
         self.start_timeout = start_timeout  # seconds a worker may take to start (and collect)
         self.closed = False
@@ -181,8 +182,9 @@ class LocalBackend:
         template = self.templates.pop(kind, None)
         if template is None:
             return
-        if not template.ended:
-            self.pipes.uncall(template.sock.fileno())
+        # Its socket may still be watched though it ended (heard of through template_state,
+        # not the callback): its fd number is free for the next socket once closed.
+        self.pipes.uncall(template.sock.fileno())
         template.close(grace=0.5)
 
     def template_started(self, kind: str) -> float | None:
@@ -205,6 +207,13 @@ class LocalBackend:
             taken += [f"fork server for {kind} workers off: {note}" for note in template.notes]
             template.notes.clear()
         return taken
+
+    def culprit(self, kind: str) -> tuple[str, str] | None:
+        """(test module, why) when one module's import made the kind's template unsafe."""
+        template = self.templates.get(kind)
+        if template is None or template.state != "off" or template.culprit is None:
+            return None
+        return template.culprit, template.why
 
     def _prepare(
         self, devices: tuple[int, ...], lease: Lease | None, env: Mapping[str, str]
@@ -259,7 +268,8 @@ class LocalBackend:
 
     def _start_template(self, kind: str, env: Mapping[str, str]) -> Template:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        log = self.log_dir / f"template-{len(self.templates) + 1}.log"
+        self._templates_started += 1  # a kind's template started again gets a log of its own
+        log = self.log_dir / f"template-{self._templates_started}.log"
         child_env = {**env, **self.worker_env, "DEVPOOL_STACKS_FILE": str(stacks_file(log))}
         spec = f"template,{theirs.fileno()},{os.getpid()}"
         process = self._start(spec, child_env, log, (theirs.fileno(),))

@@ -102,6 +102,7 @@ class Template:
     ended: bool = False  # its socket reached end of file
     started: float = field(default_factory=time.monotonic)
     modules: frozenset[str] | None = None  # the only test modules it imports (None: all)
+    culprit: str | None = None  # the test module whose import made it unsafe, if one did
 
     def fork(self, request: ForkRequest) -> ForkedProcess:
         process = ForkedProcess(self, request)
@@ -165,7 +166,10 @@ class Template:
             for request in queued:
                 self._send(request)
         elif event in ("unsafe", "failed"):  # before any fork, or at one
-            self.off(f"not safe to fork: {message.get('why')}")
+            module = message.get("module")
+            self.culprit = module if isinstance(module, str) else None
+            # One module to blame: the run may leave it out of a new template and say so.
+            self.off(f"not safe to fork: {message.get('why')}", note=self.culprit is None)
         elif event == "forked":
             self._forked(int(message["key"]), int(message["pid"]))
         elif event == "exit":
@@ -201,11 +205,13 @@ class Template:
         if self.state in ("starting", "ready"):
             self.off(f"the template (pid {self.process.pid}) ended with {code}; see {self.log}")
 
-    def off(self, why: str) -> None:
-        """No more forks from this template: what waits for one starts fresh instead."""
+    def off(self, why: str, note: bool = True) -> None:
+        """No more forks from this template: what waits for one starts fresh instead.
+        note: say why at the end of the run (else the caller says it)."""
         if self.state != "off":
             self.state, self.why = "off", why
-            self.notes.append(why)
+            if note:
+                self.notes.append(why)
         waiting = [*self.queued, *self.sent.values()]
         self.queued, self.sent = [], {}
         for request in waiting:

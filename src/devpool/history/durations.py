@@ -7,9 +7,13 @@ nothing about how long the test takes. `export` writes a plain JSON-lines file a
 without a server. The file carries its schema version; a newer one is refused.
 
 Schema 2 adds each result's peak device memory (bytes, the most on any one device, NULL
-when the test's memory was not watched). A schema 1 history is migrated in place when it
-is opened for writing (one ALTER TABLE that adds the column, every row kept, NULL peaks);
-a schema 1 history or export read as a merge source gives results with no peak.
+when the test's memory was not watched). Schema 3 adds each device test's CPU load: the
+cores its process and children kept busy or waiting to run, on average over the test
+(NULL for CPU-only tests and where unmeasured); the scheduler gives a device test that
+keeps cores busy CPU slots as well as devices (`cpu_slots_of`). An older history is
+migrated in place when it is opened for writing (one ALTER TABLE per schema, every row
+kept, NULL for what it did not record); an older history or export read as a merge source
+gives results without them.
 
 Pending results: a shard run must not change the history the other shards of its CI run
 split from, so it writes its results to a per-run file, `<history stem>.d/<run id>.jsonl`
@@ -35,7 +39,7 @@ from typing import Any
 
 from devpool.errors import DevpoolError
 
-HISTORY_SCHEMA = 2
+HISTORY_SCHEMA = 3
 EXPORT_FORMAT = "devpool-history"
 COUNTED_OUTCOMES = ("passed", "failed", "flaky")
 # PRAGMA application_id: tells a devpool history from any other SQLite file ("dpol").
@@ -53,17 +57,25 @@ CREATE TABLE IF NOT EXISTS results (
     time REAL NOT NULL,
     run_id TEXT NOT NULL DEFAULT '',
     memory_peak INTEGER,
+    cpu_load REAL,
     UNIQUE (nodeid, run_id, time)
 );
 CREATE INDEX IF NOT EXISTS results_by_test ON results (nodeid, time);
 """
 _COLUMNS = (
-    "nodeid, outcome, duration, platform, device_count, runner_class, time, run_id, memory_peak"
+    "nodeid, outcome, duration, platform, device_count, runner_class, time, run_id, "
+    "memory_peak, cpu_load"
 )
-# A schema 1 file (read-only merge source) has no memory_peak column: its peaks are unknown.
-_COLUMNS_V1 = _COLUMNS.replace("memory_peak", "NULL")
-_INSERT = f"INSERT OR IGNORE INTO results ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_MIGRATIONS = {1: "ALTER TABLE results ADD COLUMN memory_peak INTEGER"}  # from version → next
+# An older file (a read-only merge source) lacks the later columns: unknown, as NULL.
+_COLUMNS_OF = {
+    1: _COLUMNS.replace("memory_peak", "NULL").replace("cpu_load", "NULL"),
+    2: _COLUMNS.replace("cpu_load", "NULL"),
+}
+_INSERT = f"INSERT OR IGNORE INTO results ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_MIGRATIONS = {  # from version → next
+    1: "ALTER TABLE results ADD COLUMN memory_peak INTEGER",
+    2: "ALTER TABLE results ADD COLUMN cpu_load REAL",
+}
 _COUNTED = ", ".join(f"'{name}'" for name in COUNTED_OUTCOMES)
 
 # Each test's counted rows, newest first, numbered per test.
@@ -158,6 +170,7 @@ class TestResult:
     time: float  # Unix seconds
     run_id: str = ""
     memory_peak: int | None = None  # bytes, the most on any one device; None: not watched
+    cpu_load: float | None = None  # cores kept busy or waiting, on average; None: unmeasured
 
     def row(self) -> tuple[Any, ...]:
         return (
@@ -170,6 +183,7 @@ class TestResult:
             float(self.time),
             self.run_id,
             None if self.memory_peak is None else int(self.memory_peak),
+            None if self.cpu_load is None else float(self.cpu_load),
         )
 
 
@@ -257,9 +271,9 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
 
 
 def _columns_of(conn: sqlite3.Connection) -> str:
-    """The SELECT list for this file's schema (a schema 1 source has no peaks)."""
+    """The SELECT list for this file's schema (an older source lacks later columns)."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
-    return _COLUMNS if version >= 2 else _COLUMNS_V1
+    return _COLUMNS_OF.get(version, _COLUMNS)
 
 
 class History:
@@ -335,7 +349,7 @@ class History:
     def peaks(self, window: int = 20) -> dict[str, tuple[int, int]]:
         """(results with a peak, highest peak in bytes) of each test's last `window` watched
         results, any outcome: an overrun's peak is what the test really needs."""
-        if self._select != _COLUMNS:
+        if "memory_peak" not in self._select.split(", "):
             return {}  # a read-only schema 1 copy has no peaks
         sql = """
         SELECT nodeid, count(*), max(memory_peak) FROM (
@@ -349,6 +363,26 @@ class History:
         except sqlite3.Error as exc:
             raise DevpoolError(f"{self.path} is not a devpool history ({exc})") from None
         return {str(n): (int(c), int(p)) for n, c, p in rows}
+
+    def cpu_loads(self, window: int = 20) -> dict[str, float]:
+        """The median CPU load (cores) of each device test's last `window` measured results
+        that ran to their end; tests never measured are absent."""
+        if "cpu_load" not in self._select.split(", "):
+            return {}  # a read-only copy of an older schema measured none
+        sql = f"""
+        SELECT nodeid, cpu_load FROM (
+            SELECT nodeid, cpu_load, ROW_NUMBER() OVER (
+                PARTITION BY nodeid ORDER BY time DESC, rowid DESC) AS rn
+            FROM results WHERE cpu_load IS NOT NULL AND outcome IN ({_COUNTED})
+        ) WHERE rn <= ?
+        """
+        grouped: dict[str, list[float]] = {}
+        try:
+            for nodeid, load in self._conn.execute(sql, (window,)):
+                grouped.setdefault(str(nodeid), []).append(float(load))
+        except sqlite3.Error as exc:
+            raise DevpoolError(f"{self.path} is not a devpool history ({exc})") from None
+        return {nodeid: statistics.median(loads) for nodeid, loads in grouped.items()}
 
     def recent_outcomes(
         self, nodeid: str, count: int, newer: Iterable[TestResult] = ()
@@ -512,6 +546,7 @@ def _result(row: dict[str, Any] | None) -> TestResult | None:
         )
         duration, when, count = row["duration"], row["time"], row["device_count"]
         peak = row.get("memory_peak")  # absent in schema 1 exports
+        load = row.get("cpu_load")  # absent before schema 3
     except KeyError:
         return None
     texts_ok = all(isinstance(v, str) for v in (nodeid, outcome, platform, runner, run_id))
@@ -520,8 +555,20 @@ def _result(row: dict[str, Any] | None) -> TestResult | None:
     )
     count_ok = isinstance(count, int) and not isinstance(count, bool) and count >= 0
     peak_ok = peak is None or (isinstance(peak, int) and not isinstance(peak, bool) and peak >= 0)
-    if not (texts_ok and numbers_ok and count_ok and peak_ok) or duration < 0:
+    load_ok = load is None or (
+        isinstance(load, (int, float)) and not isinstance(load, bool) and load >= 0
+    )
+    if not (texts_ok and numbers_ok and count_ok and peak_ok and load_ok) or duration < 0:
         return None
     return TestResult(
-        nodeid, outcome, float(duration), platform, count, runner, float(when), run_id, peak
+        nodeid,
+        outcome,
+        float(duration),
+        platform,
+        count,
+        runner,
+        float(when),
+        run_id,
+        peak,
+        None if load is None else float(load),
     )

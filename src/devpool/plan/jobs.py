@@ -15,6 +15,7 @@ DEFAULT_ESTIMATE = 1.0  # seconds assumed for a test with no duration history
 ORDER_GRAIN = 0.1  # seconds: estimates below this do not reorder tests
 ORDER_STEP = 2.0  # costs within this factor of each other count as equal when ordering
 FAILED_FIRST = 1 << 20  # more cost buckets than any float can span: failures sort first
+CPU_BOUND = 0.5  # cores: a device test whose CPU load reaches this takes CPU slots too
 
 
 @dataclass(eq=False)
@@ -47,6 +48,9 @@ class Job:
     # How often this test (all its repeats) has run on each device: reruns and repeats
     # prefer the devices it has used least, to tell a bad device from a bad test.
     device_uses: dict[int, int] = field(default_factory=dict)
+    # CPU slots a device job takes besides its devices: what its history says it keeps
+    # busy (cpu_slots_of); a CPU-only job always takes one.
+    cpu_cores: int = 0
 
     def __post_init__(self) -> None:
         if not self.display:
@@ -65,6 +69,11 @@ class Job:
     def devices_needed(self) -> int:
         """Every device the job holds at once: a nodes(n) test holds n × device_count."""
         return self.request.device_count * self.request.nodes
+
+    @property
+    def cpu_needed(self) -> int:
+        """CPU slots (cores) the job holds while it runs."""
+        return self.cpu_cores if self.devices_needed else 1
 
     @property
     def resources_needed(self) -> dict[str, int]:
@@ -89,6 +98,14 @@ class Job:
         # Failures of the last run first (pytest's --ff / --lf), among them the same order.
         first = -bucket - (FAILED_FIRST if self.failed_before else 0)
         return (first, -self.devices_needed, self.index)
+
+
+def cpu_slots_of(load: float, cpu_slots: int) -> int:
+    """CPU slots for a device test that keeps `load` cores busy or waiting: none below
+    CPU_BOUND (it waits on its devices), else its load rounded, at most every slot."""
+    if load < CPU_BOUND:
+        return 0
+    return max(1, min(cpu_slots, math.floor(load + 0.5)))
 
 
 @dataclass

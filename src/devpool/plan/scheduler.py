@@ -60,7 +60,7 @@ class Pool:
     idle: list[IdleWorker]
     running: Sequence[Running]
     slots: int  # jobs that may still start (max-parallel)
-    cpu_slots: int  # CPU-only jobs that may still start
+    cpu_slots: int  # cores left: a CPU-only job takes one, a CPU-bound device job its load
     closed: set[int] = field(default_factory=set)  # sizes a policy stopped looking at
     # Memory sharing: what each device may hand out, and the bytes that running jobs with
     # memory requests use on devices that run nothing else (such devices are not in free).
@@ -91,7 +91,7 @@ class Pool:
         avoid: devices the job may not use (a reservation it would delay).
         """
         k = job.devices_needed
-        if self.slots <= 0 or (k == 0 and self.cpu_slots <= 0):
+        if self.slots <= 0 or job.cpu_needed > self.cpu_slots:
             return None
         if k in self.cold or not self.resources_fit(job):
             return None
@@ -103,8 +103,7 @@ class Pool:
         if placement is None:
             return None
         self.slots -= 1
-        if k == 0:
-            self.cpu_slots -= 1
+        self.cpu_slots -= job.cpu_needed
         for name, count in job.request.resources:
             if name in self.resources:
                 self.resources[name] -= count
@@ -394,7 +393,7 @@ class Scheduler:
                     busy.add(device)
                 else:
                     shared[device] = shared.get(device, 0) + memory
-        cpu_running = sum(1 for run in self.running.values() if not run.devices)
+        cpu_running = sum(run.job.cpu_needed for run in self.running.values())
         pool = Pool(
             free=set(self.devices) - busy - set(shared) - out,
             idle=list(idle),

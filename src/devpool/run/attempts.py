@@ -92,6 +92,7 @@ class Attempt:
     alone: bool = False  # a run alone after running out of memory beside other tests
     alone_next: bool = False  # this attempt ran out beside others: the next runs alone
     peak_memory: dict[int, int] = field(default_factory=dict)  # device → bytes, when watched
+    cpu_load: float | None = None  # cores its device test kept busy (worker/cpu_load.py)
     history: list[tuple[State, float]] = field(default_factory=list)
 
     @property

@@ -30,6 +30,7 @@ class RunContext(Protocol):
     run_id: str
     host: str
     run_dir: Path
+    history_path: Path
     log_dir: Path
     artifacts_dir: Path
     items: dict[str, pytest.Item]
@@ -46,6 +47,7 @@ class RunContext(Protocol):
     device_notes: list[str]  # devices that were checked after an error and kept, and why
     startup_estimate: float  # seconds a worker template is expected to take to collect
     run_notes: list[str]  # how the run went otherwise, said once at its end (fork server)
+    imported: dict[int, dict[str, None]]  # kind → library modules its tests imported
 
     def emit(self, event_type: str, **fields: Any) -> None: ...
 

@@ -233,6 +233,9 @@ class Loop:
         elif event == "finish":
             attempt = slot.current
             if attempt is not None:
+                load = message.get("cpu")
+                if isinstance(load, (int, float)) and load >= 0:
+                    attempt.cpu_load = float(load)
                 self._finished(slot, attempt)
                 location = tuple(message["location"])
                 self.hook.pytest_runtest_logfinish(nodeid=attempt.display, location=location)
@@ -240,6 +243,9 @@ class Loop:
             self._warning(slot, message)
         elif event == "renamed":
             self._renamed(message)
+        elif event == "imported":
+            seen = self.ctx.imported.setdefault(len(slot.worker.devices), {})
+            seen.update(dict.fromkeys(str(name) for name in message.get("modules", ())))
         elif event == "output":
             compat.outputs.received(self.session.config, int(message["pid"]), message["data"])
         elif event == "missing":

@@ -178,6 +178,9 @@ class WorkerPool:
             return None
         assert isinstance(backend, Forks)
         size = job.devices_needed
+        item = self.ctx.items.get(job.nodeid)
+        if item is not None and self.warm.leaves_out(size, str(item.path)):
+            return None  # its module made the kind's template unsafe (run/warm.py)
         self.forked = True
         env_of = self.warm.template_env(size)
         worker = backend.fork(template_kind(size), env_of, devices, lease, env, request=job.request)

@@ -275,6 +275,7 @@ class Replay:
                         end,
                         ctx.run_id,
                         max(attempt.peak_memory.values(), default=None),
+                        attempt.cpu_load,
                     )
                 )
         elif attempt.started_wall > 0:  # an ending before the start is no attempt (setbacks)
@@ -308,6 +309,8 @@ class Replay:
             artifacts=str(artifacts) if artifacts is not None else None,
             **_ranks(worker),
             **({"memory_peak": attempt.peak_memory} if attempt.peak_memory else {}),
+            **({"cpu_load": attempt.cpu_load} if attempt.cpu_load is not None else {}),
+            **({"cores": job.cpu_cores} if job.cpu_cores and job.devices_needed else {}),
             **({"memory": job.memory_needed} if ctx.memory and job.memory_needed else {}),
             **host_leases.record_fields(attempt),
         )

@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from devpool.backends import Backend, Forks
+from devpool.history import preload
 from devpool.plan.jobs import Plan
 from devpool.run.context import RunContext
+
+RESTARTS = 3  # templates of a kind started again, each without one more unsafe test module
 
 
 class Warm:
@@ -33,6 +36,11 @@ class Warm:
             if job.devices_needed not in first or key < first[job.devices_needed]:
                 first[job.devices_needed] = key
         self.kinds = sorted(first, key=lambda size: first[size])  # the first needed first
+        # Test modules whose import made their kind's template unsafe (threads started at
+        # import): their tests start on their own, the kind's others fork from a template
+        # that does not import them.
+        self.left_out: dict[int, set[str]] = {}
+        self.told: set[tuple[str, float | None]] = set()  # (kind, its template's start)
         self.on = self._forks()
         if self.on:
             self._check_guesses()
@@ -81,6 +89,7 @@ class Warm:
         running. True when one started."""
         if not self.on:
             return False
+        self._leave_out_culprits()
         backend = self._forker()
         states = self._states(queued)
         starting = sum(1 for state in states.values() if state == "starting")
@@ -93,6 +102,47 @@ class Warm:
                 starting += 1
                 started = True
         return started
+
+    def _leave_out_culprits(self) -> None:
+        """A template made unsafe by one test module's import (an OpenMP pool it started)
+        starts again without that module, up to RESTARTS times a kind: one module's
+        parallel op at import no longer sends every test of its kind to a fresh process."""
+        backend = self._forker()
+        for size in self.kinds:
+            kind = template_kind(size)
+            found = backend.culprit(kind)
+            started = backend.template_started(kind)
+            if found is None or (kind, started) in self.told:
+                continue
+            self.told.add((kind, started))  # each template's refusal is acted on once
+            module, why = found
+            listed = self.modules_of_size.get(size)
+            left = self.left_out.setdefault(size, set())
+            if listed is None or module in left or len(left) >= RESTARTS:
+                self._say(f"fork server for {kind} workers off: {why}")
+                continue
+            left.add(module)
+            rest = [m for m in listed.read_text(encoding="utf-8").split() if m not in left]
+            name = os.path.relpath(module)
+            self._say(
+                f"fork server for {kind} workers: importing {name} made their template "
+                f"{why}; it is left out of it, and its tests start in processes of their own"
+            )
+            if not rest:
+                continue  # the kind's only module: the template stays off
+            without = listed.with_name(f"{listed.stem}-without-{len(left)}.txt")
+            without.write_text("\n".join(rest) + "\n", encoding="utf-8")
+            self.modules_of_size[size] = without
+            backend.discard(kind)
+            backend.prepare(kind, self.template_env(size))
+
+    def leaves_out(self, size: int, module: str) -> bool:
+        """Whether a test module's tests of this size start on their own (not forked)."""
+        return module in self.left_out.get(size, ())
+
+    def _say(self, note: str) -> None:
+        self.ctx.run_notes.append(note)
+        self.ctx.emit("fork_server", note=note)
 
     def cold_sizes(self, now: float, queued: set[int] | None = None) -> dict[int, float]:
         """Request sizes (of those queued) whose workers cannot start at fork cost yet (their
@@ -126,8 +176,12 @@ def template_kind(devices: int) -> str:
 
 
 def templates_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
-    """A fork server template's environment: its workers', and no device runtime started."""
+    """A fork server template's environment: its workers', and no device runtime started;
+    where earlier runs' workers imported modules, the file that lists them (preload.py)."""
     env = device_env(ctx, devices)
+    listed = preload.preload_path(ctx.history_path)
+    if listed.is_file():
+        env[preload.PRELOAD_ENV] = str(listed)
     if ctx.inventory.platform.kind == "cuda":
         # torch.cuda.is_available() at import (a skipif) asks NVML instead of calling
         # cuInit, after which no child could use CUDA.

@@ -27,11 +27,12 @@ from devpool.devices.lockdir import LockDir
 from devpool.devices.probes import FatalPatterns
 from devpool.errors import DevpoolError
 from devpool.folders import devpool_dir
+from devpool.history import preload
 from devpool.history.durations import TestResult, default_history_path, pending_dir
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
 from devpool.plan import chains
-from devpool.plan.jobs import Plan, build_plan
+from devpool.plan.jobs import Plan, build_plan, cpu_slots_of
 from devpool.plan.markers import Request, request_for
 from devpool.report import github, progress
 from devpool.report.github import GitHubLog
@@ -88,7 +89,9 @@ class Controller:
             probes.probe_for(inventory.platform.kind, os.environ) if settings.probe else None
         )
         self.results: list[TestResult] = []  # for the duration history, at the end
+        self.imported: dict[int, dict[str, None]] = {}  # kind → what its tests imported
         self.estimates: dict[str, float] = {}
+        self.cpu_loads: dict[str, float] = {}  # device tests' cores kept busy, from history
         self.history_path = settings.history or default_history_path(config.rootpath)
         self.shard = shards.parse_shard(settings.shard) if settings.shard else None
         self.releasable: list[str] = []
@@ -217,6 +220,8 @@ class Controller:
             self.quarantine_notes,
             cost,
         )
+        if self.imported:  # what each kind's template imports first next time
+            preload.write(preload.preload_path(self.history_path), self.imported)
         # Under `devpool run` the parent writes the step summary, also when this process dies.
         if self.github is not None and not os.environ.get("DEVPOOL_SUMMARY_BY_PARENT"):
             github.write_step_summary(read_record(self.record_path))
@@ -288,7 +293,7 @@ class Controller:
             )
         except DevpoolError as exc:
             raise pytest.UsageError(str(exc)) from None
-        self.estimates = past_runs.read_estimates(
+        self.estimates, self.cpu_loads = past_runs.read_estimates(
             self.history_path, self.shard, self.quarantine_notes
         )
         if self.shard is not None:
@@ -372,6 +377,9 @@ class Controller:
                     plan.unsatisfiable.append((job, reason))
         for job in plan.jobs:
             job.estimate_known = job.nodeid in self.estimates
+            load = self.cpu_loads.get(job.nodeid)
+            if load is not None and job.devices_needed and self.settings.backend == "local":
+                job.cpu_cores = cpu_slots_of(load, self.settings.cpu_slots)
         if self.settings.plan:
             jobs.print_plan(self.config, plan, self.inventory, self.settings)
             backend.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -29,25 +30,33 @@ from devpool.outcomes import Outcome
 RELEASE_AFTER = 5  # passes in a row after which a quarantined test is ready to release
 
 
+class Estimates(NamedTuple):
+    """What earlier runs say of each test: p90 duration, and a device test's CPU load."""
+
+    durations: dict[str, float]
+    cpu_loads: dict[str, float]
+
+
 def read_estimates(
     history_path: Path, shard: tuple[int, int] | None, notes: list[str]
-) -> dict[str, float]:
-    """p90 durations of earlier runs; a damaged history is a warning, not a failed run.
+) -> Estimates:
+    """p90 durations and median CPU loads of earlier runs; a damaged history is a warning,
+    not a failed run.
 
     Pending per-run files of shard runs are never read as estimates: a run that is
     not a shard folds them into the history first; a shard splits from the history alone.
     """
     fold = shard is None and bool(pending_files(history_path))
     if not history_path.exists() and not fold:
-        return {}
+        return Estimates({}, {})
     try:
         with History(history_path) as history:
             if fold:
                 history.merge_pending()
-            return history.estimates()
+            return Estimates(history.estimates(), history.cpu_loads())
     except DevpoolError as exc:
         notes.append(f"duration history not used: {exc}")
-        return {}
+        return Estimates({}, {})
 
 
 def match_quarantine(

@@ -10,7 +10,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -19,7 +19,8 @@ import pytest
 from devpool import compat
 from devpool.devices import memory
 from devpool.devices.probes import report_text
-from devpool.worker import capture, protocol, worklist
+from devpool.history import preload
+from devpool.worker import capture, cpu_load, protocol, worklist
 from devpool.worker import template as forkserver
 
 # Options that select or stop tests belong to the controller alone: the worker must be
@@ -116,6 +117,19 @@ class WorkerSession:
         self._open_stacks()
         self.forked = False  # a child of a template: it ends without interpreter shutdown
         self.exitstatus = 0
+        self.cpu = cpu_load.Meter()  # a device test's CPU load, for the scheduler's next run
+        # What the tests import (history/preload.py): modules seen so far, and those that
+        # tests imported without a warning, in order.
+        self.known: set[str] = set()
+        self.imported: dict[str, None] = {}
+        # pytest records a test's warnings after its logfinish: what it imported is kept
+        # (or not) at the next test's start, or at the end.
+        self.just_imported: list[str] = []
+        self.warned = False
+        # A template: the threads it runs, and the first test module after whose import it
+        # ran more (an OpenMP pool started at import): that module may be left out of it.
+        self.tasks = preload.thread_count()
+        self.culprit: str | None = None
 
     def _exit_forked(self) -> None:
         """A forked worker ends here, once pytest and the plugins are done: the atexit
@@ -179,8 +193,12 @@ class WorkerSession:
         finally:
             if self.template is None and self.fd_out >= 0:
                 output = compat.outputs.encode(dict(self.config.workeroutput))  # type: ignore[attr-defined]
+                self._keep_imports()
+                imported = preload.libraries(self.imported, self.config.rootpath)
                 with contextlib.suppress(OSError):  # the controller is gone: nobody to tell
                     self.send({"ev": "output", "pid": os.getpid(), "data": output})
+                    if imported:
+                        self.send({"ev": "imported", "modules": imported})
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         self.collected.append(item)
@@ -197,9 +215,49 @@ class WorkerSession:
             why = f"importing {report.nodeid or 'the conftest files'} initialised {runtime}"
         elif report.failed:
             why = f"collecting {report.nodeid or 'the conftest files'} failed in the template"
+        module = report.nodeid.split("::")[0]
+        path = str(self.config.rootpath / module) if module.endswith(".py") else None
         if why:
-            self.template.refuse(why)
+            self.template.refuse(why, path)
             os._exit(0)
+        if path is not None and "::" not in report.nodeid and self.culprit is None:
+            tasks = preload.thread_count()
+            if tasks > self.tasks:
+                self.culprit = path
+            self.tasks = tasks
+
+    def _preload(self) -> Callable[[str], str]:
+        """Import what this kind's tests imported last run (history/preload.py); returns
+        what the template says if it is then unsafe to fork (and what it learnt is kept)."""
+        path = os.environ.get(preload.PRELOAD_ENV)
+        size = len([d for d in os.environ.get("DEVPOOL_DEVICES", "").split(",") if d])
+        if not path:
+            return str
+        names = preload.modules_of(Path(path), size)
+        done = preload.preload(names)
+        if done.warned:
+            preload.write(Path(path), {}, never={size: done.warned})
+        if not done.count:
+            return str
+
+        def unsafe(why: str) -> str:
+            # Its threads came with these imports: never again. Else who knows: drop all.
+            if done.threaded:
+                preload.write(Path(path), {}, never={size: done.threaded})
+            else:
+                preload.write(Path(path), {}, dropped=[size])
+            return (
+                f"{why} (after importing {done.count} modules its tests imported last run; "
+                "they are not imported first again)"
+            )
+
+        return unsafe
+
+    def _keep_imports(self) -> None:
+        """What the last test imported is preloaded next run, unless it raised a warning."""
+        if not self.warned:
+            self.imported.update(dict.fromkeys(self.just_imported))
+        self.just_imported, self.warned = [], False
 
     def _become(self, session: pytest.Session, fork: forkserver.Fork) -> None:
         """In a child the template forked: a worker of its own, on the pipes it was sent."""
@@ -238,14 +296,16 @@ class WorkerSession:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         if self.template is not None:
+            preloaded = self._preload()
             gc.freeze()  # what collection built is shared by every child, copy-on-write
-            fork = self.template.serve(self.config)
+            fork = self.template.serve(self.config, preloaded, self.culprit)
             if fork is None:
                 self._no_summary()
                 return True  # the template's work is done
             self._become(session, fork)
         items = {item.nodeid: item for item in session.items}
         order = {item.nodeid: index for index, item in enumerate(session.items)}
+        self.known = set(sys.modules)
         memory.apply_torch_limit()  # a share of a device: torch's allocator stays inside it
         self.send({"ev": "ready", "pid": os.getpid(), "collected": len(items)})
         setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
@@ -342,6 +402,9 @@ class WorkerSession:
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         nodeid = self.renamed.get(nodeid, nodeid)
         self.send({"ev": "start", "nodeid": nodeid, "location": location})
+        self._keep_imports()
+        if os.environ.get("DEVPOOL_DEVICES"):
+            self.cpu.start()
 
     def pytest_warning_recorded(
         self,
@@ -354,6 +417,7 @@ class WorkerSession:
         configuration it saw itself."""
         if when != "runtest":
             return
+        self.warned = True  # what this test imports is not preloaded (history/preload.py)
         message = protocol.warning_message(warning_message)
         nodeid = self.renamed.get(nodeid, nodeid)
         self.send({"ev": "warning", "nodeid": nodeid, "location": location, **message})
@@ -377,7 +441,12 @@ class WorkerSession:
         self.send(message)
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
-        self.send({"ev": "finish", "nodeid": nodeid, "location": location})
+        load = self.cpu.load()
+        if len(sys.modules) != len(self.known):  # the test imported modules
+            self.just_imported = [name for name in sys.modules if name not in self.known]
+            self.known.update(self.just_imported)
+        measured = {} if load is None else {"cpu": round(load, 3)}
+        self.send({"ev": "finish", "nodeid": nodeid, "location": location, **measured})
 
 
 def _selection() -> worklist.Selection | None:

@@ -140,15 +140,26 @@ class Template:
         with contextlib.suppress(OSError):  # the controller is gone: PDEATHSIG ends us too
             (to or self.sock).send(json.dumps(message).encode())
 
-    def refuse(self, why: str) -> None:
-        """Say why this template cannot serve; the controller starts fresh interpreters."""
-        self.send({"ev": "unsafe", "why": why})
+    def refuse(self, why: str, module: str | None = None) -> None:
+        """Say why this template cannot serve; the controller starts fresh interpreters.
 
-    def serve(self, config: pytest.Config) -> Fork | None:
-        """Fork a worker per request until told to stop: returns in each child, None here."""
+        module: the test module whose import made it unsafe, when one did: the controller
+        may start a template of the kind without it (run/warm.py)."""
+        self.send({"ev": "unsafe", "why": why, **({"module": module} if module else {})})
+
+    def serve(
+        self,
+        config: pytest.Config,
+        unsafe: Callable[[str], str] = str,
+        culprit: str | None = None,
+    ) -> Fork | None:
+        """Fork a worker per request until told to stop: returns in each child, None here.
+
+        unsafe: turns the reason this template may not fork into what it says (and may act
+        on it); culprit: the test module after whose import threads ran, if one."""
         why = unsafe_reason(config)
         if why:
-            self.refuse(why)
+            self.refuse(unsafe(why), culprit)
             return None
         self.send({"ev": "ready", "pid": os.getpid()})
         selector = selectors.DefaultSelector()

@@ -181,6 +181,10 @@ class NodeForks:
         taken, self._notes = self._notes, []
         return taken
 
+    def culprit(self, kind: str) -> tuple[str, str] | None:
+        """None: a node's template that may not fork is off for the run (said in notes)."""
+        return None
+
     def _template_path(self, worker: RayWorker, node_id: str) -> str:
         """The socket path of the node's template of the worker's kind ("": start fresh)."""
         entry = self.kinds.get(worker.kind)

@@ -33,9 +33,12 @@ class Backfill:
         spare = 0  # devices free at that moment beyond what the reserved job needs
         skipped: dict[int, int] = {}
         held = ResourceReservations()  # named host resources reserve on their own
+        cores_held = False  # a CPU-bound device job waits for cores: none go to jobs behind it
         for job in _walk(queue, pool):
             if pool.slots <= 0:
                 break
+            if cores_held and job.cpu_needed:
+                continue
             if held.blocked(job, pool, placements, now) or not held.allows(job, now):
                 continue
             k = job.devices_needed
@@ -46,9 +49,12 @@ class Backfill:
                     when, spare = _reservation(k, pool, placements, now)
                     shadow = max(when, pool.cold[k])
                 continue
-            if k > len(pool.free) or (k == 0 and pool.cpu_slots <= 0):
-                if shadow is None and k > 0:
+            if k > len(pool.free):
+                if shadow is None:
                     shadow, spare = _reservation(k, pool, placements, now)
+                continue
+            if job.cpu_needed > pool.cpu_slots:
+                cores_held = cores_held or k > 0
                 continue
             if shadow is not None and k > 0:
                 ends_in_time = now + job.estimate <= shadow

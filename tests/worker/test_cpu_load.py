@@ -1,0 +1,53 @@
+"""A device test's CPU load (worker/cpu_load.py), measured in a real process: threads that
+keep cores busy, a child process's CPU, and a test that only waits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import hashlib, json, subprocess, sys, threading, time
+    from devpool.worker.cpu_load import Meter
+
+    def hashing(seconds):
+        block = b"x" * (1 << 20)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            hashlib.sha256(block).digest()  # releases the GIL: a thread per core
+
+    def two_threads():
+        other = threading.Thread(target=hashing, args=(0.6,))
+        other.start()
+        hashing(0.6)
+        other.join()
+
+    def child():
+        subprocess.run([sys.executable, "-c", "x = sum(range(20_000_000))"], check=True)
+
+    meter = Meter()
+    loads = {}
+    for name, work in [("two threads", two_threads), ("child", child),
+                       ("sleep", lambda: time.sleep(0.5))]:
+        meter.start()
+        work()
+        loads[name] = meter.load()
+    print(json.dumps(loads))
+    """
+)
+
+
+def test_threads_children_and_waiting_are_told_apart() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, check=True
+    )
+    loads = json.loads(out.stdout)
+    # Two threads that each want a core: about 2, whether or not the cores were free (time
+    # waiting for a core counts), never the half that CPU time alone shows under load.
+    assert 1.5 <= loads["two threads"] <= 2.5, loads
+    # A child's CPU counts once it is reaped; the parent waited, so about one core.
+    assert 0.6 <= loads["child"] <= 1.5, loads
+    assert loads["sleep"] < 0.2, loads
