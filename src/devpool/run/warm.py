@@ -118,18 +118,19 @@ class Warm:
             module, why = found
             listed = self.modules_of_size.get(size)
             left = self.left_out.setdefault(size, set())
-            if listed is None or module in left or len(left) >= RESTARTS:
+            listed_modules = listed.read_text(encoding="utf-8").split() if listed else []
+            rest = [m for m in listed_modules if m not in left and m != module]
+            if not rest or module in left or len(left) >= RESTARTS:
+                # Nothing would be left to fork, or leaving modules out did not help.
                 self._say(f"fork server for {kind} workers off: {why}")
                 continue
             left.add(module)
-            rest = [m for m in listed.read_text(encoding="utf-8").split() if m not in left]
-            name = os.path.relpath(module)
             self._say(
-                f"fork server for {kind} workers: importing {name} made their template "
-                f"{why}; it is left out of it, and its tests start in processes of their own"
+                f"fork server for {kind} workers: importing {os.path.relpath(module)} made "
+                f"their template {why}; it is left out of it, and its tests start in "
+                "processes of their own"
             )
-            if not rest:
-                continue  # the kind's only module: the template stays off
+            assert listed is not None
             without = listed.with_name(f"{listed.stem}-without-{len(left)}.txt")
             without.write_text("\n".join(rest) + "\n", encoding="utf-8")
             self.modules_of_size[size] = without
