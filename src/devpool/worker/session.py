@@ -216,7 +216,7 @@ class WorkerSession:
         elif report.failed:
             why = f"collecting {report.nodeid or 'the conftest files'} failed in the template"
         module = report.nodeid.split("::")[0]
-        path = str(self.config.rootpath / module) if module.endswith(".py") else None
+        path = os.path.normpath(self.config.rootpath / module) if module.endswith(".py") else None
         if why:
             self.template.refuse(why, path)
             os._exit(0)
