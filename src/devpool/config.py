@@ -174,6 +174,14 @@ OPTIONS: tuple[Option, ...] = (
         flag=True,
         negatable=True,
     ),
+    Option(
+        "preload",
+        _flag,
+        "templates import first the library modules their kind's tests imported last run "
+        "(default on)",
+        flag=True,
+        negatable=True,
+    ),
     Option("ports", parse_range, "TCP ports leased to tests, outside the ephemeral range"),
     Option(
         "keep-master-port",
@@ -351,6 +359,7 @@ class Settings:
     plan: bool = False
     isolation: str = "worker"
     fork_server: bool = True
+    preload: bool = True
     device_memory: int | None = None  # bytes per device for tests that do not declare it
     memory_reserve: float = 0.05
     run_dir: Path | None = None

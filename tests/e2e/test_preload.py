@@ -86,6 +86,14 @@ def test_a_kinds_lazy_imports_move_into_its_template_and_warnings_stay_with_the_
     assert "slowlib is deprecated" in plain.stdout.str()
     assert "slowlib is deprecated" in second.stdout.str()
     assert closing_line(first).split(" in ")[0] == closing_line(second).split(" in ")[0]
+    log.unlink()
+
+    off = pytester.runpytest_subprocess(
+        *args, "--devpool-isolation=job", "--devpool-no-preload", timeout=120
+    )
+    assert off.ret == 0, off.stdout.str()
+    names = [n for n, _ in re.findall(r"(\w+) (\d+)", log.read_text())]
+    assert names.count("lazylib") == 3  # off: each test's process imports it itself
 
 
 THREADED = (
