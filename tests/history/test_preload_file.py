@@ -38,16 +38,3 @@ def test_only_libraries_are_listed_not_the_projects_own_modules(tmp_path: Path) 
     assert __name__ in sys.modules
     assert preload.libraries(names, root) == ["json"]
     assert preload.libraries(names, tmp_path) == ["json", __name__]
-
-
-def test_preload_skips_failures_and_tells_warnings_and_threads(tmp_path: Path, monkeypatch) -> None:
-    (tmp_path / "warnsmod.py").write_text(
-        "import warnings\nwarnings.warn('old', DeprecationWarning)\n"
-    )
-    (tmp_path / "plainmod.py").write_text("X = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("warnsmod", "plainmod"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    done = preload.preload(["no_such_module_here", "warnsmod", "plainmod", "json"])
-    assert done.count == 2 and done.warned == ["warnsmod"] and done.threaded == []
-    assert "plainmod" in sys.modules

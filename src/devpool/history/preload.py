@@ -18,14 +18,10 @@ list); a template unsafe for another reason drops its kind's list.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import os
 import sys
-import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -109,43 +105,3 @@ def libraries(names: Iterable[str], rootpath: Path) -> list[str]:
         if not origin.startswith(root) or f"{os.sep}site-packages{os.sep}" in origin:
             found.append(name)
     return found
-
-
-@dataclass
-class Preloaded:
-    """What a template's preload did."""
-
-    count: int = 0  # modules imported
-    warned: list[str] = field(default_factory=list)  # their import raised a warning
-    threaded: list[str] = field(default_factory=list)  # more threads ran after their import
-
-
-def preload(names: Iterable[str]) -> Preloaded:
-    """Import each module not imported yet, a failure skipped; warnings are recorded and
-    dropped here (a test that expects one would not see it: such modules are not imported
-    first again)."""
-    done = Preloaded()
-    tasks = thread_count()
-    for name in names:
-        if name in sys.modules:
-            continue
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with contextlib.suppress(Exception, SystemExit):
-                importlib.import_module(name)
-                done.count += 1
-        if caught:
-            done.warned.append(name)
-        now = thread_count()
-        if now > tasks:
-            done.threaded.append(name)
-        tasks = now
-    return done
-
-
-def thread_count() -> int:
-    """Threads of this process, as the kernel counts them (native ones too)."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 1

@@ -20,24 +20,19 @@ not counted.
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 
-_TASKS = "/proc/self/task"
+from devpool.worker.native_threads import task_ids
 
 
-def _threads() -> dict[str, tuple[int, int]]:
+def _threads() -> dict[int, tuple[int, int]]:
     """(nanoseconds on a CPU, nanoseconds waiting for one) of each live thread, since it
     started."""
-    found: dict[str, tuple[int, int]] = {}
-    try:
-        tids = os.listdir(_TASKS)
-    except OSError:
-        return found  # no /proc: CPU time alone
-    for tid in tids:
+    found: dict[int, tuple[int, int]] = {}
+    for tid in task_ids():  # none without /proc: CPU time alone
         try:
-            with open(f"{_TASKS}/{tid}/schedstat", "rb") as file:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as file:
                 ran, waited = file.read().split()[:2]
             found[tid] = (int(ran), int(waited))
         except (OSError, ValueError):
@@ -49,7 +44,7 @@ class Meter:
     """Measures one test at a time: start() at its first line, load() after its teardown."""
 
     def __init__(self) -> None:
-        self._started: tuple[float, float, float, dict[str, tuple[int, int]]] | None = None
+        self._started: tuple[float, float, float, dict[int, tuple[int, int]]] | None = None
 
     def start(self) -> None:
         own, children = _cpu()

@@ -58,12 +58,25 @@ def _maps() -> list[_Mapping]:
     return found
 
 
+def task_ids() -> set[int]:
+    """Every thread of this process as the kernel lists it (native ones too); empty where
+    /proc cannot be read."""
+    try:
+        return {int(name) for name in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def thread_count() -> int:
+    """Threads of this process, as the kernel counts them (at least the main one)."""
+    return max(1, len(task_ids()))
+
+
 def native_thread_ids() -> list[int]:
     """Live kernel threads of this process that are not Python threads (a thread that has
     just ended may linger in /proc a moment: it is no thread any more)."""
-    try:
-        tasks = {int(name) for name in os.listdir("/proc/self/task")}
-    except OSError:
+    tasks = task_ids()
+    if not tasks:
         return []
     python = {t.native_id for t in threading.enumerate() if t.native_id is not None}
     # After a fork, Python 3.11 keeps the parent's native id on the main thread object.

@@ -20,7 +20,7 @@ from devpool import compat
 from devpool.devices import memory
 from devpool.devices.probes import report_text
 from devpool.history import preload
-from devpool.worker import capture, cpu_load, protocol, worklist
+from devpool.worker import capture, cpu_load, native_threads, protocol, worklist
 from devpool.worker import template as forkserver
 
 # Options that select or stop tests belong to the controller alone: the worker must be
@@ -128,7 +128,7 @@ class WorkerSession:
         self.warned = False
         # A template: the threads it runs, and the first test module after whose import it
         # ran more (an OpenMP pool started at import): that module may be left out of it.
-        self.tasks = preload.thread_count()
+        self.tasks = native_threads.thread_count()
         self.culprit: str | None = None
 
     def _exit_forked(self) -> None:
@@ -221,7 +221,7 @@ class WorkerSession:
             self.template.refuse(why, path)
             os._exit(0)
         if path is not None and "::" not in report.nodeid and self.culprit is None:
-            tasks = preload.thread_count()
+            tasks = native_threads.thread_count()
             if tasks > self.tasks:
                 self.culprit = path
             self.tasks = tasks
@@ -234,7 +234,7 @@ class WorkerSession:
         if not path:
             return str
         names = preload.modules_of(Path(path), size)
-        done = preload.preload(names)
+        done = forkserver.preload(names)
         if done.warned:
             preload.write(Path(path), {}, never={size: done.warned})
         if not done.count:

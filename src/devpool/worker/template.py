@@ -28,20 +28,22 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import selectors
 import socket
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devpool.worker.native_threads import unsafe_native_threads
+from devpool.worker.native_threads import thread_count, unsafe_native_threads
 
 MAX_FDS = 64  # commands, events, log, and the lease fds of one worker
 PACKET = 1 << 20  # one fork request: its environment is the largest part
@@ -109,6 +111,38 @@ def unsafe_reason(config: pytest.Config) -> str:
     if threads:
         return f"it runs {len(threads)} thread(s) besides the main one: {', '.join(threads)}"
     return unsafe_native_threads()  # OpenMP and other C libraries' pools
+
+
+@dataclass
+class Preloaded:
+    """What a template's preload did."""
+
+    count: int = 0  # modules imported
+    warned: list[str] = field(default_factory=list)  # their import raised a warning
+    threaded: list[str] = field(default_factory=list)  # more threads ran after their import
+
+
+def preload(names: Iterable[str]) -> Preloaded:
+    """Import each module not imported yet, a failure skipped; warnings are recorded and
+    dropped here (a test that expects one would not see it: such modules are not imported
+    first again)."""
+    done = Preloaded()
+    tasks = thread_count()
+    for name in names:
+        if name in sys.modules:
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with contextlib.suppress(Exception, SystemExit):
+                importlib.import_module(name)
+                done.count += 1
+        if caught:
+            done.warned.append(name)
+        now = thread_count()
+        if now > tasks:
+            done.threaded.append(name)
+        tasks = now
+    return done
 
 
 @dataclass
