@@ -191,8 +191,7 @@ class WorkerPool:
         """Why a template could not fork: said once, at the end of the run and in the record."""
         if isinstance(self.backend, Forks):
             for note in self.backend.notes():
-                self.ctx.run_notes.append(note)
-                self.ctx.emit("fork_server", note=note)
+                self.warm.say(note)
 
     def _env(self, devices: tuple[int, ...], job: Job) -> dict[str, str]:
         modules = self.modules_for.get((job.devices_needed, job.request.isolate))

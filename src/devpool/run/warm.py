@@ -122,10 +122,10 @@ class Warm:
             rest = [m for m in listed_modules if m not in left and m != module]
             if not rest or module in left or len(left) >= RESTARTS:
                 # Nothing would be left to fork, or leaving modules out did not help.
-                self._say(f"fork server for {kind} workers off: {why}")
+                self.say(f"fork server for {kind} workers off: {why}")
                 continue
             left.add(module)
-            self._say(
+            self.say(
                 f"fork server for {kind} workers: importing {os.path.relpath(module)} made "
                 f"their template {why}; it is left out of it, and its tests start in "
                 "processes of their own"
@@ -141,7 +141,8 @@ class Warm:
         """Whether a test module's tests of this size start on their own (not forked)."""
         return module in self.left_out.get(size, ())
 
-    def _say(self, note: str) -> None:
+    def say(self, note: str) -> None:
+        """A note on the fork server: said once at the end of the run and in the record."""
         self.ctx.run_notes.append(note)
         self.ctx.emit("fork_server", note=note)
 

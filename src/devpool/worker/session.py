@@ -128,7 +128,7 @@ class WorkerSession:
         self.warned = False
         # A template: the threads it runs, and the first test module after whose import it
         # ran more (an OpenMP pool started at import): that module may be left out of it.
-        self.tasks = native_threads.thread_count()
+        self.tasks = native_threads.thread_count() if self.template is not None else 1
         self.culprit: str | None = None
 
     def _exit_forked(self) -> None:
