@@ -97,13 +97,15 @@ def test_no_slow_lines_under_the_default_limit(tmp_path: Path) -> None:
     assert done.returncode == 0 and "SLOW" not in done.stdout, done.stdout
 
 
-def on_a_terminal(tmp_path: Path, *args: str, **env: str) -> str:
+def on_a_terminal(
+    tmp_path: Path, *args: str, select: str = "slow or cpu", columns: int = 200, **env: str
+) -> str:
     """Run a session with its output on a pseudo-terminal; everything it wrote there."""
     main, secondary = pty.openpty()
     process = subprocess.Popen(
-        argv(tmp_path, "-k", "slow or cpu", *args),
+        argv(tmp_path, "-k", select, *args),
         cwd=tmp_path,
-        env=environ(COLUMNS="200", **env),
+        env=environ(COLUMNS=str(columns), **env),
         stdin=subprocess.DEVNULL,
         stdout=secondary,
         stderr=secondary,
@@ -129,10 +131,122 @@ def test_one_live_status_line_on_a_terminal_only(tmp_path: Path) -> None:
     (tmp_path / "test_suite.py").write_text(SUITE)
     shown = on_a_terminal(tmp_path)
     status = re.findall(
-        r"devpool: running 1: test_suite.py::test_slow \d+s \[sim:\d\][^\r\n]*", shown
+        r"devpool: done [^\r\n]*running 1: test_suite.py::test_slow \d+s \[sim:\d\]", shown
     )
     assert status, shown
     assert "queued 0" in status[-1] and "devices 1/4 busy" in status[-1]
-    assert "devpool: running" not in on_a_terminal(tmp_path, CI="true")
-    assert "devpool: running" not in on_a_terminal(tmp_path, "-qq")
-    assert "devpool: running" in on_a_terminal(tmp_path, "-q")
+    assert "devpool: done" not in on_a_terminal(tmp_path, CI="true")
+    assert "devpool: done" not in on_a_terminal(tmp_path, "-qq")
+    assert "devpool: done" in on_a_terminal(tmp_path, "-q")
+
+
+LETTERS = """
+import time
+
+import pytest
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_quick(i):
+    pass
+
+
+@pytest.mark.device_count(1)
+def test_slow():
+    time.sleep(2.6)
+"""
+
+
+def progress_lines(out: str) -> list[str]:
+    """The lines between `collected` and the first line after the progress letters."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("collected ")) + 1
+    return [line for line in lines[start:] if line and not line.startswith("devpool: run record")]
+
+
+def test_slow_lines_stand_on_their_own_and_every_letter_line_ends_as_plain_pytest_s(
+    tmp_path: Path,
+) -> None:
+    """Without -v a SLOW line is not glued to the letters: the letters before it end their
+    line with the percentage, where plain pytest puts it on the same suite (issue 39, 2.1)."""
+    (tmp_path / "test_suite.py").write_text(LETTERS)
+    done = subprocess.run(
+        argv(tmp_path, "--devpool-slow-timeout=1"),
+        cwd=tmp_path,
+        env=environ(COLUMNS="80"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    plain = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:devpool", *FAST, "test_suite.py"],
+        cwd=tmp_path,
+        env=environ(COLUMNS="80"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plain.returncode == 0, plain.stdout
+    (plain_line,) = [line for line in plain.stdout.splitlines() if line.endswith("[100%]")]
+    edge = len(plain_line)  # where plain pytest ends a line of letters with its percentage
+    shown = progress_lines(done.stdout)
+    slow = [line for line in shown if "SLOW" in line]
+    assert slow and all(line.startswith("SLOW [> ") for line in slow), done.stdout
+    letters = [line for line in shown[: shown.index(slow[-1]) + 2] if "SLOW" not in line]
+    assert letters, done.stdout
+    for line in letters:
+        assert re.fullmatch(r"[.]+ +\[ *\d+%\]", line) and len(line) == edge, done.stdout
+    assert sum(len(line.split()[0]) for line in letters) == 7, done.stdout  # each test once
+
+
+COUNTED = """
+import time
+
+import pytest
+
+
+def test_quick():
+    pass
+
+
+@pytest.mark.xfail(reason="known")
+def test_known():
+    assert False
+
+
+@pytest.mark.device_count(1)
+def test_slow():
+    time.sleep(2.6)
+"""
+
+
+def test_the_live_line_puts_its_counts_first_in_pytest_s_words(tmp_path: Path) -> None:
+    """At 80 columns the live line still shows done, queued and busy (the running tests'
+    names come after them), and it counts the tests done as plain pytest's closing line
+    does: an xfail as xfailed, not skipped (issue 39, 2.5)."""
+    (tmp_path / "test_suite.py").write_text(COUNTED)
+    shown = on_a_terminal(tmp_path, select="quick or known or slow", columns=80)
+    quick = ("test_suite.py", "-k", "not slow")
+    plain = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:devpool", *FAST, *quick],
+        cwd=tmp_path,
+        env=environ(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    words = re.search(r"=+ (\d+ \w+(?:, \d+ \w+)*) in [\d.]+s", plain.stdout)
+    assert words, plain.stdout
+    statuses = re.findall(r"devpool: done [^\r\n\x1b]*", shown)
+    assert statuses, shown
+    last = statuses[-1]
+    assert re.match(r"devpool: done \d+ .*· queued \d+ · devices \d+/4 busy", last), statuses
+    while_slow = [line for line in statuses if line.startswith("devpool: done 2 (")]
+    assert while_slow, statuses
+    counts = re.match(r"devpool: done 2 \(([^)]*)\)", while_slow[-1])
+    assert counts, while_slow
+    # plain's deselected slow test and its unknown-mark warning are no test's outcome
+    outcomes = {part for part in words.group(1).split(", ") if "deselected" not in part}
+    outcomes = {part for part in outcomes if not re.fullmatch(r"\d+ warnings?", part)}
+    assert set(counts.group(1).split(", ")) == outcomes, (while_slow, words.group(1))

@@ -34,15 +34,15 @@ def test_one_line_names_running_tests_queue_done_devices_and_who_blocks_us() -> 
         counts={"passed": 118, "failed": 2},
     )
     assert line(snapshot) == (
-        "devpool: running 10: tests/t.py::test_9 9s [sim:9], tests/t.py::test_8 8s [sim:8], "
-        "+8 more · queued 40 · done 120 (118 passed, 2 failed) · devices 6/8 busy · "
-        "waiting for sim:7 held by pid 4242 (user ci2)"
+        "devpool: done 120 (118 passed, 2 failed) · queued 40 · devices 6/8 busy · "
+        "running 10: tests/t.py::test_9 9s [sim:9], tests/t.py::test_8 8s [sim:8], "
+        "+8 more · waiting for sim:7 held by pid 4242 (user ci2)"
     )
     shown = text_of(snapshot)
     assert len(shown.splitlines()) == 1 and shown.rstrip().endswith("…")  # cut to the width
-    assert shown.startswith("devpool: running 10: tests/t.py::test_9 9s [sim:9]")  # no markup
+    assert shown.startswith("devpool: done 120 (118 passed, 2 failed) · queued 40")
     idle = Snapshot(devices_total=2, devices_busy=0, queued=0, running=[], done=0)
-    assert line(idle) == "devpool: running 0 · queued 0 · done 0 · devices 0/2 busy"
+    assert line(idle) == "devpool: done 0 · queued 0 · devices 0/2 busy · running 0"
 
 
 def test_no_live_line_in_ci_when_very_quiet_or_when_piped() -> None:

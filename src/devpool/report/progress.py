@@ -1,4 +1,4 @@
-"""Live status on a terminal, one line: tests running now, queued, done, devices busy.
+"""Live status on a terminal, one line: done, queued, devices busy, tests running now.
 
 Only on an interactive terminal outside CI: a CI log gets no redraws, so no flicker.
 pytest's own terminal output is routed through the live console so the two never
@@ -34,7 +34,7 @@ class Snapshot:
     running: Sequence[RunningJob]
     done: int
     waiting_on: str = ""  # who holds the devices we wait for, when another run does
-    counts: Mapping[str, int] = field(default_factory=dict)
+    counts: Mapping[str, int] = field(default_factory=dict)  # as pytest's closing line
 
 
 def wanted(config_option: Any, environ: Mapping[str, str] | None = None) -> bool:
@@ -53,7 +53,8 @@ SHOWN_RUNNING = 2  # tests named in the line, the longest-running first
 
 
 def line(snapshot: Snapshot) -> str:
-    """The one status line: what runs now, queued, done, devices busy, who blocks us."""
+    """The one status line: the counts first (done, queued, devices busy), then what runs
+    now and who blocks us, so a narrow terminal cuts the names, never the counts."""
     longest = sorted(snapshot.running, key=lambda j: -j.elapsed)
     named = [f"{job.nodeid} {job.elapsed:.0f}s [{job.where}]" for job in longest[:SHOWN_RUNNING]]
     if len(longest) > SHOWN_RUNNING:
@@ -61,10 +62,10 @@ def line(snapshot: Snapshot) -> str:
     running = f"running {len(longest)}" + (f": {', '.join(named)}" if named else "")
     counts = ", ".join(f"{n} {k}" for k, n in snapshot.counts.items() if n)
     parts = [
-        running,
-        f"queued {snapshot.queued}",
         f"done {snapshot.done}" + (f" ({counts})" if counts else ""),
+        f"queued {snapshot.queued}",
         f"devices {snapshot.devices_busy}/{snapshot.devices_total} busy",
+        running,
     ]
     if snapshot.waiting_on:
         parts.append(f"waiting for {snapshot.waiting_on}")

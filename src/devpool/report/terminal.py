@@ -142,6 +142,20 @@ def take_back(stats: dict[str, list[Any]], lent: list[tuple[str, Any]]) -> None:
         stats[into] = [r for r in stats.get(into, []) if r is not report]
 
 
+def write_apart(tr: Any, line: str, **markup: bool) -> None:
+    """A line of devpool's own during the run (SLOW, waiting), on a line of its own.
+
+    Without -v pytest's letters run on with no file name (as under xdist), so its
+    write_line would glue the line to them: the letters so far end their line with the
+    percentage first, as pytest ends a file's letters before the next file."""
+    tw = tr._tw
+    if not tr.currentfspath and tw.width_of_current_line and tr.config.get_verbosity() <= 0:
+        if tr._show_progress_info:
+            tr._write_progress_information_filling_space()
+        tw.line()
+    tr.write_line(line, **markup)
+
+
 def print_repeats(tr: Any, results: Mapping[str, Sequence[tuple[Outcome, str]]]) -> None:
     """--devpool-repeat: each test's pass rate and the devices its failures happened on,
     the lowest pass rate first (then by node id)."""

@@ -184,7 +184,7 @@ class Loop:
             running=running,
             done=sum(self.ended.values()),
             waiting_on=self.foreign.describe() if self.foreign else "",
-            counts=self.ended,
+            counts=self.replay.counted,
         )
 
     # ---- worker events --------------------------------------------------------------------

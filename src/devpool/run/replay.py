@@ -27,6 +27,7 @@ from devpool.report.terminal import (
     log_path,
     tail,
     where_ran,
+    write_apart,
     write_test_log,
 )
 from devpool.run import host_leases
@@ -48,6 +49,8 @@ class Replay:
         self.hook = session.config.hook
         self.platform: Platform = ctx.inventory.platform
         self.ended: dict[str, int] = {}  # final outcome → tests, for the live display
+        # pytest's categories as its closing line counts them (xfailed apart from skipped)
+        self.counted: dict[str, int] = {}
         # The terminal writes a test's node id at logstart and its result at logreport; with
         # tests of several workers interleaved, -v would show ids with no result. Without its
         # logstart, each report writes one whole line (id and result), as pytest's own -v does.
@@ -116,6 +119,7 @@ class Replay:
         status = self.hook.pytest_report_teststatus(report=report, config=self.session.config)
         if status and status[0]:
             report.devpool_counted = str(status[0])  # type: ignore[attr-defined]
+            self.counted[str(status[0])] = self.counted.get(str(status[0]), 0) + 1
 
     def _judge(self, report: pytest.TestReport, attempt: Attempt) -> None:
         """Rerun or flaky, decided before pytest sees the report, so it counts it right."""
@@ -376,7 +380,7 @@ class Replay:
     def say(self, text: str) -> None:
         terminal = self.session.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
-            terminal.write_line(f"devpool: {text}")
+            write_apart(terminal, f"devpool: {text}")
 
 
 def _ranks(worker: WorkerHandle | None) -> dict[str, Any]:

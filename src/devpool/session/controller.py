@@ -40,7 +40,7 @@ from devpool.report.junit import Attempt
 from devpool.report.record import LiveRecord, RecordWriter, host_name, read_record
 from devpool.report.slow import SlowTests
 from devpool.report.summary import summarize
-from devpool.report.terminal import lend_endings, take_back
+from devpool.report.terminal import lend_endings, take_back, write_apart
 from devpool.run.loop import Loop
 from devpool.session import jobs, past_runs, summary, workers
 from devpool.session.plain_collection import PlainCollection
@@ -154,7 +154,7 @@ class Controller:
         terminal = self.config.pluginmanager.get_plugin("terminalreporter") if lines else None
         if terminal is not None:
             for line in lines:
-                terminal.write_line(line, yellow=True)
+                write_apart(terminal, line, yellow=True)
 
     def _start_record(self, session: pytest.Session, plan: Plan) -> None:
         prune_runs(self.run_dir, self.settings)
