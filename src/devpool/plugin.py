@@ -6,6 +6,7 @@ import os
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,7 @@ from devpool.devices.inventory import resolve_inventory
 from devpool.devices.lockdir import LockDir
 from devpool.errors import DevpoolError
 from devpool.plan.markers import MARKERS
+from devpool.plan.rules import RuleMarkers, rules_from
 from devpool.report.terminal import file_name
 from devpool.select import DEPENDS_ON_MARKER
 from devpool.select.options import select_options
@@ -144,6 +146,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except DevpoolError:
             table = {}  # the controller said so already
         register_worker(config, config.getoption("devpool_select"), table)
+        _register_rules(config, table, str(_pyproject(config)), warn=False)
         return
     try:
         _configure_controller(config)
@@ -163,6 +166,7 @@ def _configure_controller(config: pytest.Config) -> None:
         vars(config.option), table, str(pyproject), fallback=compat.settings_fallback(config)
     )
     select_options(table, str(pyproject))  # its values, checked whether or not selection is on
+    rules = rules_from(table, str(pyproject), settings)  # checked whether or not devpool is on
     if settings.devices is None:
         # devpool stays out of the way (plain pytest, markers registered), and says so
         # once when tests need devices.
@@ -171,6 +175,7 @@ def _configure_controller(config: pytest.Config) -> None:
         # A host's lock folder is set for every run alike (CI scripts, test helpers).
         given = {a.split("=", 1)[0] for a in args if a.startswith("--devpool-")}
         given.discard("--devpool-lock-dir")
+        config.pluginmanager.register(RuleMarkers(rules), "devpool-rules")
         config.pluginmanager.register(DormantNotice(sorted(given)), "devpool-dormant")
         return
     if getattr(config.option, "numprocesses", None):
@@ -212,6 +217,20 @@ def _configure_controller(config: pytest.Config) -> None:
     from devpool.select.session import register_controller
 
     register_controller(config, settings, read_table(pyproject), str(pyproject))
+    # Registered after selection's plugin: its trylast collection hook runs first, so the
+    # selection reads the devices the rules give too.
+    config.pluginmanager.register(RuleMarkers(rules), "devpool-rules")
+
+
+def _register_rules(config: pytest.Config, table: dict[str, Any], where: str, warn: bool) -> None:
+    """A worker's rules, as its controller's: a mistake there was said by the controller."""
+    try:
+        settings = settings_from(vars(config.option), table, where)
+        rules = rules_from(table, where, settings)
+    except DevpoolError:
+        return
+    if rules:
+        config.pluginmanager.register(RuleMarkers(rules, warn=warn), "devpool-rules")
 
 
 @pytest.fixture
@@ -265,6 +284,35 @@ def devpool_node() -> NodeInfo:
         master_addr=env.get("DEVPOOL_NODE_MASTER_ADDR", "127.0.0.1"),
         master_port=int(env.get("DEVPOOL_NODE_MASTER_PORT", "0")),
         peers=peers or ("127.0.0.1",),
+    )
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """This process's place in a @pytest.mark.ranks(n) test, from torchrun's variables."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    devices: tuple[int, ...]  # this rank's own devices (physical ids), of the test's
+    master_addr: str
+    master_port: int
+
+
+@pytest.fixture
+def devpool_rank() -> RankInfo:
+    """This rank of a ranks(n) test (rank 0 of 1, the test's devices, outside one)."""
+    env = os.environ
+    own = env.get("DEVPOOL_RANK_DEVICES", env.get("DEVPOOL_DEVICES", ""))
+    return RankInfo(
+        rank=int(env.get("RANK", "0")),
+        world_size=int(env.get("WORLD_SIZE", "1")),
+        local_rank=int(env.get("LOCAL_RANK", "0")),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
+        devices=tuple(int(part) for part in own.split(",") if part),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(env.get("MASTER_PORT", "0")),
     )
 
 

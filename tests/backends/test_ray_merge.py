@@ -10,7 +10,7 @@ import pytest
 
 from devpool.backends.ray.actor import MODULES_ENV, shipped_lists
 from devpool.backends.ray.cluster import NodeShape, describe_cluster
-from devpool.backends.ray.merge import Merge, merge_phase
+from devpool.backends.merge import Merge, merge_phase
 from devpool.worker.worklist import NODEIDS_ENV as SELECTION_ENV
 
 
@@ -61,7 +61,7 @@ def test_two_ranks_make_one_start_one_report_per_phase_and_one_finish() -> None:
         {"ev": "report", "data": _report("passed")},
         finish,
     )
-    assert [m["ev"] for m in first] == ["ready", "start"]
+    assert [m["ev"] for m in first] == ["start"]  # ready once every rank is
     second = _feed(
         merge,
         1,
@@ -71,9 +71,9 @@ def test_two_ranks_make_one_start_one_report_per_phase_and_one_finish() -> None:
         {"ev": "report", "data": _report("failed", longrepr="rank one")},
         finish,
     )
-    assert [m["ev"] for m in second] == ["report", "report", "finish"]
-    assert [m["data"]["when"] for m in second[:2]] == ["setup", "call"]
-    assert second[1]["data"]["outcome"] == "failed"
+    assert [m["ev"] for m in second] == ["ready", "report", "report", "finish"]
+    assert [m["data"]["when"] for m in second[1:3]] == ["setup", "call"]
+    assert second[2]["data"]["outcome"] == "failed"
     done = _feed(merge, 0, {"ev": "done", "job": 3, "skipped": ["b"]})
     assert done == []
     assert _feed(merge, 1, {"ev": "done", "job": 3, "skipped": ["a"]}) == [

@@ -13,13 +13,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from devpool.backends import WorkerHandle
-from devpool.backends.pipes import EventPipes
+from devpool.backends.pipes import EventPipes, read_available
+from devpool.backends.ranks import Rank, RankGroup, group_pipe
 from devpool.backends.spawn import pytest_process
 from devpool.backends.templates import ForkedProcess, ForkRequest, Template
 from devpool.backends.zygote import Unset, Zygote, ZygoteChild, ZygoteGone
@@ -109,6 +110,7 @@ class LocalBackend:
         self.zygote: Zygote | None = None  # forks templates; None: they start afresh
         self.start_timeout = start_timeout  # seconds a worker may take to start (and collect)
         self.closed = False
+        self.groups: dict[int, RankGroup] = {}  # ranks(n) tests' workers, by key
 
     def start(
         self,
@@ -157,6 +159,31 @@ class LocalBackend:
         fork = ForkRequest(worker.key, child_env, cmd_read, ev_write, log, lease, start_fresh)
         worker.process = template.fork(fork)
         return worker
+
+    def group(self, workers: list[Worker], shape: int) -> RankGroup:
+        """One ranks(n) test's workers, one per rank (rank order), as one worker
+        (backends/ranks.py): their events meet in the merge before the loop reads them."""
+        self._next_key += 1
+        read_end, write_end = group_pipe()
+        first = workers[0]
+        ranks = [Rank(index, worker) for index, worker in enumerate(workers)]
+        group = RankGroup(
+            self._next_key, first.devices, first.lease, ranks, first.log, read_end, write_end, shape
+        )
+        for rank in ranks:
+            self.pipes.forget(rank.worker)
+            self.pipes.call(rank.worker.fd_out, self._pump_rank(group, rank))
+        self.pipes.watch(group)
+        self.groups[group.key] = group
+        return group
+
+    def _pump_rank(self, group: RankGroup, rank: Rank) -> Callable[[], None]:
+        def readable() -> None:
+            group.pump(rank, read_available)
+            if rank.gone:
+                self.pipes.uncall(rank.worker.fd_out)
+
+        return readable
 
     def prepare(self, kind: str, template_env: Mapping[str, str]) -> None:
         """Start the template of a kind ahead of its first worker (it collects meanwhile)."""
@@ -301,17 +328,30 @@ class LocalBackend:
         """End templates that have not collected in time (their workers start fresh)."""
         for template in self.templates.values():
             template.check(now)
+        for group in self.groups.values():
+            group.check(now, read_available)
+            for rank in group.ranks:
+                if rank.gone:
+                    self.pipes.uncall(rank.worker.fd_out)
 
     def due(self) -> list[float]:
         """When check() next has something to do."""
-        return [t.ready_by for t in self.templates.values() if t.state == "starting"]
+        times = [t.ready_by for t in self.templates.values() if t.state == "starting"]
+        return times + [at for group in self.groups.values() for at in group.due()]
 
     def drain(self, worker: WorkerHandle) -> list[protocol.Message]:
         """Whatever an exited worker still had in its pipe; stops watching that pipe."""
+        if isinstance(worker, RankGroup):
+            for rank in worker.ranks:
+                worker.pump(rank, read_available)
+                self.pipes.uncall(rank.worker.fd_out)
+            worker.check(time.monotonic(), read_available)
         return self.pipes.drain(worker)
 
     def reap(self, worker: WorkerHandle, wait: float = 5.0) -> int | None:
         """The worker's exit status once its event pipe closed (negative: killed by a signal)."""
+        if isinstance(worker, RankGroup):
+            return self._reap_group(worker, wait)
         assert isinstance(worker, Worker)
         try:
             code = worker.process.wait(timeout=wait)
@@ -321,6 +361,21 @@ class LocalBackend:
         worker.exited = True
         self.pipes.forget(worker)
         worker.close()
+        return code
+
+    def _reap_group(self, group: RankGroup, wait: float) -> int | None:
+        try:
+            code = group.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            group.signal_group(signal.SIGKILL)
+            code = group.wait()
+        group.exited = True
+        for rank in group.ranks:
+            rank.worker.exited = True
+            self.pipes.uncall(rank.worker.fd_out)
+        self.pipes.forget(group)
+        group.close()
+        self.groups.pop(group.key, None)
         return code
 
     def close(self) -> None:

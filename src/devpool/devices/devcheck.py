@@ -53,7 +53,7 @@ def check_cuda(device: int) -> tuple[int, str]:
     try:
         import torch  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
-        torch = None
+        torch = None  # type: ignore[assignment,unused-ignore]
     if torch is not None:
         try:
             # The visibility variable shows this process the one device under check.

@@ -72,8 +72,16 @@ class Job:
 
     @property
     def cpu_needed(self) -> int:
-        """CPU slots (cores) the job holds while it runs."""
-        return self.cpu_cores if self.devices_needed else 1
+        """CPU slots (cores) the job holds while it runs: a CPU-only ranks(n) test one per
+        rank."""
+        if self.devices_needed:
+            return self.cpu_cores
+        return max(1, self.request.cpu_ranks)
+
+    @property
+    def shape(self) -> int:
+        """Ranks of a ranks(n) test (0: an ordinary one): a worker runs jobs of one shape."""
+        return self.request.ranks
 
     @property
     def resources_needed(self) -> dict[str, int]:
@@ -140,6 +148,11 @@ def unsatisfiable_reason(
         return (
             f"needs {request.nodes} nodes × {request.device_count} {inventory.platform.name}; "
             "the local backend has one node (use --devpool-backend ray)"
+        )
+    if request.ranks and backend != "local":
+        return (
+            f"ranks({request.ranks}) runs on the local backend only for now; on Ray, "
+            "nodes(n) gives a test one rank per node"
         )
     have = len(inventory.devices)
     if request.device_count > 0 and have == 0:

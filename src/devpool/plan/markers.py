@@ -16,6 +16,8 @@ MARKERS = {
     "device_count": "device_count(n): the test needs n devices of the session's platform.",
     "platforms": "platforms([names]): the test runs only where the session's platform is listed.",
     "nodes": "nodes(n): the test needs n machines, each with device_count devices (Ray backend).",
+    "ranks": "ranks(n, devices_per_rank=1): the test runs as n processes, one per rank "
+    "(torchrun's environment), merged into one outcome.",
     "isolate": "isolate: the test runs in a fresh worker process that nothing else uses.",
     "timeout": "timeout(seconds): devpool kills the test's process group after this many seconds.",
     "quarantine": "quarantine(reason=, owner=, until='YYYY-MM-DD'): runs, reported, never gates.",
@@ -49,13 +51,21 @@ class Request:
     quiet: bool = False
     ports: int = 0  # ports(n); multi-rank tests get one by default (see ports_needed)
     resources: tuple[tuple[str, int], ...] = ()  # resources(name=k), sorted by name
+    # ranks(n): the test runs as n processes, one per rank; 0: an ordinary test.
+    ranks: int = 0
+    devices_per_rank: int = 1  # ranks(n, devices_per_rank=k): device_count is n × k
+
+    @property
+    def cpu_ranks(self) -> int:
+        """CPU slots a CPU-only distributed test takes: one per rank (0: not one)."""
+        return self.ranks if self.ranks and self.device_count == 0 else 0
 
     @property
     def ports_needed(self) -> int:
         """Ports leased for the test: ports(n), else one for a multi-rank test (MASTER_PORT)."""
         if self.ports:
             return self.ports
-        return 1 if self.device_count >= 2 or self.nodes >= 2 else 0
+        return 1 if self.device_count >= 2 or self.nodes >= 2 or self.ranks else 0
 
     def describe(self) -> str:
         """Short human form, e.g. '2 devices, isolate, timeout 30s' or '1 device × 8 GiB'."""
@@ -66,6 +76,12 @@ class Request:
             parts.append("exclusive")
         if self.device_count == 0:
             parts = ["cpu"]
+        if self.ranks:
+            each = self.devices_per_rank
+            per_rank = f"{each} device{'s' if each != 1 else ''}" if each else "cpu"
+            if self.device_memory is not None:
+                per_rank += f" × {format_size(self.device_memory)}"
+            parts = [f"{self.ranks} rank{'s' if self.ranks != 1 else ''} × {per_rank}"]
         if self.nodes > 1:
             parts.insert(0, f"{self.nodes} nodes ×")
         if self.isolate:
@@ -184,7 +200,15 @@ def _resources(
     return tuple(sorted(marker.kwargs.items()))
 
 
-VALUE_MARKERS = ("device_count", "device_memory", "nodes", "platforms", "timeout", "ports")
+VALUE_MARKERS = (
+    "device_count",
+    "device_memory",
+    "nodes",
+    "platforms",
+    "timeout",
+    "ports",
+    "ranks",
+)
 
 
 def _conflicts(item: pytest.Item) -> None:
@@ -257,6 +281,21 @@ def request_for(
     wanted: tuple[tuple[str, int], ...] = ()
     if (mark := item.get_closest_marker("resources")) is not None:
         wanted = _resources(nodeid, mark, resources or {})
+    ranks, per_rank = 0, 1
+    if (mark := item.get_closest_marker("ranks")) is not None:
+        ranks, per_rank = _ranks(nodeid, mark)
+        total = ranks * per_rank
+        if item.get_closest_marker("device_count") is not None and device_count != total:
+            raise DevpoolError(
+                f"{nodeid}: @pytest.mark.ranks({ranks}, devices_per_rank={per_rank}) holds "
+                f"{total} device{'s' if total != 1 else ''}, but @pytest.mark.device_count"
+                f"({device_count}) says otherwise; keep one, or make them agree"
+            )
+        device_count = total
+        if per_rank == 0:
+            device_memory, exclusive = None, False
+        elif device_memory is None and not exclusive:
+            device_memory = default_memory
     return Request(
         device_count,
         platforms,
@@ -271,4 +310,28 @@ def request_for(
         quiet=quiet,
         ports=ports,
         resources=wanted,
+        ranks=ranks,
+        devices_per_rank=per_rank,
     )
+
+
+def _ranks(nodeid: str, marker: pytest.Mark) -> tuple[int, int]:
+    """ranks(n) or ranks(n, devices_per_rank=k): (n ≥ 1, k ≥ 0)."""
+    kwargs = dict(marker.kwargs)
+    per_rank = kwargs.pop("devices_per_rank", 1)
+    if "n" in kwargs and not marker.args:
+        marker_args: tuple[Any, ...] = (kwargs.pop("n"),)
+    else:
+        marker_args = marker.args
+    if kwargs:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.ranks takes a number of ranks and devices_per_rank=, "
+            f"got unknown {', '.join(sorted(kwargs))}="
+        )
+    n = _whole_number(nodeid, "ranks", marker_args, {}, 1)
+    if isinstance(per_rank, bool) or not isinstance(per_rank, int) or per_rank < 0:
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.ranks({n}, devices_per_rank={per_rank!r}) needs a whole "
+            "number ≥ 0 of devices per rank (0: a CPU-only distributed test)"
+        )
+    return n, per_rank

@@ -26,6 +26,7 @@ class IdleWorker:
     key: int
     devices: tuple[int, ...]
     memory: int | None = None  # the bytes per device its lease holds; None: whole devices
+    shape: int = 0  # a rank group's ranks (Job.shape): it runs jobs of its own shape only
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ class Pool:
                 # Its own lease already holds the memory: the device need only be usable.
                 usable = all(self.room(d, retiring=True) >= memory for d in worker.devices)
                 same = worker.memory == memory and len(worker.devices) == k
+                same = same and worker.shape == job.shape
                 if same and usable and avoid.isdisjoint(worker.devices):
                     self.idle.remove(worker)
                     self._use(worker.devices, memory)
@@ -191,7 +193,8 @@ class Pool:
         if not isolate:
             for worker in self.idle:
                 whole = worker.memory is None
-                if whole and len(worker.devices) == k and self.free.issuperset(worker.devices):
+                fits = len(worker.devices) == k and worker.shape == job.shape
+                if whole and fits and self.free.issuperset(worker.devices):
                     return Placement(job, worker.devices, reuse=worker.key)
         warm = {d for w in self.idle if self.free.issuperset(w.devices) for d in w.devices}
         cold = sorted(self.free - warm)
@@ -220,7 +223,8 @@ class Pool:
         retire = []
         for worker in self.idle:
             if set(worker.devices) & set(chosen):
-                if worker.devices == chosen and not isolate and worker.memory is None:
+                same = worker.devices == chosen and worker.shape == job.shape
+                if same and not isolate and worker.memory is None:
                     return Placement(job, chosen, reuse=worker.key)
                 if not self.free.issuperset(worker.devices):
                     continue

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import signal
-
 from devpool.report.terminal import tail
 from devpool.run.attempts import Attempt
 from devpool.run.pool import Slot
+from devpool.wording import describe_exit
+
+__all__ = ["describe_exit", "own_output", "worker_log_tail"]
 
 
 def own_output(slot: Slot, attempt: Attempt) -> str:
     """What the worker wrote to its log since this attempt started: its output, no other's."""
+    ranks = getattr(slot.worker, "rank_output", None)  # a rank group: each rank's, labelled
+    if ranks is not None:
+        return str(ranks())
     try:
         with open(slot.worker.log, "rb") as log:
             log.seek(attempt.output_from)
@@ -21,19 +25,6 @@ def own_output(slot: Slot, attempt: Attempt) -> str:
     if not any(line.strip() for line in lines):
         return ""  # no header over nothing in CRASHED and TIMEOUT blocks
     return "---- worker output during this test (tail) ----\n" + "\n".join(lines)
-
-
-def describe_exit(code: int | None) -> str:
-    """'exited with code 1', 'was killed by SIGKILL (signal 9)', or 'vanished'."""
-    if code is None:
-        return "vanished"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name} (signal {-code})"
-    return f"exited with code {code}"
 
 
 def worker_log_tail(slot: Slot) -> str:

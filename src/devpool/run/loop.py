@@ -319,6 +319,7 @@ class Loop:
             or isolate
             or slot.dirty
             or slot.killed_for is not None
+            or getattr(slot.worker, "spent", False)  # a rank group one rank's ending ended
             or over_share
             or self.ctx.settings.isolation in ("job", "module")
         ):
@@ -403,6 +404,9 @@ class Loop:
             return
         attempt.move(State.CRASHED, self.ctx.emit)
         detail = f"worker pid {worker.pid} {how} while running the test"
+        ended_by = getattr(worker, "ended_by", None)  # a rank group: which rank, and how
+        if ended_by:
+            detail = f"{ended_by} while running the test; the other ranks were ended"
         self._end(attempt, Outcome.CRASHED, detail, slot, duration, own)
 
     def _worker_failed(self, slot: Slot, attempt: Attempt, code: int | None) -> None:

@@ -167,7 +167,10 @@ class Placing:
                 unavailable += unheld[max(0, self.limit - len(held)) :]
             idle = [
                 IdleWorker(
-                    s.key, s.worker.devices, s.worker.lease.amount if s.worker.lease else None
+                    s.key,
+                    s.worker.devices,
+                    s.worker.lease.amount if s.worker.lease else None,
+                    s.shape,
                 )
                 for s in self.pool.idle.values()
             ]
@@ -276,7 +279,7 @@ class Placing:
         if head is None or slot.stopping or slot.dirty or slot.killed_for is not None:
             return
         if head.request.nodes > 1:
-            return  # the ranks of a multi-node worker end a batch together (ray/merge.py)
+            return  # the ranks of a multi-node worker end a batch together (backends/merge.py)
         if self.over_share():
             return  # other runs wait: this worker ends with its batch (loop._job_done)
         unstarted = [a.job for a in slot.sent if a.state is State.SENT]
@@ -327,7 +330,7 @@ class Placing:
             return [job for job in head.chain[1:] if self.attempts[job.id].state is State.QUEUED]
         if head.fresh or settings.isolation == "job" or self.stopped:
             return []
-        if k > 1 and not module:
+        if (k > 1 or head.shape) and not module:
             return []
         queue = self.scheduler.queue
         workers = max(1, settings.cpu_slots if k == 0 else len(self.scheduler.devices))
@@ -341,6 +344,8 @@ class Placing:
             if following.fresh or following.chain is not None or _small(following) > budget:
                 break
             if module and following.location[0] != head.location[0]:
+                break
+            if following.shape != head.shape:  # a rank group runs its own shape only
                 break
             if following.memory_needed != head.memory_needed:  # a worker's lease is of one kind
                 break

@@ -17,6 +17,9 @@ from pathlib import Path
 
 from devpool.backends import Backend, Forks
 from devpool.backends import WorkerHandle as Worker
+from devpool.backends.local import LocalBackend
+from devpool.backends.local import Worker as LocalWorker
+from devpool.backends.ranks import rank_env
 from devpool.devices import memory
 from devpool.devices.leases import Lease
 from devpool.plan.jobs import Job, Plan
@@ -50,6 +53,7 @@ class Slot:
     spawned: float = field(default_factory=time.monotonic)
     startup: float | None = None  # seconds from spawn to ready, until its first test took it
     leased: float | None = None  # when its lease was taken (monotonic), until its first test
+    shape: int = 0  # a rank group's ranks (Job.shape): it runs jobs of that shape only
 
     @property
     def key(self) -> int:
@@ -118,15 +122,17 @@ class WorkerPool:
                 memory_file = self.ctx.log_dir / f"memory-{job.id}-{job.attempt}.json"
                 env[memory.SIM_MEMORY_FILE] = str(memory_file)
         env.update(host_env(lease))  # DEVPOOL_PORTS, MASTER_ADDR/PORT (run/host_leases.py)
-        worker = self._fork(placement.devices, lease, env, job)
-        if worker is None:
-            worker = self.backend.start(placement.devices, lease, env, job.request)
+        if job.shape:
+            worker = self._group(placement.devices, lease, env, job)
+        else:
+            worker = self._start(placement.devices, lease, env, job)
         if lease is not None:
             lease.set_job(job.nodeid, worker.pid)
         limit = self.ctx.settings.worker_start_timeout
         if not self.backend.local_leases:  # a cluster may first wait for room, up to this
             limit += self.ctx.settings.lease_timeout
         slot = Slot(worker, ready_by=now + limit, memory_file=memory_file, spawned=now)
+        slot.shape = job.shape
         slot.leased = now if lease is not None and lease.devices else None
         self.slots[worker.key] = slot
         return slot
@@ -167,6 +173,32 @@ class WorkerPool:
             ],
         }
         return slot.worker.send(message)
+
+    def _start(
+        self, devices: tuple[int, ...], lease: Lease | None, env: dict[str, str], job: Job
+    ) -> Worker:
+        """A worker forked from its kind's template, else a fresh interpreter."""
+        worker = self._fork(devices, lease, env, job)
+        if worker is None:
+            worker = self.backend.start(devices, lease, env, job.request)
+        return worker
+
+    def _group(
+        self, devices: tuple[int, ...], lease: Lease | None, env: dict[str, str], job: Job
+    ) -> Worker:
+        """A ranks(n) test's n workers, one per rank with torchrun's environment, as one
+        (backends/ranks.py); each sees every device of the test, in rank order."""
+        backend = self.backend
+        assert isinstance(backend, LocalBackend)  # plan/jobs.py: ranks(n) runs locally
+        request = job.request
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        workers = []
+        for rank in range(request.ranks):
+            own = rank_env(rank, request.ranks, devices, request.devices_per_rank)
+            worker = self._start(devices, lease, {**env, **own}, job)
+            assert isinstance(worker, LocalWorker)
+            workers.append(worker)
+        return backend.group(workers, job.shape)
 
     def _fork(
         self, devices: tuple[int, ...], lease: Lease | None, env: dict[str, str], job: Job

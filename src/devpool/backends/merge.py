@@ -1,0 +1,242 @@
+"""The rank merge: n ranks' event streams become one, with one start, report and finish per test.
+
+One module for both kinds of multi-rank test: `ranks(n)` on a host (backends/ranks.py) and
+`nodes(n)` on Ray (ray/backend.py). A phase passes only if every rank passed it, is skipped
+only if every rank skipped it (a skip on some ranks only fails, naming them), and fails with
+each failed rank's traceback labelled `[rank N]`; captured output comes in sections per rank.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from devpool.select.baseline import union_deps
+from devpool.select.record import DEPS_ATTR
+from devpool.select.tables import expand
+from devpool.worker import protocol
+
+
+def _longrepr_text(data: Mapping[str, Any]) -> str:
+    import pytest
+
+    try:
+        return str(pytest.TestReport._from_json(dict(data)).longreprtext)  # noqa: SLF001
+    except Exception:  # noqa: BLE001 - an odd longrepr still gets shown as it is
+        return json.dumps(data.get("longrepr"), default=str)
+
+
+def _label(rank: int, text: str) -> str:
+    return "\n".join(f"[rank {rank}] {line}" for line in (text.splitlines() or [""]))
+
+
+def merge_phase(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, Any]:
+    """One phase of one test across ranks: failed if any rank failed, passed only if all
+    did, skipped only if all did (a skip on some ranks only is a failure naming them)."""
+    failed = [(r, d) for r, d in reports if d.get("outcome") == "failed"]
+    # A rank's own failure first (its line is the test's one-line reason), ranks that devpool
+    # ended for it after.
+    failed.sort(key=lambda rd: str(rd[1].get("longrepr", "")).startswith(ENDED))
+    skipped = [(r, d) for r, d in reports if d.get("outcome") == "skipped"]
+    base = dict((failed or skipped or list(reports))[0][1])
+    base["duration"] = max(float(d.get("duration", 0.0)) for _, d in reports)
+    if all("start" in d for _, d in reports):
+        base["start"] = min(float(d["start"]) for _, d in reports)
+        base["stop"] = max(float(d.get("stop", d["start"])) for _, d in reports)
+    base["sections"] = [
+        [f"{title} [rank {rank}]", content]
+        for rank, data in reports
+        for title, content in data.get("sections", [])
+    ]
+    if failed:
+        base["outcome"] = "failed"
+        first, data = failed[0]
+        crash = data.get("longrepr")
+        crash = crash.get("reprcrash") if isinstance(crash, Mapping) else None
+        # pytest's one-line views (short summary, --tb=line) show a text longrepr's first line.
+        head = f"rank {first}: {crash['message']}\n" if isinstance(crash, Mapping) else ""
+        base["longrepr"] = head + "\n".join(_label(r, _longrepr_text(d)) for r, d in failed)
+    elif skipped and len(skipped) < len(reports):
+        # Some ranks skipped and the others ran on: the ranks disagree about the test.
+        ran = sorted(r for r, d in reports if d.get("outcome") != "skipped")
+        raw = skipped[0][1].get("longrepr")
+        if isinstance(raw, (list, tuple)) and len(raw) == 3:
+            reason = str(raw[2])  # (path, line, "Skipped: why"), as pytest keeps a skip
+        else:
+            reason = _longrepr_text(skipped[0][1])
+        base["outcome"] = "failed"
+        base["longrepr"] = (
+            f"skipped on {_ranks_named(r for r, _ in skipped)} only, ran on "
+            f"{_ranks_named(ran)}: a distributed test skips on every rank or on none\n"
+            + _label(skipped[0][0], reason)
+        )
+    deps = _union_of_ranks(reports)
+    if deps is not None:
+        base[DEPS_ATTR] = deps
+    return base
+
+
+def _ranks_named(ranks: Iterable[int]) -> str:
+    listed = sorted(ranks)
+    word = "rank" if len(listed) == 1 else "ranks"
+    return f"{word} {', '.join(map(str, listed))}"
+
+
+ENDED = "ended: "  # the part of a rank devpool ended because another rank's ending doomed it
+
+
+def ended_report(nodeid: str, location: Sequence[Any], when: str, why: str) -> dict[str, Any]:
+    """A rank's phase that devpool ended (another rank failed first): failed, saying why
+    (why starts with ENDED)."""
+    return {
+        "$report_type": "TestReport",
+        "nodeid": nodeid,
+        "location": list(location),
+        "keywords": {},
+        "outcome": "failed",
+        "longrepr": why,
+        "when": when,
+        "user_properties": [],
+        "sections": [],
+        "duration": 0.0,
+    }
+
+
+def _union_of_ranks(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, Any] | None:
+    """--devpool-select record: a test depends on what any of its ranks ran or read."""
+    seen = [
+        expand(deps) if isinstance(deps, Mapping) else deps
+        for deps in (data.get(DEPS_ATTR) for _, data in reports)
+    ]
+    if not any(isinstance(deps, Mapping) for deps in seen):
+        return None
+    nodeid = reports[0][1].get("nodeid")
+    lacking = {"nodeid": nodeid, "recorded": False, "why": "a rank sent no dependencies"}
+    return union_deps([deps if isinstance(deps, Mapping) else lacking for deps in seen])
+
+
+class Merge:
+    """n ranks' event streams → one stream with one start, report and finish per test.
+
+    A test's start goes out when its first rank starts it, never before the test ahead of it
+    has finished on every rank; its reports and finish when its last rank finishes it (or
+    was ended: end_rank)."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.reports: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        self.finished: dict[str, set[int]] = {}
+        self.started: set[str] = set()
+        self.starts: dict[str, protocol.Message] = {}  # each open test's first start
+        self.current: str | None = None  # the test whose start went out, not yet finished
+        self.held: list[protocol.Message] = []  # starts of tests behind the current one
+        self.where: dict[int, str] = {}  # rank → the test it runs now
+        self.ready: set[int] = set()
+        self.gone: set[int] = set()  # ranks that will say nothing more
+        self.missing: set[str] = set()
+        self.done: dict[int, dict[int, list[str]]] = {}
+
+    def feed(self, rank: int, message: protocol.Message) -> list[protocol.Message]:
+        if self.world == 1:
+            return [message]
+        event = message.get("ev")
+        if event == "ready":  # ready once every rank is: the test runs on all of them
+            self.ready.add(rank)
+            return [message] if len(self.ready) == self.world else []
+        if event in ("warning", "renamed", "imported"):  # said once, as by one process
+            return [message] if rank == 0 else []
+        if event == "start":
+            nodeid = message["nodeid"]
+            self.where[rank] = nodeid
+            if nodeid in self.started:
+                return []
+            self.started.add(nodeid)
+            self.starts[nodeid] = message
+            if self.current is not None:
+                self.held.append(message)
+                return []
+            self.current = nodeid
+            return [message]
+        if event == "report":
+            data = message["data"]
+            self.reports.setdefault(data["nodeid"], []).append((rank, data))
+            return []
+        if event == "finish":
+            nodeid = message["nodeid"]
+            self.where.pop(rank, None)
+            ranks = self.finished.setdefault(nodeid, set())
+            ranks.add(rank)
+            return self._complete(nodeid, message)
+        if event == "missing":
+            if message["nodeid"] in self.missing:
+                return []
+            self.missing.add(message["nodeid"])
+            return [message]
+        if event == "done":
+            job = int(message["job"])
+            ranks_done = self.done.setdefault(job, {})
+            ranks_done[rank] = list(message.get("skipped", ()))
+            if len(ranks_done) < self.world:
+                return []
+            skipped = sorted({n for names in ranks_done.values() for n in names})
+            del self.done[job]
+            return [{"ev": "done", "job": job, "skipped": skipped}]
+        return []
+
+    def phases(self, nodeid: str, rank: int) -> set[str]:
+        """The phases of a test this rank has reported."""
+        return {d.get("when", "") for r, d in self.reports.get(nodeid, []) if r == rank}
+
+    def end_rank(self, rank: int, why: str) -> list[protocol.Message]:
+        """A rank devpool ended while others ran on: its part of the test it was in (or the
+        current test, which it had not reached) fails with why; what completes goes out."""
+        self.gone.add(rank)
+        nodeid = self.where.pop(rank, None) or self.current
+        if nodeid is None or rank in self.finished.get(nodeid, set()):
+            return []
+        start = self.starts.get(nodeid)
+        location = start["location"] if start is not None else [nodeid, None, nodeid]
+        seen = self.phases(nodeid, rank)
+        when = "call" if "setup" in seen else "setup"
+        outcomes = {
+            d.get("when"): d.get("outcome") for r, d in self.reports.get(nodeid, []) if r == rank
+        }
+        if "setup" in seen and outcomes.get("setup") != "passed":
+            when = "teardown"
+        if when not in seen:
+            self.reports.setdefault(nodeid, []).append(
+                (rank, ended_report(nodeid, location, when, why))
+            )
+        self.finished.setdefault(nodeid, set()).add(rank)
+        finish = {"ev": "finish", "nodeid": nodeid, "location": list(location)}
+        return self._complete(nodeid, finish)
+
+    def _complete(self, nodeid: str, finish: protocol.Message) -> list[protocol.Message]:
+        if len(self.finished.get(nodeid, ())) < self.world:
+            return []
+        out = [*self._merged(nodeid), finish]
+        if self.current == nodeid:
+            self.current = None
+            if self.held:
+                start = self.held.pop(0)
+                self.current = start["nodeid"]
+                out.append(start)
+        return out
+
+    def _merged(self, nodeid: str) -> list[protocol.Message]:
+        reports = sorted(self.reports.pop(nodeid, []), key=lambda rd: rd[0])
+        self.started.discard(nodeid)
+        self.starts.pop(nodeid, None)
+        self.finished.pop(nodeid, None)
+        out: list[protocol.Message] = []
+        for when in ("setup", "call", "teardown"):
+            phase = [(r, d) for r, d in reports if d.get("when") == when]
+            if not phase:
+                continue
+            merged = merge_phase(phase)
+            out.append({"ev": "report", "data": merged})
+            if when == "setup" and merged.get("outcome") != "passed":
+                # pytest runs no call after a failed or skipped setup: nor does the merge.
+                reports = [(r, d) for r, d in reports if d.get("when") != "call"]
+        return out
