@@ -389,6 +389,9 @@ def test_the_waiting_line_names_the_other_run_once_and_never_itself(tmp_path: Pa
     assert second.returncode == 0, out
     lines = [line for line in out.splitlines() if "waiting for devices" in line]
     assert len(lines) == 1, out
-    assert lines[0].startswith("devpool: waiting for devices held by other runs: sim:0,1 held by")
+    assert lines[0].startswith(
+        "devpool: waiting for devices held by other runs (this run needs 2 sim devices of 2): "
+        "sim:0,1 held by"
+    ), lines[0]
     assert f"pid {holder.pid} " in lines[0] and "test test_it.py::test_holds_two" in lines[0]
     assert f"pid {second.pid} " not in lines[0], lines[0]

@@ -279,6 +279,7 @@ def test_waiting_line_is_said_once_per_holder(
     (line,) = waiting
     assert f"pid {os.getpid()}" in line and "other-session" in line, line
     assert line.count(" held by pid ") == 1, line  # one run, named once, whatever it holds
+    assert "(this run needs 1 sim device of 3)" in line, line  # what it waits for
 
 
 # ---- 7: a flaky test links every attempt's log ------------------------------------------------

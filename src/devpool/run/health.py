@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from devpool.devices import probes
@@ -22,6 +22,7 @@ from devpool.devices.leases import Blocked, Holder, Lease
 from devpool.devices.lockdir import describe_holders
 from devpool.devices.probes import CONTEXT, Fatal
 from devpool.run.context import RunContext
+from devpool.wording import counted
 
 FOREIGN_RETRY = 0.5  # seconds before retrying a device another run held
 BUSY_RETRY = 2.0  # seconds before probing again a device a foreign process used
@@ -42,6 +43,7 @@ class Foreign:
         self.busy_notes: dict[int, str] = {}  # device → the foreign processes the probe saw
         self.probe_unknown = False
         self.named: set[tuple[str, int] | None] = set()  # runs the waiting line has named
+        self.needs = 0  # devices the job we wait for needs, for the waiting line
 
     def __bool__(self) -> bool:
         return bool(self.blocked)
@@ -92,22 +94,33 @@ class Foreign:
         parts += [self.busy_notes[d] for d in sorted(self.blocked) if d in self.busy_notes]
         return "; ".join(parts)
 
-    def mark(self, blocked: list[Blocked], now: float) -> None:
+    def mark(self, blocked: list[Blocked], now: float, needs: int = 0) -> None:
         """Other runs hold these devices: wait, and say so once per holder.
 
         A run's tests come and go on its devices, and its devices on and off our list as
         we recheck them: the line is said again only when a run it has not named yet holds
-        what we wait for, and it names each run once with all the devices it holds now.
-        Our own run is never named: a memory request may not fit beside our own shares.
+        what we wait for, and it names only such runs, each once with all the devices it
+        holds now. Our own run is never named: a memory request may not fit beside our own
+        shares. `needs`: the devices of the job that waits (0: the last one said).
         """
         for entry in blocked:
             self.blocked[entry.device] = entry
             self.retry_at[entry.device] = now + FOREIGN_RETRY
-        holders = self._holders()
-        runs = {(h.session, h.pid) if h is not None else None for _, h in holders}
-        if runs - self.named:
-            self.named |= runs
-            self.say("waiting for devices held by other runs: " + self._held())
+        self.waiting(self._holders(), needs)
+
+    def waiting(self, held: Sequence[tuple[str, Holder | None]], needs: int = 0) -> None:
+        """Say what this run waits for (`2 sim devices of 4`) and who holds them: the runs
+        in `held` that no waiting line has named yet, once each; nothing if there are none."""
+        self.needs = needs or self.needs
+        fresh = [(what, h) for what, h in held if _run(h) not in self.named]
+        if not fresh:
+            return
+        self.named |= {_run(h) for _, h in fresh}
+        need = ""
+        if self.needs:
+            wanted = counted(self.needs, f"{self.platform} device")
+            need = f" (this run needs {wanted} of {len(self.ctx.inventory.devices)})"
+        self.say(f"waiting for devices held by other runs{need}: {describe_holders(fresh)}")
 
     def _holders(self) -> list[tuple[str, Holder | None]]:
         """(device, holder) for each other run's hold on a device we wait for."""
@@ -143,6 +156,11 @@ class Foreign:
                 self.busy_notes.pop(device, None)  # the probe runs again at the next lease
             else:
                 self.mark(got, now)
+
+
+def _run(holder: Holder | None) -> tuple[str, int] | None:
+    """The run a holder belongs to (None: a lock file whose holder is unknown)."""
+    return None if holder is None else (holder.session, holder.pid)
 
 
 @dataclass(eq=False)

@@ -214,7 +214,7 @@ class Placing:
                     self.host.wait(job, got.host, now)
                 else:
                     self.scheduler.unplace(job)
-                    self.foreign.mark(got.devices, now)
+                    self.foreign.mark(got.devices, now, job.devices_needed)
                 return False
             lease = got
             self.host.leased(job, lease)
@@ -415,11 +415,10 @@ class Placing:
             self.stalled_since = now
             self.share(now)  # in the waiting room at once: the others make room for us
             held = self.ctx.lock_dir.held_by_others(self.ctx.run_id)
-            runs = {(h.session, h.pid) if h else None for _, h in held}
-            if held and runs - self.foreign.named:
-                self.foreign.named |= runs
-                self.foreign.say("waiting for devices other runs hold: " + describe_holders(held))
-            elif not held and not self.said_share:
+            if held:
+                head = min(self.scheduler.queue.heads(), key=lambda job: job.priority())
+                self.foreign.waiting(held, head.devices_needed)
+            elif not self.said_share:
                 self.said_share = True
                 waiting = len(self.room.others(self.platform.name))
                 self.foreign.say(
