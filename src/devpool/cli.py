@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from devpool import __version__
+from devpool.capacity.adopt import add_adopt_command
 from devpool.capacity.cli import add_capacity_commands, shard_verify
 from devpool.devices.lockdir import LockDir, default_lock_dir
 from devpool.devices.resources import HostLockState, host_status
@@ -282,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_run)
     add_capacity_commands(commands)
+    add_adopt_command(commands)
     add_select_command(commands)
     add_serve_command(commands)
     return parser
@@ -300,7 +302,8 @@ def build_verify_parser() -> argparse.ArgumentParser:
     return verify
 
 
-_PASS_THROUGH = ("run", "capacity", "shard")  # commands whose arguments after `--` go to pytest
+# Commands whose arguments after `--` go to pytest.
+_PASS_THROUGH = ("run", "capacity", "shard", "adopt")
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -328,7 +331,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if args.command == "run":
         args.pytest_args = [*args.pytest_args, *after]
-    elif args.command in ("capacity", "shard"):
+    elif args.command in ("capacity", "shard", "adopt"):
         args.paths = [*args.paths, *after]
     return args
 

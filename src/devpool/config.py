@@ -255,8 +255,12 @@ TABLE_KEYS = frozenset(_BY_NAME) | {
     "fatal-patterns",
     "profiles",
     "resources",
+    "paths",
+    "markers",
 }
-PROFILE_KEYS = TABLE_KEYS - {"profiles", "profile"}
+# A profile changes how a run runs, never what a test asks for (paths, markers): a
+# capacity report and every profile's run see the same requests.
+PROFILE_KEYS = TABLE_KEYS - {"profiles", "profile", "paths", "markers"}
 
 
 def spaced_paths(args: Sequence[str]) -> list[tuple[str, str]]:

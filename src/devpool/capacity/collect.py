@@ -22,6 +22,7 @@ from devpool.history.quarantine import (
     entries_from_table,
     entry_from_marker,
 )
+from devpool.plan import rules as path_rules
 from devpool.plan.markers import MARKERS, Request, request_for
 
 
@@ -57,6 +58,13 @@ class Collection:
     device_memory: int | None = None  # [tool.devpool] device-memory (profile)
     memory_reserve: float = 0.05  # [tool.devpool] memory-reserve (profile)
     error: DevpoolError | None = None
+    # [tool.devpool.paths] / [tool.devpool.markers] (plan/rules.py): per test, where each
+    # part of its request came from; the path keys that covered no test; each test's
+    # file and line, as pytest located it.
+    rules: path_rules.Rules = field(default_factory=path_rules.Rules)
+    sources: dict[str, dict[str, str]] = field(default_factory=dict)
+    unmatched: list[str] = field(default_factory=list)
+    locations: dict[str, tuple[Path, int | None]] = field(default_factory=dict)
 
 
 def _pyproject(config: pytest.Config) -> Path:
@@ -98,6 +106,7 @@ class _Collector:
             self.seen.devices = settings.devices
             self.seen.device_memory = settings.device_memory
             self.seen.memory_reserve = settings.memory_reserve
+            self.seen.rules = path_rules.rules_from(table, str(pyproject), settings)
             for key in ("platforms", "quarantine"):
                 if not isinstance(table.get(key, {}), dict):
                     raise DevpoolError(f"{pyproject}: [tool.devpool] {key} must be a table")
@@ -116,11 +125,16 @@ class _Collector:
             self.seen.error = exc
 
     @pytest.hookimpl(trylast=True)  # after -k/-m and other plugins have deselected
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
         if self.seen.error is not None:
             return
         try:
+            self.seen.sources = path_rules.apply(items, self.seen.rules, config.rootpath)
+            self.seen.unmatched = path_rules.unmatched(self.seen.rules, items, config.rootpath)
             for item in items:
+                self.seen.locations[item.nodeid] = (Path(str(item.path)), item.location[1])
                 request = request_for(
                     item, self.seen.platforms, self.seen.device_memory, self._resources()
                 )
