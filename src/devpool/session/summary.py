@@ -16,7 +16,7 @@ from devpool.outcomes import RERUN, Outcome
 from devpool.report.github import GitHubLog
 from devpool.report.junit import Attempt, fold_attempts
 from devpool.report.record import LiveRecord, RecordWriter
-from devpool.report.summary import summarize
+from devpool.report.summary import INTERRUPTED, summarize
 from devpool.report.terminal import print_repeats, print_summary
 from devpool.session.past_runs import RELEASE_AFTER
 
@@ -92,6 +92,20 @@ def write_summary(terminalreporter: Any, found: Findings) -> None:
             terminalreporter.write_line(line)
     if found.record is not None:
         terminalreporter.write_line(f"devpool: run record {found.record_path}")
+    # pytest's closing line, written next, counts what ended; the tests an interrupt cut
+    # count there too, as every report form counts them ("1 failed, 1 interrupted").
+    cut = [Cut(nodeid) for nodeid in run.tests.get(INTERRUPTED, ())]
+    if cut:
+        terminalreporter._add_stats(INTERRUPTED, cut)
+
+
+class Cut:
+    """A test that was running when the run was interrupted, for pytest's closing line."""
+
+    count_towards_summary = True
+
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
 
 
 def fold_junit(
