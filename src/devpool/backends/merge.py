@@ -49,16 +49,17 @@ def merge_phase(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, A
         for rank, data in reports
         for title, content in data.get("sections", [])
     ]
-    if failed:
+    own = [(r, d) for r, d in failed if not str(d.get("longrepr", "")).startswith(ENDED)]
+    if own:
         base["outcome"] = "failed"
-        first, data = failed[0]
+        first, data = own[0]
         crash = data.get("longrepr")
         crash = crash.get("reprcrash") if isinstance(crash, Mapping) else None
         # pytest's one-line views (short summary, --tb=line) show a text longrepr's first line.
         head = f"rank {first}: {crash['message']}\n" if isinstance(crash, Mapping) else ""
         base["longrepr"] = head + "\n".join(_label(r, _longrepr_text(d)) for r, d in failed)
     elif skipped and len(skipped) < len(reports):
-        # Some ranks skipped and the others ran on: the ranks disagree about the test.
+        # Some ranks skipped and the others ran on (or were ended waiting for them).
         ran = sorted(r for r, d in reports if d.get("outcome") != "skipped")
         raw = skipped[0][1].get("longrepr")
         if isinstance(raw, (list, tuple)) and len(raw) == 3:
@@ -66,11 +67,17 @@ def merge_phase(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, A
         else:
             reason = _longrepr_text(skipped[0][1])
         base["outcome"] = "failed"
-        base["longrepr"] = (
-            f"skipped on {_ranks_named(r for r, _ in skipped)} only, ran on "
-            f"{_ranks_named(ran)}: a distributed test skips on every rank or on none\n"
-            + _label(skipped[0][0], reason)
+        base["longrepr"] = "\n".join(
+            [
+                f"skipped on {_ranks_named(r for r, _ in skipped)} only, ran on "
+                f"{_ranks_named(ran)}: a distributed test skips on every rank or on none",
+                _label(skipped[0][0], reason),
+                *(_label(r, _longrepr_text(d)) for r, d in failed),
+            ]
         )
+    elif failed:
+        base["outcome"] = "failed"
+        base["longrepr"] = "\n".join(_label(r, _longrepr_text(d)) for r, d in failed)
     deps = _union_of_ranks(reports)
     if deps is not None:
         base[DEPS_ATTR] = deps
@@ -144,7 +151,7 @@ class Merge:
         if event == "ready":  # ready once every rank is: the test runs on all of them
             self.ready.add(rank)
             return [message] if len(self.ready) == self.world else []
-        if event in ("warning", "renamed", "imported"):  # said once, as by one process
+        if event in ("warning", "renamed", "imported", "output"):  # once, as by one process
             return [message] if rank == 0 else []
         if event == "start":
             nodeid = message["nodeid"]

@@ -233,7 +233,8 @@ class RankGroup:
         if event == "report":
             data = message["data"]
             outcome = str(data.get("outcome", ""))
-            rank.outcome = outcome
+            if outcome != "passed" or not rank.outcome:  # a test's worst phase is its part
+                rank.outcome = outcome if rank.outcome != "failed" else rank.outcome
             when = str(data.get("when", ""))
             if outcome == "failed" and self.fallen is None:
                 self._fall(rank, "errored" if when != "call" else "failed", data["nodeid"])
@@ -268,6 +269,8 @@ class RankGroup:
             self._fall(rank, how, None)
             self.fallen_test = None  # no report of that test goes out: it crashed
             return []
+        if self.signalled and rank.rank in self.merge.where:
+            rank.outcome = "killed"  # inside the test when devpool ended the group
         if self.fallen is not None and self.fallen_test is not None:
             if rank.rank != self.culprit:
                 rank.outcome = "ended"

@@ -76,7 +76,9 @@ class Job:
         rank."""
         if self.devices_needed:
             return self.cpu_cores
-        return max(1, self.request.cpu_ranks)
+        if self.request.cpu_ranks:  # at most every slot (the controller caps cpu_cores)
+            return self.cpu_cores or self.request.cpu_ranks
+        return 1
 
     @property
     def shape(self) -> int:

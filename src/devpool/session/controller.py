@@ -380,6 +380,8 @@ class Controller:
             load = self.cpu_loads.get(job.nodeid)
             if load is not None and job.devices_needed and self.settings.backend == "local":
                 job.cpu_cores = cpu_slots_of(load, self.settings.cpu_slots)
+            if job.request.cpu_ranks:  # a CPU-only ranks(n) test: a core per rank, at most all
+                job.cpu_cores = min(job.request.cpu_ranks, self.settings.cpu_slots)
         if self.settings.plan:
             jobs.print_plan(self.config, plan, self.inventory, self.settings)
             backend.close()
