@@ -199,7 +199,7 @@ def _value(
         try:
             parse_size(raw)
         except ValueError as exc:
-            raise DevpoolError(f"{where} device_memory needs {exc}") from None
+            raise DevpoolError(f"{where} device_memory needs {exc}, got {raw!r}") from None
         return raw
     if key == "platforms":
         names = [raw] if isinstance(raw, str) else raw
