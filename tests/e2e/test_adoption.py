@@ -291,3 +291,61 @@ def test_an_alias_of_a_plugins_marker_leaves_the_plugin_its_meaning(
     result = session(pytester, lock, "-p", "ws_plugin", "--devices", "sim:0-3")
     assert result.ret == 0, text(result)
     result.assert_outcomes(passed=1)
+
+
+SKIPS = """
+import unittest
+
+import pytest
+from count import visible
+
+
+@pytest.mark.world_size(8)
+@pytest.mark.skipif(visible() < 8, reason="needs 8 devices")
+def test_bool_condition():
+    pass
+
+
+@pytest.mark.world_size(8)
+@pytest.mark.skipif("visible() < 8", reason="needs 8 devices, said in a string")
+def test_string_condition():
+    pass
+
+
+@pytest.mark.world_size(8)
+@unittest.skipUnless(visible() >= 8, "needs 8 devices, said to unittest")
+def test_unittest_decorator():
+    pass
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.skipif(visible() < 2, reason="needs 2 devices")
+def test_fits():
+    pass
+"""
+
+
+def test_a_skip_that_counts_devices_is_plain_pytests_skip(
+    pytester: pytest.Pytester, here: Path, lock: Path
+) -> None:
+    """The controller sees the host's 4 devices, as plain pytest does: tests whose skip
+    condition wants 8 are skipped with pytest's own reason and place, not failed as
+    unsatisfiable; the one that fits runs on its 2 devices."""
+    pyproject = '[tool.devpool.markers]\nworld_size = { device_count = "args[0]" }\n'
+    project(here, pyproject, {"tests/test_skips.py": SKIPS})
+    (here / "count.py").write_text(
+        COUNT
+        + "\n\ndef visible():\n"
+        + "    ids = os.environ.get('DEVPOOL_SIM_VISIBLE_DEVICES')\n"
+        + "    return 4 if ids is None else len([d for d in ids.split(',') if d])\n"
+    )
+    plain = pytester.runpytest_subprocess("-p", "no:devpool", "-rs")
+    result = session(pytester, lock, "--devices", "sim:0-3", "-rs")
+    assert result.ret == plain.ret == 0, text(result)
+
+    def skips(run: pytest.RunResult) -> list[str]:
+        return sorted(line for line in run.outlines if line.startswith("SKIPPED"))
+
+    assert len(skips(plain)) == 3
+    assert skips(result) == skips(plain)
+    result.assert_outcomes(passed=1, skipped=3)

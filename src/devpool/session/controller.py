@@ -31,7 +31,7 @@ from devpool.history import preload
 from devpool.history.durations import TestResult, default_history_path, pending_dir
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
-from devpool.plan import chains
+from devpool.plan import chains, skips
 from devpool.plan.jobs import Plan, build_plan, cpu_slots_of
 from devpool.plan.markers import Request, request_for
 from devpool.report import github, progress
@@ -273,6 +273,7 @@ class Controller:
                 )
             except DevpoolError as exc:
                 raise pytest.UsageError(str(exc)) from None
+            request = skips.beyond_pool(item, request, len(self.inventory.devices))
             if request.platforms is not None and not (
                 platform.name in request.platforms or platform.kind in request.platforms
             ):
