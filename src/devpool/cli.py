@@ -22,7 +22,7 @@ from devpool.errors import DevpoolError
 from devpool.report.github import write_step_summary
 from devpool.report.jsonout import render_json
 from devpool.report.markdown import render_markdown
-from devpool.report.record import latest_record, read_record
+from devpool.report.record import latest_record, read_run
 from devpool.report.text import render_text
 from devpool.select.cli import add_select_command, build_transfer_parser
 from devpool.serve import add_serve_command
@@ -104,22 +104,23 @@ def _host_locks(held: list[HostLockState]) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     if args.diff:
-        from devpool.report.diff import render_diff
+        from devpool.report.diff import SLOWER_FACTOR, render_diff
 
         if args.record or args.html or args.step_summary:
             raise DevpoolError(
                 "--diff OLD NEW compares two runs: give no record, --html or --step-summary with it"
             )
-        if not args.slower > 1:
-            raise DevpoolError(f"--slower must be a factor above 1, got {args.slower:g}")
-        sys.stdout.write(
-            render_diff([Path(p) for p in args.diff], args.format or "text", args.slower)
-        )
+        slower = SLOWER_FACTOR if args.slower is None else args.slower
+        if not slower > 1:
+            raise DevpoolError(f"--slower must be a factor above 1, got {slower:g}")
+        sys.stdout.write(render_diff([Path(p) for p in args.diff], args.format or "text", slower))
         return 0
+    if args.slower is not None:
+        raise DevpoolError("--slower compares two runs: it goes with --diff OLD NEW")
     path = Path(args.record) if args.record else latest_record(Path.cwd())
     if path is None:
         raise DevpoolError("no run record given and none under .devpool/runs/ here")
-    record = read_record(path)
+    record = read_run(path)
     if record.damage:
         print(f"devpool: {record.damage}", file=sys.stderr)
     if args.html:
@@ -244,7 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report", help="render a run record again: text, markdown, json or an HTML timeline"
     )
-    report.add_argument("record", nargs="?", help="record.jsonl (default: the newest here)")
+    report.add_argument(
+        "record", nargs="?", help="record.jsonl or run folder (default: the newest here)"
+    )
     report.add_argument(
         "--format",
         choices=("text", "markdown", "json"),
@@ -262,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--slower",
         type=float,
-        default=2.0,
+        default=None,
         metavar="FACTOR",
         help="with --diff: a test this many times slower than in OLD is a regression (2; "
         "tests under 0.1 s in NEW never are)",

@@ -24,6 +24,17 @@ def devpool_dir(root: Path) -> Path:
     return folder
 
 
+def made(folder: Path) -> Path:
+    """The folder, made with its parents; a `.devpool` folder on the way gets its .gitignore
+    (the history and the preload list are written there even when the run folder is not)."""
+    for parent in (folder, *folder.parents):
+        if parent.name == ".devpool":
+            devpool_dir(parent.parent)
+            break
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def writable_folder(path: Path, what: str) -> None:
     """Make the folder a user named for devpool's output, or say in one sentence why not.
 

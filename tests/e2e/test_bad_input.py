@@ -208,6 +208,9 @@ MARKERS = [
     marker_row("ports-zero", "@pytest.mark.ports(0)", "ports(0)"),
     marker_row("resources-undeclared", "@pytest.mark.resources(hccl=1)", "'hccl'"),
     marker_row("resources-positional", '@pytest.mark.resources("hccl")', "name=count"),
+    marker_row("isolate-true", "@pytest.mark.isolate(True)", "isolate takes no arguments"),
+    marker_row("isolate-false", "@pytest.mark.isolate(False)", "isolate(False)"),
+    marker_row("exclusive-true", "@pytest.mark.device_exclusive(True)", "device_exclusive"),
 ]
 
 COMMANDS = [
@@ -286,6 +289,7 @@ COMMANDS = [
         says="did you mean --devpool-max-parallel?",
     ),
     cli_row("history-unknown-action", "history", "frob", says="frob"),
+    cli_row("report-slower-without-diff", "report", "--slower", "3", says=("--slower", "--diff")),
 ]
 
 ROWS = [*OPTIONS, *TABLES, *MARKERS, *COMMANDS]

@@ -179,3 +179,35 @@ def test_diff_refuses_what_is_no_run_in_one_sentence(tmp_path: Path) -> None:
     assert "no devpool run folder" in done.stderr
     bad = devpool(tmp_path, "report", "--diff", "a", "b", "--slower", "0.5")
     assert bad.returncode != 0 and "--slower must be a factor above 1" in bad.stderr
+
+
+def test_a_run_folder_is_a_run_to_every_report_and_devpool_s_files_stay_out_of_git(
+    tmp_path: Path,
+) -> None:
+    """`devpool report RUN_FOLDER` reads the folder's record, as --diff does; a run whose
+    folder is elsewhere (--devpool-run-dir) still leaves .devpool/ ignored by git, history
+    and all (issue 39, 2.8)."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True, timeout=60)
+    folder = run_version(tmp_path, V1, "v1")
+    assert (tmp_path / ".devpool" / "history.sqlite").is_file()
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert ".devpool" not in status, status
+    for form in ("text", "json", "markdown"):
+        by_folder = devpool(tmp_path, "report", str(folder), "--format", form)
+        by_file = devpool(tmp_path, "report", str(folder / "record.jsonl"), "--format", form)
+        assert by_folder.returncode == 0, by_folder.stderr
+        assert by_folder.stdout == by_file.stdout and by_file.stdout, form
+    (tmp_path / "empty").mkdir()
+    empty = devpool(tmp_path, "report", str(tmp_path / "empty"))
+    assert empty.returncode == 4 and "Traceback" not in empty.stderr, empty.stderr
+    assert empty.stderr.strip().endswith(
+        "is a folder without a record.jsonl: no devpool run folder"
+    )
+

@@ -54,7 +54,7 @@ def test_every_marker_lands_in_the_request() -> None:
     assert got == Request(
         device_count=2, platforms=("cuda", "sim"), nodes=3, isolate=True, timeout=30.0
     )
-    assert got.describe() == "3 nodes ×, 2 devices, isolate, timeout 30s"
+    assert got.describe() == "3 nodes × 2 devices, isolate, timeout 30s"
     assert request(pytest.mark.device_count(1)).describe() == "1 device"
 
 

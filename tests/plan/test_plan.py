@@ -35,8 +35,12 @@ def test_several_nodes_on_the_local_backend_is_unsatisfiable() -> None:
     assert plan.jobs == []
     ((_, reason),) = plan.unsatisfiable
     assert reason == (
-        "needs 2 nodes × 2 sim; the local backend has one node (use --devpool-backend ray)"
+        "nodes(2) needs 2 machines, 2 sim devices each; the local backend runs on this one "
+        "(use --devpool-backend ray, or ranks(2) for 2 processes here)"
     )
+    plan = build_plan([job(0, 0, nodes=3)], SIM4, backend="local")
+    ((_, reason),) = plan.unsatisfiable
+    assert reason.startswith("nodes(3) needs 3 machines; the local backend"), reason
 
 
 def test_several_nodes_are_satisfiable_on_ray() -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from devpool.errors import DevpoolError
+from devpool.folders import made
 
 HISTORY_SCHEMA = 3
 EXPORT_FORMAT = "devpool-history"
@@ -209,7 +210,7 @@ def _connect(path: Path, create: bool) -> sqlite3.Connection:
     """An open devpool history, created when empty (if allowed); DevpoolError otherwise."""
     try:
         if create:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            made(path.parent)
         elif not path.is_file():
             raise DevpoolError(f"history {path} does not exist")
         uri = path.resolve().as_uri() + ("" if create else "?mode=ro")
@@ -474,7 +475,7 @@ def write_export(out: Path, rows: Iterable[TestResult]) -> int:
     header = {"format": EXPORT_FORMAT, "schema": HISTORY_SCHEMA, "rows": len(rows)}
     partial = out.with_name(f".{out.name}.{os.getpid()}.part")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        made(out.parent)
         with open(partial, "w", encoding="utf-8") as file:
             file.write(json.dumps(header) + "\n")
             for result in rows:

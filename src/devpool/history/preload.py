@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from devpool.folders import made
+
 PRELOAD_ENV = "DEVPOOL_PRELOAD"  # the file, in a template's environment
 FORMAT = "devpool-preload"
 MOST = 5000  # modules kept per kind
@@ -85,7 +87,7 @@ def write(
     partial = path.with_name(f".{path.name}.{os.getpid()}.part")
     text = json.dumps({"format": FORMAT, "kinds": kinds, "never": refused})
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        made(path.parent)
         partial.write_text(text, encoding="utf-8")
         os.replace(partial, path)
     except OSError:

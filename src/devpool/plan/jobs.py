@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from devpool.devices.inventory import Inventory, format_ids
 from devpool.devices.sizes import format_size
 from devpool.plan.markers import Request
+from devpool.wording import counted
 
 DEFAULT_ESTIMATE = 1.0  # seconds assumed for a test with no duration history
 ORDER_GRAIN = 0.1  # seconds: estimates below this do not reorder tests
@@ -147,9 +148,14 @@ def unsatisfiable_reason(
                 f"capacity {capacity}"
             )
     if request.nodes > 1 and backend == "local":
+        n = request.nodes
+        per_node = ""
+        if request.device_count:
+            devices = counted(request.device_count, f"{inventory.platform.name} device")
+            per_node = f", {devices} each"
         return (
-            f"needs {request.nodes} nodes × {request.device_count} {inventory.platform.name}; "
-            "the local backend has one node (use --devpool-backend ray)"
+            f"nodes({n}) needs {n} machines{per_node}; the local backend runs on this one "
+            f"(use --devpool-backend ray, or ranks({n}) for {n} processes here)"
         )
     if request.ranks and backend != "local":
         return (

@@ -83,7 +83,7 @@ class Request:
                 per_rank += f" × {format_size(self.device_memory)}"
             parts = [f"{self.ranks} rank{'s' if self.ranks != 1 else ''} × {per_rank}"]
         if self.nodes > 1:
-            parts.insert(0, f"{self.nodes} nodes ×")
+            parts[0] = f"{self.nodes} nodes × {parts[0]}"
         if self.isolate:
             parts.append("isolate")
         if self.timeout:
@@ -115,6 +115,19 @@ def _whole_number(
             f"got {type(value).__name__} {value!r}"
         )
     return value
+
+
+def _bare(nodeid: str, marker: pytest.Mark | None) -> bool:
+    """A marker that is on or off, written bare: isolate(False) would read as on."""
+    if marker is not None and (marker.args or marker.kwargs):
+        given = ", ".join(
+            [*map(repr, marker.args), *(f"{k}={v!r}" for k, v in marker.kwargs.items())]
+        )
+        raise DevpoolError(
+            f"{nodeid}: @pytest.mark.{marker.name} takes no arguments, got "
+            f"{marker.name}({given}); write @pytest.mark.{marker.name}, or leave it off"
+        )
+    return marker is not None
 
 
 def _platforms(nodeid: str, marker: pytest.Mark, known: Collection[str]) -> tuple[str, ...]:
@@ -244,7 +257,7 @@ def request_for(
     device_memory = None
     if (mark := item.get_closest_marker("device_memory")) is not None:
         device_memory = _device_memory(nodeid, mark)
-    exclusive = item.get_closest_marker("device_exclusive") is not None
+    exclusive = _bare(nodeid, item.get_closest_marker("device_exclusive"))
     if exclusive and device_memory is not None:
         raise DevpoolError(
             f"{nodeid}: @pytest.mark.device_exclusive and @pytest.mark.device_memory "
@@ -270,7 +283,7 @@ def request_for(
     timeout = None
     if (mark := item.get_closest_marker("timeout")) is not None:
         timeout = _timeout(nodeid, mark)
-    isolate = item.get_closest_marker("isolate") is not None
+    isolate = _bare(nodeid, item.get_closest_marker("isolate"))
     reruns, reruns_delay = rerunfailures.marker_reruns(item)
     quiet = benchmark.is_benchmark(item)
     if quiet and device_count > 0:

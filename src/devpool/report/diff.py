@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from devpool.errors import DevpoolError
 from devpool.outcomes import GATING, Outcome
-from devpool.report.record import RunRecord, read_record
+from devpool.report.record import read_run
 from devpool.report.summary import RunSummary, summarize
 
 DIFF_SCHEMA = "devpool-diff/1"
@@ -68,14 +67,6 @@ class RunDiff:
             ("new", self.new),
             ("gone", self.gone),
         ]
-
-
-def read_run(path: Path) -> RunRecord:
-    """A run given as its record.jsonl or as its run folder."""
-    record = path / "record.jsonl" if path.is_dir() else path
-    if path.is_dir() and not record.is_file():
-        raise DevpoolError(f"{path} is a folder without a record.jsonl: no devpool run folder")
-    return read_record(record)
 
 
 def diff_runs(old: RunSummary, new: RunSummary, factor: float = SLOWER_FACTOR) -> RunDiff:

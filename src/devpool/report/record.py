@@ -213,6 +213,14 @@ class RunRecord:
         )
 
 
+def read_run(path: Path) -> RunRecord:
+    """A run given as its record.jsonl or as its run folder (every command that reads a run)."""
+    record = path / "record.jsonl" if path.is_dir() else path
+    if path.is_dir() and not record.is_file():
+        raise DevpoolError(f"{path} is a folder without a record.jsonl: no devpool run folder")
+    return read_record(record)
+
+
 def read_record(path: Path) -> RunRecord:
     """Read a record up to any damage; DevpoolError only when nothing at all can be read."""
     try:
