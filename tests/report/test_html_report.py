@@ -17,6 +17,7 @@ import pytest
 
 from devpool.report.html import OUTCOME_COLORS, render_html
 from devpool.report.record import read_record
+from docs_screenshots import keep_for_docs
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -474,6 +475,7 @@ def test_chromium_screenshot_shows_passed_bars(
     matches = sum(1 for p in pixels if all(abs(a - b) <= 3 for a, b in zip(p, green, strict=True)))
     assert matches > 2000  # eight rows of bars, not a stray pixel
     assert len(set(pixels)) > 20  # text, tracks, legend: not a blank page
+    keep_for_docs(shot, "report.png")  # docs/reports.md shows it
 
 
 def test_chromium_dom_has_eight_device_rows_each_with_bars(

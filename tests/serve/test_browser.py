@@ -11,6 +11,8 @@ from typing import Any
 
 from serving import HOSTILE, Project, Server, Session, wait_for
 
+from docs_screenshots import keep_for_docs
+
 
 def _open(browser: Any, url: str) -> tuple[Any, list[str]]:
     """A page at the URL, and the list of every dialog it opens (an XSS would open one)."""
@@ -145,6 +147,7 @@ def test_a_waiting_run_shows_what_it_waits_for(
     api = server.json("/api/v1/waiting")["waiting"]
     assert [w["run"] for w in api] == [waiter.get_attribute("data-run")]
     assert api[0]["wants"] == 2 and api[0]["pool"] == 4
+    keep_for_docs(tmp_path / "waiting.png", "host-page.png")  # docs/host-page.md
 
     first.release()
     wait_for(lambda: (project.flags / "small.started").exists(), "the small test to start", 60)

@@ -16,6 +16,7 @@ import pytest
 from serving import Project, Server, Session, free_port, wait_for
 
 from devpool.backends.ray.names import ActorName
+from docs_screenshots import keep_for_docs
 from ray_nodes import Cluster, two_node_cluster
 
 HELD = "test_small.py::test_small"  # holds 2 devices until released (serving.TESTS)
@@ -206,6 +207,7 @@ def test_a_two_node_test_shows_a_rank_on_each_node_and_its_devices(
     page.locator("#live").scroll_into_view_if_needed()
     page.screenshot(path=str(tmp_path / "ray-pair.png"), full_page=True)
     page.locator("#ray").screenshot(path=str(tmp_path / "ray-section.png"))
+    keep_for_docs(tmp_path / "ray-section.png", "host-page-ray.png")  # docs/host-page.md
     run.release()
     assert run.wait() == 0, run.output()
     page.locator("#ray .ray-actor").first.wait_for(state="detached", timeout=15000)
