@@ -69,7 +69,8 @@ def test_the_reference_takes_defaults_and_meanings_from_the_code(hook: ModuleTyp
     assert "| `fork-server` | on |" in rows["--devpool-no-fork-server"]
     assert "`--devpool-lock-dir=DIR`" in rows["--devpool-lock-dir"]  # a path option, with =
     for option in OPTIONS:
-        assert option.help.replace("|", "\\|") in rows[option.cli]
+        meaning = option.help.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+        assert meaning in rows[option.cli]
     # "see" links each option to the pages that use it, relative to the reference page.
     assert "[Sharing devices, ports and resources](../sharing.md)" in rows["--devpool-ports"]
 

@@ -54,7 +54,8 @@ def value_of(option: Option) -> str:
         return f"`{option.cli}={option.path}`"
     name = getattr(option.convert, "__name__", "")
     value = _TEXT_VALUES.get(option.name) or _VALUES.get(name, "VALUE")
-    return f"`{option.cli} {value}`".replace("|", "\\|")
+    # Python-Markdown's tables leave a | inside a code span alone.
+    return f"`{option.cli} {value}`"
 
 
 def default_of(option: Option) -> str:
@@ -106,7 +107,7 @@ def options_table(docs: Path | None = None, here: str = "reference/options.md") 
         needles = [re.escape(option.cli) + r"\b(?!-)"]
         if option.negatable:
             needles.append(re.escape(f"--devpool-no-{option.name}") + r"\b(?!-)")
-        meaning = option.help.replace("|", "\\|")
+        meaning = option.help.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
         rows.append(
             f"| {value_of(option)} | `{option.name}` | {default_of(option)} | {meaning} "
             f"| {_see(docs, needles, here)} |"
