@@ -10,7 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from devpool.errors import DevpoolError
-from devpool.plan.rules import Argument, PathRule, RuleRequest, Rules, owned_markers, parse_rules
+from devpool.plan.markers import request_for
+from devpool.plan.rules import (
+    Argument,
+    PathRule,
+    RuleRequest,
+    Rules,
+    apply,
+    owned_markers,
+    parse_rules,
+)
 
 PLATFORMS = ("cuda", "sim")
 
@@ -162,3 +171,38 @@ def test_each_table_mistake_is_one_sentence(table: dict[str, Any], sentence: str
     with pytest.raises(DevpoolError) as error:
         rules(table)
     assert str(error.value) == sentence
+
+
+def test_each_part_comes_from_the_nearest_source(pytester: pytest.Pytester) -> None:
+    """A test's own device marker keeps its devices, yet a path rule's timeout and an
+    alias's ports still apply to it; a test with nothing of its own takes the alias's
+    devices over the path rule's."""
+    pytester.makeini("[pytest]\nmarkers =\n    distributed(num_gpus)\n")
+    items = pytester.getitems(
+        """
+        import pytest
+
+        @pytest.mark.device_count(3)
+        @pytest.mark.distributed(num_gpus=2)
+        def test_own():
+            pass
+
+        @pytest.mark.distributed(num_gpus=2)
+        def test_alias():
+            pass
+        """
+    )
+    found = rules(
+        {
+            "paths": {".": {"device_count": 1, "timeout": 30}},
+            "markers": {"distributed": {"device_count": "num_gpus", "ports": 2}},
+        }
+    )
+    sources = apply(items, found, pytester.path)
+    own, alias = sorted(items, key=lambda item: item.name, reverse=True)
+    assert sources[own.nodeid] == {"devices": "marker", "ports": "alias distributed"} | {
+        "timeout": "path ."
+    }
+    assert sources[alias.nodeid]["devices"] == "alias distributed"
+    counts = [request_for(item, PLATFORMS) for item in (own, alias)]
+    assert [(r.device_count, r.ports, r.timeout) for r in counts] == [(3, 2, 30.0), (2, 2, 30.0)]

@@ -108,13 +108,14 @@ class PathRule:
         return any(ch in self.key for ch in "*?[")
 
     def depth(self, path: Sequence[str]) -> int:
-        """How many leading parts of path (a file, rootdir-relative) it matches; 0: none.
+        """How many leading parts of path (a file, rootdir-relative) it matches; -1: none.
 
-        A key matches a file or a folder above it; the deepest such match counts."""
-        for length in range(len(path), 0, -1):
+        A key matches a file or a folder above it (".", the rootdir, at 0); the deepest
+        such match counts."""
+        for length in range(len(path), -1, -1):
             if _match(self.parts, tuple(path[:length])):
                 return length
-        return 0
+        return -1
 
     def specificity(self, path: Sequence[str]) -> tuple[int, int, int]:
         """Greater is more specific: the deeper match, then more literal parts, then fewer
@@ -147,7 +148,7 @@ class Rules:
     def path_rule(self, nodeid: str, path: Sequence[str]) -> PathRule | None:
         """The most specific key covering path; two equally specific keys that ask for
         different things are a mistake, named."""
-        matching = [rule for rule in self.paths if rule.depth(path)]
+        matching = [rule for rule in self.paths if rule.depth(path) >= 0]
         if not matching:
             return None
         best = max(rule.specificity(path) for rule in matching)
@@ -403,7 +404,7 @@ def unmatched(rules: Rules, items: Sequence[pytest.Item], rootpath: Path) -> lis
     """Path keys that cover none of these tests."""
     files = {relative_parts(Path(str(item.path)), rootpath) for item in items}
     paths = [parts for parts in files if parts]
-    return [rule.key for rule in rules.paths if not any(rule.depth(p) for p in paths)]
+    return [rule.key for rule in rules.paths if not any(rule.depth(p) >= 0 for p in paths)]
 
 
 def owned_markers() -> frozenset[str]:
