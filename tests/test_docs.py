@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -139,3 +140,24 @@ def test_screenshots_are_kept_for_the_docs_only_when_asked(
     kept = keep_for_docs(shot, "report.png")
     assert kept == tmp_path / "img" / "report.png"
     assert kept.read_bytes() == shot.read_bytes()
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_the_first_example_of_a_page_runs_under_devpool(page: str, tmp_path: Path) -> None:
+    """The README's example and the ten-line suite of Getting started pass as written."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    example = re.findall(r"```python\n(.*?)```", text, re.S)[0]
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_example.py").write_text(example, encoding="utf-8")
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = []\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests", "--devices", "sim:0-3", "-p", "no:randomly"]
+        + [f"--devpool-lock-dir={tmp_path / 'locks'}", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    collected = example.count("\ndef test_")
+    assert re.search(rf"\b{collected} passed\b", done.stdout), done.stdout
