@@ -320,9 +320,25 @@ def test_ids_alone_must_exist_on_the_host() -> None:
     assert "asks for cuda devices 4,5 that this host does not have (found 0-3)" in str(error.value)
 
 
-def test_ids_alone_with_nothing_detected() -> None:
-    with pytest.raises(DevpoolError, match="--devices auto found no accelerator"):
+def test_ids_alone_with_nothing_detected_name_what_was_written() -> None:
+    with pytest.raises(DevpoolError) as error:
         resolve_inventory("0-3", PLATFORMS, {}, detectors())
+    assert str(error.value).startswith(
+        "--devices 0-3 gives device ids without a platform, and this host has no accelerator"
+    )
+    assert str(error.value).endswith("e.g. --devices sim:0-3")
+
+
+def test_ids_alone_outside_a_visibility_variable_say_it_hides_them() -> None:
+    """As --devices cuda:4-5 does, whether or not a card was found (issue 39, 3)."""
+    environ = {"CUDA_VISIBLE_DEVICES": "0,1"}
+    for found in (detectors(), detectors(cuda=[0, 1, 2, 3, 4, 5])):
+        with pytest.raises(DevpoolError) as error:
+            resolve_inventory("4-5", PLATFORMS, environ, found)
+        assert str(error.value) == (
+            "--devices 4-5 asks for devices 4,5 that CUDA_VISIBLE_DEVICES=0,1 hides; "
+            "ask for a subset of 0,1 or unset CUDA_VISIBLE_DEVICES"
+        )
 
 
 # --- auto ----------------------------------------------------------------------------------

@@ -113,6 +113,18 @@ OPTIONS = [
     pytest_row("peer-service-empty", "--devpool-peer-service=", says="--devpool-peer-service"),
     pytest_row("profile-empty", "--devpool-profile=", says="--devpool-profile"),
     Mistake("option-devices-empty", ("--devices=",), ("--devices",)),
+    Mistake(
+        "option-devices-ids-outside-visible",
+        ("--devices", "4-5"),
+        ("--devices 4-5 asks for devices 4,5 that CUDA_VISIBLE_DEVICES=0,1 hides",),
+        env={"CUDA_VISIBLE_DEVICES": "0,1"},
+    ),
+    Mistake(
+        "option-devices-ids-no-accelerator",
+        ("--devices", "0-1"),
+        ("--devices 0-1 gives device ids without a platform", "--devices sim:0-1"),
+        unless="nvidia-smi",
+    ),
     pytest_row("ray-address-on-local", "--devpool-ray-address=auto", says="--devpool-backend ray"),
     pytest_row("ray-ship-code-on-local", "--devpool-ray-ship-code", says="--devpool-backend ray"),
     pytest_row("shard-by-module-alone", "--devpool-shard-by-module", says="--devpool-shard K/N"),
@@ -209,6 +221,13 @@ MARKERS = [
     marker_row("resources-undeclared", "@pytest.mark.resources(hccl=1)", "'hccl'"),
     marker_row("resources-positional", '@pytest.mark.resources("hccl")', "name=count"),
     marker_row("isolate-true", "@pytest.mark.isolate(True)", "isolate takes no arguments"),
+    Mistake(
+        "marker-ports-fixture-without-ports",
+        SIM,
+        ("test_marked", "devpool_ports", "@pytest.mark.ports(1)"),
+        tests="import pytest\n\n@pytest.mark.device_count(1)\n"
+        "def test_marked(devpool_ports): pass\n",
+    ),
     marker_row("isolate-false", "@pytest.mark.isolate(False)", "isolate(False)"),
     marker_row("exclusive-true", "@pytest.mark.device_exclusive(True)", "device_exclusive"),
 ]

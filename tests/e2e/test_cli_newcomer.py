@@ -220,3 +220,36 @@ def test_capacity_and_shard_each_say_how_they_count_device_seconds(tmp_path: Pat
     assert said and "whole devices" in said[0] and "devpool shard" in said[0], capacity.stdout
     said = [line for line in shard.stdout.splitlines() if "device-s =" in line]
     assert said and "share" in said[0] and "devpool capacity" in said[0], shard.stdout
+
+
+def test_run_with_devpool_off_is_pytest_alone_with_no_word_of_options_it_added(
+    project: Path,
+) -> None:
+    """`devpool run` with no --devices (and none in pyproject) runs plain pytest: the same
+    terminal as pytest alone, its exit code, no notice of run-folder options the user never
+    gave, and one line saying there is no run record (issue 39, 3)."""
+    (project / "test_x.py").write_text(
+        (project / "test_x.py").read_text() + "\ndef test_fails(): assert 0\n"
+    )
+    plain = subprocess.run(
+        [sys.executable, "-m", "pytest", *PYTEST, "-p", "no:randomly", "test_x.py"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    done = devpool(project, "run", "--", *PYTEST, "-p", "no:randomly", "test_x.py")
+    assert done.returncode == plain.returncode == 1, done.stdout + done.stderr
+    assert "--devpool-run" not in done.stdout + done.stderr, done.stdout
+
+    def outcomes(out: str) -> list[str]:
+        return [line for line in out.splitlines() if line.startswith(("test_x.py", "FAILED"))]
+
+    assert outcomes(done.stdout) == outcomes(plain.stdout), done.stdout
+    assert done.stderr.strip() == (
+        "devpool run: exit code 1; devpool was off (no --devices), so no run record"
+    )
+    assert not (project / ".devpool").exists()
+    refused = devpool(project, "run", "--run-record", "r.jsonl", "--", "test_x.py")
+    assert refused.returncode == 4 and "--run-record needs devpool on" in refused.stderr
+    assert "Traceback" not in refused.stderr and refused.stdout == "", refused.stderr

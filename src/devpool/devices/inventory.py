@@ -397,13 +397,17 @@ def resolve_inventory(
                 return platforms.get(kind, BUILTIN_PLATFORMS[kind]), found
         return None
 
-    def auto_platform() -> tuple[Platform, list[int]]:
+    def auto_platform(ids: list[int]) -> tuple[Platform, list[int]]:
+        """The platform ids without one are on; the sentence names what the user wrote."""
         first = first_found()
         if first is not None:
             return first
+        for kind in _AUTO_ORDER:  # ids a pre-set visibility variable hides: say that first
+            _check_visible(spec, platforms.get(kind, BUILTIN_PLATFORMS[kind]), ids, environ, True)
         raise DevpoolError(
-            "--devices auto found no accelerator (looked for NVIDIA, Ascend and ROCm "
-            "devices); name the devices, e.g. --devices sim:0-7"
+            f"--devices {spec.strip()} gives device ids without a platform, and this host has "
+            "no accelerator to put them on (looked for NVIDIA, Ascend and ROCm devices); "
+            f"name the platform, e.g. --devices sim:{spec.strip()}"
         )
 
     def known(name: str) -> Platform:
@@ -442,7 +446,7 @@ def resolve_inventory(
 
     if _IDS_RE.fullmatch(text):
         ids = _parse_spec_ids(spec, text)
-        platform, found = auto_platform()
+        platform, found = auto_platform(ids)
         _check_detected(spec, platform, ids, found)
         _check_visible(spec, platform, ids, environ, allow_uuid=True)
         return Inventory(platform, tuple(ids), f"--devices {text} on {platform.name} (detected)")

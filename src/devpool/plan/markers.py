@@ -309,7 +309,7 @@ def request_for(
             device_memory, exclusive = None, False
         elif device_memory is None and not exclusive:
             device_memory = default_memory
-    return Request(
+    request = Request(
         device_count,
         platforms,
         nodes,
@@ -326,6 +326,12 @@ def request_for(
         ranks=ranks,
         devices_per_rank=per_rank,
     )
+    if not request.ports_needed and "devpool_ports" in getattr(item, "fixturenames", ()):
+        raise DevpoolError(
+            f"{nodeid}: uses the devpool_ports fixture, but no @pytest.mark.ports(n) asks for "
+            "ports, so it would get none; add @pytest.mark.ports(1)"
+        )
+    return request
 
 
 def _ranks(nodeid: str, marker: pytest.Mark) -> tuple[int, int]:

@@ -50,6 +50,8 @@ def run_pytest(args: Sequence[str], record: Path | None) -> int:
     cwd = Path.cwd()
     given = {"devpool_run_record": str(record) if record is not None else None}
     settings = project_settings(cwd, pytest_args, given)
+    if settings.devices is None:
+        return _plain(pytest_args, record)
     extra: list[str] = []
     ours: Path | None = None  # the run folder this wrapper made up (and keeps pruned)
     # One id for the run: its folder's name and the record's run_id (the controller takes it).
@@ -63,17 +65,7 @@ def run_pytest(args: Sequence[str], record: Path | None) -> int:
         record = run_dir / "record.jsonl"
     env = dict(os.environ, DEVPOOL_SUMMARY_BY_PARENT="1", DEVPOOL_RUN_ID=stamp)
     argv = [sys.executable, "-m", "pytest", *pytest_args, *extra, f"--devpool-run-record={record}"]
-    child = subprocess.Popen(argv, env=env)
-
-    def forward(signum: int, frame: object) -> None:
-        child.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    code = _wait(subprocess.Popen(argv, env=env))
     exit_code = 128 - code if code < 0 else code
     record.parent.mkdir(parents=True, exist_ok=True)
     (record.parent / "exitcode").write_text(f"{exit_code}\n", encoding="utf-8")
@@ -82,6 +74,38 @@ def run_pytest(args: Sequence[str], record: Path | None) -> int:
         # The run was given --devpool-run-dir, so it leaves pruning to us, as its chooser.
         prune_folders(ours.parent, settings.keep_runs)
     return exit_code
+
+
+def _plain(pytest_args: Sequence[str], record: Path | None) -> int:
+    """devpool is off for this run (no --devices, no devices under [tool.devpool]): pytest
+    runs as it would alone, and nothing is said of run records it could not write."""
+    if record is not None:
+        raise DevpoolError(
+            "devpool run --run-record needs devpool on: give --devices, or devices under "
+            "[tool.devpool] in pyproject.toml"
+        )
+    child = subprocess.Popen([sys.executable, "-m", "pytest", *pytest_args])
+    code = _wait(child)
+    exit_code = 128 - code if code < 0 else code
+    print(
+        f"devpool run: exit code {exit_code}; devpool was off (no --devices), so no run record",
+        file=sys.stderr,
+    )
+    return exit_code
+
+
+def _wait(child: subprocess.Popen[bytes]) -> int:
+    """The child's status, SIGINT and SIGTERM passed on to it while it runs."""
+
+    def forward(signum: int, frame: object) -> None:
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _after(record_path: Path, code: int) -> None:
