@@ -250,3 +250,38 @@ def test_the_live_line_puts_its_counts_first_in_pytest_s_words(tmp_path: Path) -
     outcomes = {part for part in words.group(1).split(", ") if "deselected" not in part}
     outcomes = {part for part in outcomes if not re.fullmatch(r"\d+ warnings?", part)}
     assert set(counts.group(1).split(", ")) == outcomes, (while_slow, words.group(1))
+
+
+PRINTS = """
+import pytest
+
+
+@pytest.mark.device_count(1)
+def test_prints():
+    print("printed-by-the-test")
+"""
+
+
+def test_with_s_the_header_says_in_one_line_where_a_test_s_output_goes(tmp_path: Path) -> None:
+    """Under -s plain pytest prints a test's output here; devpool's tests print in workers,
+    so the header says in one line where it goes, and it is there (issue 39, 2.3)."""
+    (tmp_path / "test_suite.py").write_text(PRINTS)
+    done = subprocess.run(
+        argv(tmp_path, "-s"),
+        cwd=tmp_path,
+        env=environ(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = [line for line in done.stdout.splitlines() if line.startswith("devpool: -s:")]
+    assert len(said) == 1, done.stdout
+    where = re.search(r"not here: (\S+)/worker-N\.log", said[0])
+    assert where, said
+    logs = Path(where.group(1)).glob("worker-*.log")
+    assert any("printed-by-the-test" in log.read_text() for log in logs), said
+    quiet = subprocess.run(
+        argv(tmp_path), cwd=tmp_path, env=environ(), capture_output=True, text=True, timeout=120
+    )
+    assert quiet.returncode == 0 and "devpool: -s:" not in quiet.stdout, quiet.stdout

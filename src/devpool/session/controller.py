@@ -243,6 +243,14 @@ class Controller:
             f"max-parallel {self.max_parallel}, cpu slots {self.settings.cpu_slots}",
             f"devpool: lock dir {self.lock_dir.path}; logs {self.log_dir}",
         ]
+        capture = self.config.getoption("capture", None)
+        if capture in ("no", "tee-sys"):
+            # Tests run in workers: what they print live goes to the worker's log, and a
+            # reader of plain pytest's -s would look for it here.
+            lines.append(
+                f"devpool: -s: tests print to their worker's log, not here: "
+                f"{self.log_dir}/worker-N.log (each failure names its worker's log)"
+            )
         if not self.inventory.devices:
             action = "skip" if self.settings.skip_unsatisfiable else "fail"
             lines[0] = (
