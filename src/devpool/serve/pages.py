@@ -8,6 +8,7 @@ script only swaps in fresh server-rendered HTML when ``/events`` says something 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -222,10 +223,11 @@ def live_section(
         "<th>queued</th><th>failures</th><th>for</th></tr>"
     )
     for run in view["runs"]:
-        failed = len(run["failures"])
+        endings = Counter(str(failure["outcome"]) for failure in run["failures"])
         failures = (
-            f'<a class="bad" href="{escape(run["page"])}#failures">{failed} failed</a>'
-            if failed
+            f'<a class="bad" href="{escape(run["page"])}#failures">'
+            f"{escape(', '.join(f'{n} {outcome}' for outcome, n in endings.items()))}</a>"
+            if endings
             else '<span class="good">0</span>'
         )
         running = "".join(
@@ -348,10 +350,12 @@ def recent_section(view: Mapping[str, Any]) -> str:
     )
     for run in view["runs"]:
         css = "good" if run["exitstatus"] == 0 else "bad"
+        shown = _first_logs(run)
         logs = "".join(
-            _link(href, href.rsplit("/", 1)[-1].removesuffix(".log"), breaks=True)
-            for href in run["logs"][:6]
+            _link(href, href.rsplit("/", 1)[-1].removesuffix(".log"), breaks=True) for href in shown
         )
+        if len(run["logs"]) > len(shown):
+            logs += _link(f"{run['page']}#logs", f"+{len(run['logs']) - len(shown)} more")
         parts.append(
             f'<tr class="recent-run" data-run="{escape(run["run"])}">'
             f"<td>{_link(run['page'], run['run'])}<br><span class=muted>"
@@ -364,6 +368,17 @@ def recent_section(view: Mapping[str, Any]) -> str:
         )
     parts.append("</table></section>")
     return "".join(parts)
+
+
+SHOWN_LOGS = 6  # log links in a recent run's row; its page lists them all
+
+
+def _first_logs(run: Mapping[str, Any]) -> list[str]:
+    """The logs a recent run's row links: its failures' own logs first, then the rest."""
+    failing = {str(f["log"]).rsplit("/", 1)[-1] for f in run["failures"] if f.get("log")}
+    first = [href for href in run["logs"] if href.rsplit("/", 1)[-1] in failing]
+    rest = [href for href in run["logs"] if href not in first]
+    return [*first, *rest][: max(SHOWN_LOGS, len(first))]
 
 
 def tests_section(view: Mapping[str, Any]) -> str:
@@ -478,7 +493,7 @@ def run_page(run: Mapping[str, Any]) -> str:
             f"{'<pre>' + escape(tail) + '</pre>' if tail else ''}</div>"
         )
     if run["logs"]:
-        parts.append("<h3>Logs</h3><ul>")
+        parts.append('<h3 id="logs">Logs</h3><ul>')
         parts.extend(f"<li>{_link(h, h.rsplit('/', 1)[-1])}</li>" for h in run["logs"])
         parts.append("</ul>")
     parts.append("</section>")

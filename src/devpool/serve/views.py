@@ -165,7 +165,7 @@ def waiting_view(found: Sequence[Waiter], states: Sequence[LockState]) -> dict[s
         busy = [
             f"{s.platform}:{s.device}"
             for s in states
-            if s.platform == waiter.platform and (s.held or s.shares)
+            if s.platform == waiter.platform and _held_by_others(s, waiter.session)
         ]
         runs.append(
             {
@@ -181,6 +181,15 @@ def waiting_view(found: Sequence[Waiter], states: Sequence[LockState]) -> dict[s
             }
         )
     return {"schema": SCHEMA, "waiting": runs}
+
+
+def _held_by_others(state: LockState, session: str) -> bool:
+    """Whether a run other than `session` holds the device, whole or a share of it: a
+    waiting run's own leases are not what it waits for."""
+    holders = [share.holder for share in state.shares] if state.shares else []
+    if state.held:
+        holders.append(state.holder)
+    return any(holder is None or holder.session != session for holder in holders)
 
 
 def _alive(pid: int) -> bool:
