@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import LockDir
@@ -100,3 +101,37 @@ def test_a_waiting_run_s_own_devices_are_not_held_by_others(tmp_path: Path) -> N
     assert row["busy"] == ["sim:1", "sim:2"], row
     page = pages.waiting_section(view, {}, time.time())
     assert "sim:1, sim:2" in page and "sim:0" not in page, page
+
+
+def test_held_and_free_devices_take_one_width_and_eight_fit_a_1400_px_row(
+    tmp_path: Path, browser: Any
+) -> None:
+    """A held tile with a long test id wraps it inside the tile: it is as wide as a free one,
+    so eight devices, half of them held, stand in one row of a 1400 px page."""
+    locks = LockDir(tmp_path / "locks")
+    test = "tests/models/test_attention.py::test_flash_attention_matches_reference[bf16-seq4096]"
+    held = [
+        locks.try_acquire("sim", [device], Holder.for_this_process("run-h", f"{test}-{device}"))
+        for device in range(4)
+    ]
+    assert all(isinstance(lease, Lease) for lease in held)
+    try:
+        states = views.lock_states(locks.path)
+    finally:
+        for lease in held:
+            assert isinstance(lease, Lease)
+            lease.release()
+    # sim:4-7 are in a live run's inventory, with no lock file yet: free
+    view = views.devices_view(states, locks.path, known=[("sim", d) for d in range(8)])
+    html = pages.document("devpool", pages.devices_section(view, {}, time.time()), live=False)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_content(html)
+    boxes = page.evaluate(
+        "Array.from(document.querySelectorAll('.device')).map(e => {"
+        "const r = e.getBoundingClientRect();"
+        "return [e.dataset.state, Math.round(r.top), Math.round(r.width)]})"
+    )
+    assert [state for state, _, _ in boxes] == ["held"] * 4 + ["free"] * 4, boxes
+    assert len({top for _, top, _ in boxes}) == 1, boxes  # one row
+    assert len({width for _, _, width in boxes}) == 1, boxes  # one width
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1400

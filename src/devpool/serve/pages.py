@@ -27,8 +27,8 @@ main{padding:8px 16px}section{margin:12px 0}h2{font-size:16px;margin:8px 0}
 table{border-collapse:collapse;background:#fff;min-width:50%}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#eceff1}.num{text-align:right}
-.devices{display:flex;flex-wrap:wrap;gap:6px}
-.device{border-radius:4px;padding:4px 8px;color:#fff;min-width:150px;max-width:320px;font-size:12px}
+.devices{display:grid;grid-template-columns:repeat(auto-fill,minmax(150px,1fr));gap:6px;align-items:start}
+.device{border-radius:4px;padding:4px 8px;color:#fff;font-size:12px;min-width:0}
 .device b{font-size:13px}.device a{color:#fff}
 .device .holder{border-top:1px solid rgba(255,255,255,.4);margin-top:2px}
 .state-free{background:#2e7d32}.state-held{background:#1565c0}.state-shared{background:#6a1b9a}
