@@ -38,7 +38,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 #   test_collectives.py  test_allreduce_pair × 3 ops, device_count(2)          3 two-device
 #                        test_allreduce_four × 2 algos, device_count(4)        2 four-device
 #                        test_full_node_training_step, device_count(8)         1 eight-device
-EXAMPLES_BY_SIZE = {"cpu": 9, "1": 14, "2": 3, "4": 2, "8": 1}
+#   test_distributed.py  2 tests, ranks(2): a device per rank                 2 two-device
+EXAMPLES_BY_SIZE = {"cpu": 9, "1": 14, "2": 5, "4": 2, "8": 1}
 CUDA_ONLY = "examples/test_platforms.py::test_cuda_graphs_capture"
 
 
@@ -61,7 +62,7 @@ def examples(pytester: pytest.Pytester) -> list[CollectedTest]:
 
 
 def test_examples_counts_match_the_hand_count(examples: list[CollectedTest]) -> None:
-    assert len(examples) == 29
+    assert len(examples) == 31
     by_size = Counter(size_label(t.device_count, t.nodes) for t in examples)
     assert by_size == EXAMPLES_BY_SIZE
     rep = report(examples, "sim", None, {}, 1.0)
@@ -70,10 +71,10 @@ def test_examples_counts_match_the_hand_count(examples: list[CollectedTest]) -> 
     assert rows["1"].enabled == 13
     assert rows["1"].skipped_by_platform == 1
     assert rep.skipped_by_platform == [CUDA_ONLY]
-    assert rep.totals.enabled == 28
+    assert rep.totals.enabled == 30
     assert rep.totals.quarantined == rep.totals.disabled == 0
-    # Default 1 s each: 13×1 + 3×2 + 2×4 + 1×8 device-seconds.
-    assert rep.totals.device_seconds == pytest.approx(35.0)
+    # Default 1 s each: 13×1 + 5×2 + 2×4 + 1×8 device-seconds.
+    assert rep.totals.device_seconds == pytest.approx(39.0)
     assert rows["cpu"].device_seconds == 0.0
     assert rep.cannot_run_anywhere == []
 
@@ -97,7 +98,7 @@ def test_examples_json_and_markdown(examples: list[CollectedTest]) -> None:
     rep = report(examples, "sim", {"sim-4": 4}, {}, 1.0, devices_per_runner=4, timeline=True)
     data = json.loads(render_json(rep))
     assert data["schema"] == CAPACITY_SCHEMA == "devpool-capacity/1"
-    assert data["totals"]["tests"] == 29
+    assert data["totals"]["tests"] == 31
     assert [r["label"] for r in data["rows"]] == ["cpu", "1", "2", "4", "8"]
     assert data["cannot_run_anywhere"][0]["nodeid"] == (
         "examples/test_collectives.py::test_full_node_training_step"

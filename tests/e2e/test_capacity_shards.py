@@ -41,10 +41,10 @@ def test_capacity_of_the_examples(tmp_path: Path) -> None:
     # devices, enabled, quarantined, disabled, other platform, device-s, wall...
     assert lines["cpu"][1:6] == ["9", "0", "0", "0", "0.0"]
     assert lines["1"][1:6] == ["13", "0", "0", "1", "13.0"]
-    assert lines["2"][1:6] == ["3", "0", "0", "0", "6.0"]
+    assert lines["2"][1:6] == ["5", "0", "0", "0", "10.0"]  # 3 device_count(2), 2 ranks(2)
     assert lines["4"][1:6] == ["2", "0", "0", "0", "8.0"]
     assert lines["8"][1:6] == ["1", "0", "0", "0", "8.0"]
-    assert lines["total"][1:6] == ["28", "0", "0", "1", "35.0"]
+    assert lines["total"][1:6] == ["30", "0", "0", "1", "39.0"]
     assert "examples/test_platforms.py::test_cuda_graphs_capture" in done.stdout
 
 
@@ -54,7 +54,7 @@ def test_capacity_json_and_markdown_with_timeline(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["schema"] == "devpool-capacity/1"
-    assert data["totals"]["tests"] == 29
+    assert data["totals"]["tests"] == 31
     assert data["skipped_by_platform"] == ["examples/test_platforms.py::test_cuda_graphs_capture"]
     done = devpool(
         tmp_path, "capacity", examples, "--platform", "sim", "--format", "markdown", "--timeline"

@@ -297,7 +297,8 @@ def test_without_devices_one_line_says_devpool_is_off_and_how_to_turn_it_on(
     result.assert_outcomes(passed=2)
     notes = [line for line in result.stdout.lines if line.startswith("devpool:")]
     assert notes == [
-        "devpool: off: 1 test needs devices (device_count) and ran without device leases; "
+        "devpool: off: 1 test needs devices or ranks (device_count, nodes, ranks) and ran "
+        "without device leases, each in one process; "
         'turn devpool on with --devices auto, or devices = "auto" under [tool.devpool] '
         "in pyproject.toml"
     ]

@@ -24,7 +24,7 @@ class DormantNotice:
         self.marked = sum(
             1
             for item in session.items
-            if item.get_closest_marker("device_count") or item.get_closest_marker("nodes")
+            if any(item.get_closest_marker(name) for name in ("device_count", "nodes", "ranks"))
         )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -38,7 +38,8 @@ class DormantNotice:
             return
         tests = "1 test needs" if self.marked == 1 else f"{self.marked} tests need"
         terminalreporter.write_line(
-            f"devpool: off: {tests} devices (device_count) and ran without device leases; "
+            f"devpool: off: {tests} devices or ranks (device_count, nodes, ranks) and ran "
+            "without device leases, each in one process; "
             'turn devpool on with --devices auto, or devices = "auto" under [tool.devpool] '
             "in pyproject.toml",
             yellow=True,
