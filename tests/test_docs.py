@@ -161,3 +161,18 @@ def test_the_first_example_of_a_page_runs_under_devpool(page: str, tmp_path: Pat
     assert done.returncode == 0, done.stdout + done.stderr
     collected = example.count("\ndef test_")
     assert re.search(rf"\b{collected} passed\b", done.stdout), done.stdout
+
+
+def test_the_commands_reference_shows_every_commands_help(hook: ModuleType) -> None:
+    from devpool.cli import build_parser
+
+    page = (DOCS / "reference" / "commands.md").read_text(encoding="utf-8")
+    assert hook.COMMANDS_MARKER in page
+    built = hook.on_page_markdown(page, None, {"docs_dir": str(DOCS)}, None)
+    headings = re.findall(r"^## `(devpool[a-z ]*)`$", built, re.M)
+    commands = set(hook._subcommands(build_parser()))
+    assert commands and {f"devpool {name}" for name in commands} <= set(headings)
+    assert {"devpool shard verify", "devpool select export", "devpool history merge"} <= set(
+        headings
+    )
+    assert built.count("usage: devpool") == len(headings)  # each with its own --help

@@ -1,19 +1,23 @@
-"""MkDocs hook: the options reference, rendered from devpool's one options table.
+"""MkDocs hook: the options and commands references, rendered from the code.
 
 `devpool.config.OPTIONS` drives the command line (`--devpool-NAME`) and `[tool.devpool]`;
 `Settings` holds each default. docs/reference/options.md holds two markers that this hook
-replaces at build time, so the page cannot drift from the code. tests/test_docs.py reads
-the same rendering.
+replaces at build time, so the page cannot drift from the code; docs/reference/commands.md
+holds one that becomes every `devpool` command's --help. tests/test_docs.py reads the same
+renderings.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from devpool.config import OPTIONS, TABLE_KEYS, Option, Settings
+from devpool.devices.lockdir import default_lock_dir
 
 OPTIONS_MARKER = "<!-- devpool:options -->"
 KEYS_MARKER = "<!-- devpool:table-keys -->"
@@ -128,9 +132,60 @@ def table_keys(docs: Path | None = None, here: str = "reference/options.md") -> 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """MkDocs event: fill the reference page's markers from the code."""
+    if COMMANDS_MARKER in markdown:
+        return markdown.replace(COMMANDS_MARKER, commands_reference())
     if OPTIONS_MARKER not in markdown and KEYS_MARKER not in markdown:
         return markdown
     docs = Path(config["docs_dir"])
     here = page.file.src_uri
     markdown = markdown.replace(OPTIONS_MARKER, options_table(docs, here))
     return markdown.replace(KEYS_MARKER, table_keys(docs, here))
+
+
+COMMANDS_MARKER = "<!-- devpool:commands -->"
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's subcommands by name (argparse keeps them in its subparsers action)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    """Every `devpool` command line, as the command itself parses it, in the order of
+    `devpool --help`; the forms parsed apart (shard verify, select export/import) too."""
+    from devpool.cli import _Parser, build_parser, build_verify_parser
+    from devpool.select.cli import build_transfer_parser
+
+    top = build_parser()
+    found = [("devpool", top)]
+    for name, sub in _subcommands(top).items():
+        found.append((f"devpool {name}", sub))
+        found += [(f"devpool {name} {n}", p) for n, p in _subcommands(sub).items()]
+        if name == "shard":
+            found.append(("devpool shard verify", build_verify_parser()))
+        if name == "select":
+            found += [
+                (f"devpool select {v}", build_transfer_parser(_Parser, v))
+                for v in ("export", "import")
+            ]
+    return found
+
+
+def commands_reference() -> str:
+    """`--help` of every devpool command, each under a heading of its own."""
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "92"  # argparse wraps to the terminal: one width for the page
+    try:
+        parts = []
+        for name, parser in _parsers():
+            text = parser.format_help().replace(str(default_lock_dir()), "$TMPDIR/devpool-locks")
+            parts.append(f"## `{name}`\n\n```text\n{text.rstrip()}\n```\n")
+        return "\n".join(parts)
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
