@@ -1,7 +1,7 @@
 """The docs site (docs/, mkdocs.yml) and the README against the code (issues 30 and 39).
 
 The options reference is rendered from devpool.config.OPTIONS by the MkDocs hook
-docs/hooks/options_reference.py; these tests read the same rendering, and check that the
+docs/hooks/reference.py; these tests read the same rendering, and check that the
 prose of every page names only options that exist. `mkdocs build --strict` (in .ci/run)
 checks the links and the navigation.
 """
@@ -31,10 +31,10 @@ KNOWN = {option.cli for option in OPTIONS} | {
 
 def _hook() -> ModuleType:
     path = DOCS / "hooks" / "options_reference.py"
-    spec = importlib.util.spec_from_file_location("options_reference", path)
+    spec = importlib.util.spec_from_file_location("reference_hook", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("options_reference", module)
+    sys.modules.setdefault("reference_hook", module)
     spec.loader.exec_module(module)
     return module
 
