@@ -30,7 +30,7 @@ KNOWN = {option.cli for option in OPTIONS} | {
 
 
 def _hook() -> ModuleType:
-    path = DOCS / "hooks" / "options_reference.py"
+    path = DOCS / "hooks" / "reference.py"
     spec = importlib.util.spec_from_file_location("reference_hook", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
