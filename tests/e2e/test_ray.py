@@ -177,7 +177,16 @@ def test_demo_suite_same_outcomes_as_local(pytester: pytest.Pytester, cluster: C
     assert local.ret == on_ray.ret, on_ray.stdout.str()
     expected = outcomes(local_record)
     assert len(expected) >= 20
+    # ranks(n) runs on the local backend only so far (issue 36, item 5): on Ray the
+    # distributed examples end infra, saying so, where locally they pass (or skip, no torch).
+    distributed = [test for test in expected if test[0].startswith("examples/test_distributed")]
+    assert len(distributed) == 2
+    expected = {
+        (nodeid, "infra") if (nodeid, outcome) in distributed else (nodeid, outcome)
+        for nodeid, outcome in expected
+    }
     assert outcomes(ray_record) == expected, on_ray.stdout.str()
+    on_ray.stdout.fnmatch_lines(["*ranks(2) runs on the local backend only for now*"])
     # The 8-device test fits neither the 4-device pool nor any 4-NPU node.
     assert ("examples/test_collectives.py::test_full_node_training_step", "infra") in expected
     on_ray.stdout.fnmatch_lines(["*needs 8 NPU; cluster has 2 nodes with 4 NPU*"])
