@@ -350,3 +350,44 @@ def test_two_rank_gloo_tests_spawned_from_a_forked_worker(tmp_path: Path) -> Non
     code, output, events = _session(tmp_path, GLOO_AFTER_FORK, name="test_gloo.py")
     assert code == 0, output
     assert sorted(_finals(events).values()) == ["passed"] * 2, output
+
+
+NCCL_RANKS = """
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytestmark = pytest.mark.ranks(2)  # one GPU per rank
+
+
+def group():
+    if not dist.is_initialized():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+
+
+@pytest.mark.parametrize("n", range(3))
+def test_all_reduce_on_the_ranks_own_gpu(n, devpool_rank):
+    group()
+    assert torch.cuda.device_count() == 2  # every rank sees the test's two GPUs
+    tensor = torch.ones(1 << 20, device=f"cuda:{devpool_rank.local_rank}")
+    dist.all_reduce(tensor)
+    assert tensor[0].item() == 2.0
+    with open(f"pids-{n}-{devpool_rank.rank}.txt", "w") as out:
+        out.write(str(os.getpid()))
+"""
+
+
+@pytest.mark.skipif(
+    WHY_NOT is None and __import__("torch").cuda.device_count() < 2,
+    reason="GPU check: a two-rank NCCL test needs two GPUs",
+)
+def test_two_rank_nccl_tests_reuse_one_group(tmp_path: Path) -> None:
+    code, output, events = _session(tmp_path, NCCL_RANKS)
+    assert code == 0, output
+    assert set(_finals(events).values()) == {"passed"}, output
+    # The group one test made served the next: the same two processes ran all three.
+    pids = {n: {(tmp_path / f"pids-{n}-{r}.txt").read_text() for r in (0, 1)} for n in range(3)}
+    assert pids[0] == pids[1] == pids[2], pids
