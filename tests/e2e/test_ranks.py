@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import LockDir
@@ -431,3 +433,70 @@ def test_slow():
         if controller.poll() is None:
             os.killpg(controller.pid, signal.SIGKILL)
             controller.wait()
+
+
+FAULT_KINDS = ("pass", "fail", "die", "skip_one", "skip_all", "error_in_setup")
+
+
+def _fault_test(index: int, kind: str, culprit: int, world: int) -> str:
+    """One ranks(world) test whose rank `culprit` does `kind`; the others meet it."""
+    body = {
+        "pass": "meet()",
+        "fail": f"if RANK == {culprit}:\n        assert False, 'rank {culprit} fails'\n    meet()",
+        "die": f"if RANK == {culprit}:\n        os._exit(5)\n    meet()",
+        "skip_one": f"if RANK == {culprit}:\n        pytest.skip('only {culprit}')\n    meet()",
+        "skip_all": "pytest.skip('everywhere')",
+        "error_in_setup": "meet()",
+    }[kind]
+    fixture = f", broken_on_{culprit}" if kind == "error_in_setup" else ""
+    return (
+        f"\n\n@pytest.mark.ranks({world}, devices_per_rank=0)\n"
+        f"def test_{index}_{kind}(request{fixture}):\n"
+        f"    RANK = int(os.environ['RANK'])\n    {body}\n"
+    )
+
+
+EXPECTED = {
+    "pass": "passed",
+    "fail": "failed",
+    "die": "crashed",
+    "skip_one": "failed",
+    "skip_all": "skipped",
+    "error_in_setup": "error",
+}
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    world=st.integers(2, 3),
+    faults=st.lists(
+        st.tuples(st.sampled_from(FAULT_KINDS), st.integers(0, 2)), min_size=3, max_size=6
+    ),
+)
+def test_random_rank_faults_give_one_true_outcome_each_and_leave_nothing(
+    tmp_path_factory: pytest.TempPathFactory, world: int, faults: list[tuple[str, int]]
+) -> None:
+    root = tmp_path_factory.mktemp("faults")
+    fixtures = "".join(
+        f"\n\n@pytest.fixture\ndef broken_on_{r}():\n"
+        f"    if os.environ['RANK'] == '{r}':\n        raise RuntimeError('setup {r}')\n"
+        for r in range(3)
+    )
+    tests = "".join(
+        _fault_test(i, kind, culprit % world, world) for i, (kind, culprit) in enumerate(faults)
+    )
+    (root / "test_random.py").write_text(MEET + fixtures + tests)
+    done = run(root, "--devices", "auto", "-p", "no:randomly", "--devpool-reruns=0", timeout=240)
+    output = done.stdout + done.stderr
+    ends = job_ends(root)
+    got = {name: end["outcome"] for name, end in ends.items()}
+    want = {f"test_{i}_{kind}": EXPECTED[kind] for i, (kind, _) in enumerate(faults)}
+    assert got == want, output
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    for i, (kind, _) in enumerate(faults):
+        if kind == "error_in_setup":
+            assert any(line.startswith(f"ERROR test_random.py::test_{i}_") for line in lines)
+    assert done.returncode == (0 if set(want.values()) <= {"passed", "skipped"} else 1), output
+    cases = [c.get("name") for c in ET.parse(root / "junit.xml").getroot().iter("testcase")]
+    assert sorted(cases) == sorted(want)  # one testcase per test, not per rank
+    assert_nothing_left(root)

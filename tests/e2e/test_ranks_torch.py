@@ -177,12 +177,47 @@ def test_d_gets_a_fresh_group():
     assert not dist.is_initialized(), "a failed test's group came back"
     group()
     dist.barrier()
+
+
+@pytest.mark.ranks(2, devices_per_rank=0)
+def test_e_dies_on_rank_1_while_rank_0_waits_in_an_all_reduce():
+    group()
+    if dist.get_rank() == 1:
+        os._exit(9)
+    dist.all_reduce(torch.ones(1))
+
+
+@pytest.mark.ranks(2, devices_per_rank=0)
+@pytest.mark.timeout(5)
+def test_f_stalls_on_rank_0_while_rank_1_waits_in_a_barrier():
+    group()
+    if dist.get_rank() == 0:
+        import time
+
+        time.sleep(300)
+    dist.barrier()
+
+
+@pytest.mark.ranks(2, devices_per_rank=0)
+def test_g_skips_on_rank_0_only():
+    group()
+    if dist.get_rank() == 0:
+        pytest.skip("rank 0 has no second card")
+    dist.barrier()
+
+
+@pytest.mark.ranks(2, devices_per_rank=0)
+def test_h_runs_after_all_that():
+    group()
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor)
+    assert tensor.item() == 2.0
 """
 
 
 def test_gloo_groups_are_reused_after_a_pass_and_fresh_after_a_failure(tmp_path: Path) -> None:
     (tmp_path / "test_groups.py").write_text(GROUPS)
-    done = run(tmp_path, "--devices", "auto", "-p", "no:randomly")
+    done = run(tmp_path, "--devices", "auto", "-p", "no:randomly", "--devpool-reruns=0")
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
     ends = job_ends(tmp_path)
@@ -192,7 +227,16 @@ def test_gloo_groups_are_reused_after_a_pass_and_fresh_after_a_failure(tmp_path:
         "test_b_reuses_it": "passed",
         "test_c_fails_on_rank_1_while_rank_0_waits_in_a_barrier": "failed",
         "test_d_gets_a_fresh_group": "passed",
+        "test_e_dies_on_rank_1_while_rank_0_waits_in_an_all_reduce": "crashed",
+        "test_f_stalls_on_rank_0_while_rank_1_waits_in_a_barrier": "timeout",
+        "test_g_skips_on_rank_0_only": "failed",
+        "test_h_runs_after_all_that": "passed",
     }, output
     assert "rank 1: RuntimeError: rank one gave up" in output
     assert "[rank 0] ended: rank 1 failed" in output
+    assert (
+        "rank 1 (pid" in ends["test_e_dies_on_rank_1_while_rank_0_waits_in_an_all_reduce"]["detail"]
+    )
+    assert "time.sleep(300)" in output  # rank 0's stalled line, in its labelled stacks
+    assert "skipped on rank 0 only, ran on rank 1" in output
     assert_nothing_left(tmp_path)
