@@ -3,12 +3,9 @@
 Every rank is an ordinary local worker (forked from its kind's template, else a fresh
 interpreter) with torchrun's environment. Their event streams meet in the rank merge
 (backends/merge.py), whose one stream the group writes into a pipe of its own: the loop
-reads a group as it reads any worker. The group also ends what one rank's ending dooms:
-
-- a rank that fails or errors a phase: the other ranks get SIGTERM to their process groups
-  at once and SIGKILL after RANK_GRACE; their part reads "ended: rank N failed";
-- a rank that dies: the same, and the test is `crashed`, naming the rank and its exit;
-- a rank that skips while the others run on past SKIP_WAIT: as a failure (merge.py says why).
+reads a group as it reads any worker. The group delivers the signals its fail-fast rules
+(backends/failfast.py) order when one rank's ending dooms the others: a failure, a lone
+skip, a death.
 
 A group whose test passed on every rank stays together, with its devices and MASTER_PORT,
 for the next job of the same shape (warm reuse, as for any worker).
@@ -27,15 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devpool.backends.merge import ENDED, Merge
+from devpool.backends.failfast import FailFast
 from devpool.devices.leases import Lease
-from devpool.wording import describe_exit
 from devpool.worker import protocol
 from devpool.worker.stacks import stacks_file
-
-RANK_GRACE = 1.0  # seconds from SIGTERM to SIGKILL for ranks ended by another rank's ending
-SKIP_WAIT = 2.0  # seconds the other ranks have to skip too, once one rank skipped
-KILL_RETRY = 1.0
 
 
 def rank_env(rank: int, world: int, devices: Sequence[int], per_rank: int) -> dict[str, str]:
@@ -61,17 +53,7 @@ class Rank:
     rank: int
     worker: Any  # backends/local.py's Worker
     gone: bool = False  # its pipe closed or its process ended: it says nothing more
-    outcome: str = ""  # of its part in the last test: passed, failed, skipped, ended, crashed
     mark: int = 0  # its log's size when the current test started
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "pid": self.worker.pid,
-            "devices": list(self.worker.devices),
-            "outcome": self.outcome,
-            "log": str(self.worker.log),
-        }
 
 
 @dataclass(eq=False)
@@ -87,20 +69,12 @@ class RankGroup:
     write_end: int
     shape: int
     reader: protocol.Reader = field(default_factory=protocol.Reader)
-    merge: Merge = field(init=False)
+    fate: FailFast = field(init=False)
     exited: bool = False
     outbox: bytearray = field(default_factory=bytearray)
-    stopping: bool = False  # told to stop: ranks that end now end as asked
-    signalled: bool = False  # devpool signals the whole group (timeout, overrun, shutdown)
-    fallen: str | None = None  # "rank 1 failed": what ended the group
-    fallen_test: str | None = None
-    culprit: int | None = None
-    ended_by: str | None = None  # a rank died under a test: the loop's crash detail
-    kill_at: float | None = None
-    skip: tuple[float, int, str, str] | None = None  # (by, rank, nodeid, phase)
 
     def __post_init__(self) -> None:
-        self.merge = Merge(len(self.ranks))
+        self.fate = FailFast(len(self.ranks))
 
     @property
     def pid(self) -> int:
@@ -109,36 +83,33 @@ class RankGroup:
     @property
     def spent(self) -> bool:
         """It takes no more work: a rank's ending ended the group."""
-        return self.fallen is not None
+        return self.fate.fallen is not None
+
+    @property
+    def ended_by(self) -> str | None:
+        """Which rank died under the test, and how (the loop's crash detail)."""
+        return self.fate.ended_by
 
     @property
     def stacks(self) -> Path:
         """Every rank's stacks (faulthandler, at a timeout), each labelled, in one file."""
         combined = self.log.with_name(f"{self.log.stem}.ranks.stacks")
-        current = self.merge.current
-        through = self.merge.finished.get(current, set()) if current else set()
-        parts = [
-            f"---- [rank {rank.rank}] pid {rank.worker.pid}: had finished the test, waiting "
-            "for the other ranks ----"
-            for rank in self.ranks
-            if rank.rank in through
-        ]
-        # The ranks still in the test last: their lines end the tail a summary shows.
-        for rank in self.ranks:
-            if rank.rank in through:
-                continue
-            try:
-                text = stacks_file(rank.worker.log).read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                text = ""
-            body = text.strip() or "(this rank wrote no stacks)"
-            parts.append(f"---- [rank {rank.rank}] pid {rank.worker.pid} ----\n{body}")
-        combined.write_text("\n".join(parts) + "\n", encoding="utf-8")
+        logs = [(rank.rank, rank.worker.pid, rank.worker.log) for rank in self.ranks]
+        combined.write_text(labelled_stacks(self.fate, logs), encoding="utf-8")
         return combined
 
     @property
     def rank_info(self) -> list[dict[str, Any]]:
-        return [rank.describe() for rank in self.ranks]
+        return [
+            {
+                "rank": rank.rank,
+                "pid": rank.worker.pid,
+                "devices": list(rank.worker.devices),
+                "outcome": self.fate.outcomes[rank.rank],
+                "log": str(rank.worker.log),
+            }
+            for rank in self.ranks
+        ]
 
     # ---- the loop's side ------------------------------------------------------------------
 
@@ -146,8 +117,8 @@ class RankGroup:
         """Send a command to every rank; False once the group is spent or gone."""
         op = message.get("op")
         if op == "stop":
-            self.stopping = True
-        elif self.fallen is not None and op in ("run", "more"):
+            self.fate.stopping = True
+        elif self.fate.fallen is not None and op in ("run", "more"):
             return False
         sent = False
         for rank in self.ranks:
@@ -157,7 +128,7 @@ class RankGroup:
 
     def signal_group(self, signum: int) -> None:
         if signum in (signal.SIGTERM, signal.SIGKILL):
-            self.signalled = True
+            self.fate.signalled = True
         for rank in self.ranks:
             rank.worker.signal_group(signum)
 
@@ -183,8 +154,9 @@ class RankGroup:
         return self._code(codes)
 
     def _code(self, codes: Sequence[int | None]) -> int:
-        if self.culprit is not None and codes[self.culprit]:
-            return int(codes[self.culprit] or 0)
+        culprit = self.fate.culprit
+        if culprit is not None and codes[culprit]:
+            return int(codes[culprit] or 0)
         return next((int(c) for c in codes if c), 0)
 
     def close(self) -> None:
@@ -216,76 +188,18 @@ class RankGroup:
         if rank.gone:
             return
         data, eof = read(rank.worker.fd_out)
+        now = time.monotonic()
         out: list[protocol.Message] = []
         for message in rank.worker.reader.feed(data):
-            out += self._take(rank, message)
+            out += self.fate.take(rank.rank, message, now)
         if eof:
-            out += self._rank_gone(rank)
+            out += self._rank_gone(rank, now)
         self._emit(out)
 
-    def _take(self, rank: Rank, message: protocol.Message) -> list[protocol.Message]:
-        event = message.get("ev")
-        if self.fallen is not None:
-            # Only the ending of the test the group fell in still goes out.
-            nodeid = message.get("nodeid") or message.get("data", {}).get("nodeid")
-            if event not in ("report", "finish") or nodeid != self.fallen_test:
-                return []
-        if event == "report":
-            data = message["data"]
-            outcome = str(data.get("outcome", ""))
-            if outcome != "passed" or not rank.outcome:  # a test's worst phase is its part
-                rank.outcome = outcome if rank.outcome != "failed" else rank.outcome
-            when = str(data.get("when", ""))
-            if outcome == "failed" and self.fallen is None:
-                self._fall(rank, "errored" if when != "call" else "failed", data["nodeid"])
-            elif outcome == "skipped" and self.skip is None and self.fallen is None:
-                nodeid = str(data["nodeid"])
-                self.skip = (time.monotonic() + SKIP_WAIT, rank.rank, nodeid, when)
-        out = self.merge.feed(rank.rank, message)
-        if event == "finish" and self.fallen is not None and rank.rank == self.culprit:
-            # The failing rank has run its teardown: nothing more of it is wanted.
-            rank.worker.signal_group(signal.SIGTERM)
-        return self._seen(out)
-
-    def _seen(self, out: list[protocol.Message]) -> list[protocol.Message]:
-        for message in out:
-            event = message.get("ev")
-            if event == "start":
-                for rank in self.ranks:
-                    rank.mark = _size(rank.worker.log)
-                    rank.outcome = ""
-            elif event == "finish":
-                self.skip = None
-        return out
-
-    def _rank_gone(self, rank: Rank) -> list[protocol.Message]:
+    def _rank_gone(self, rank: Rank, now: float) -> list[protocol.Message]:
         rank.gone = True
-        if self.fallen is None and not self.stopping and not self.signalled:
-            # A rank died on its own: the test it was in crashed, and so does the group.
-            code = _code_soon(rank.worker)
-            rank.outcome = "crashed"
-            how = describe_exit(code)
-            self.ended_by = f"rank {rank.rank} (pid {rank.worker.pid}) {how}"
-            self._fall(rank, how, None)
-            self.fallen_test = None  # no report of that test goes out: it crashed
-            return []
-        if self.signalled and rank.rank in self.merge.where:
-            rank.outcome = "killed"  # inside the test when devpool ended the group
-        if self.fallen is not None and self.fallen_test is not None:
-            if rank.rank != self.culprit:
-                rank.outcome = "ended"
-            return self._seen(self.merge.end_rank(rank.rank, f"{ENDED}{self.fallen}"))
-        return []
-
-    def _fall(self, rank: Rank, how: str, nodeid: str | None) -> None:
-        """One rank's ending dooms the others: end them now, the culprit after its test."""
-        self.fallen = f"rank {rank.rank} {how}"
-        self.fallen_test = nodeid
-        self.culprit = rank.rank
-        for other in self.ranks:
-            if other is not rank and not other.gone:
-                other.worker.signal_group(signal.SIGTERM)
-        self.kill_at = time.monotonic() + RANK_GRACE
+        code = _code_soon(rank.worker) if not self.fate.stopping else rank.worker.poll()
+        return self.fate.rank_gone(rank.rank, code, rank.worker.pid, now)
 
     # ---- time ----------------------------------------------------------------------------
 
@@ -295,33 +209,25 @@ class RankGroup:
             if not rank.gone and rank.worker.poll() is not None:
                 self.pump(rank, read)
                 if not rank.gone:  # a child of the test keeps its pipe open
-                    self._emit(self._rank_gone(rank))
-        if self.skip is not None and now >= self.skip[0] and self.fallen is None:
-            _, who, nodeid, when = self.skip
-            behind = [
-                r
-                for r in self.ranks
-                if not r.gone and when not in self.merge.phases(nodeid, r.rank)
-            ]
-            if behind:
-                self._fall(self.ranks[who], "skipped", nodeid)
-            self.skip = None
-        if self.kill_at is not None and now >= self.kill_at:
-            self.kill_at = now + KILL_RETRY
-            for rank in self.ranks:
-                if not rank.gone:
-                    rank.worker.signal_group(signal.SIGKILL)
+                    self._emit(self._rank_gone(rank, now))
+        self.fate.tick(now)
         self._emit([])
 
     def due(self) -> list[float]:
-        times = [t for t in (self.kill_at, self.skip[0] if self.skip else None) if t is not None]
+        times = self.fate.due()
         if self.outbox:
             times.append(time.monotonic())
         return times
 
     def _emit(self, messages: list[protocol.Message]) -> None:
-        """Into the group's own pipe (non-blocking; what does not fit waits for check)."""
+        """Into the group's own pipe (non-blocking; what does not fit waits for check), after
+        the signals the fate ordered."""
+        for rank, signum in self.fate.take_orders():
+            self.ranks[rank].worker.signal_group(signum)
         for message in messages:
+            if message.get("ev") == "start":
+                for each in self.ranks:
+                    each.mark = _size(each.worker.log)
             self.outbox += protocol.encode(message)
         while self.outbox:
             try:
@@ -332,6 +238,28 @@ class RankGroup:
         if all(rank.gone for rank in self.ranks) and self.write_end >= 0:
             os.close(self.write_end)  # the loop reads the end of the group
             self.write_end = -1
+
+
+def labelled_stacks(fate: FailFast, logs: Sequence[tuple[int, int, Path]]) -> str:
+    """Every rank's faulthandler stacks, labelled; ranks that had finished the current test
+    say so instead, and the ranks still in it come last (their lines end a summary's tail)."""
+    current = fate.merge.current
+    through = fate.merge.finished.get(current, set()) if current else set()
+    parts = [
+        f"---- [rank {rank}] pid {pid}: had finished the test, waiting for the other ranks ----"
+        for rank, pid, _ in logs
+        if rank in through
+    ]
+    for rank, pid, log in logs:
+        if rank in through:
+            continue
+        try:
+            text = stacks_file(log).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""
+        body = text.strip() or "(this rank wrote no stacks)"
+        parts.append(f"---- [rank {rank}] pid {pid} ----\n{body}")
+    return "\n".join(parts) + "\n"
 
 
 def group_pipe() -> tuple[int, int]:

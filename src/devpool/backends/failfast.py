@@ -1,0 +1,136 @@
+"""What one rank's ending does to the others: the fail-fast rules of a multi-rank test.
+
+The same rules for `ranks(n)` on a host (backends/ranks.py, signals to local process groups)
+and for multi-rank tests on Ray (ray/backend.py, signals through the rank actors). This
+module decides and keeps no process: its owner feeds it each rank's events and endings,
+then delivers the signals it orders.
+
+- A rank fails or errors a phase: every other rank gets SIGTERM now and SIGKILL after
+  RANK_GRACE; their part of the test reads "ended: rank N failed" (backends/merge.py).
+- A rank skips while the others run on past SKIP_WAIT: the same, as "rank N skipped".
+- A rank dies on its own: the same, and no report of its test goes out, so the loop ends
+  that test `crashed` with `ended_by` ("rank 1 (pid 42) exited with code 7").
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+from devpool.backends.merge import ENDED, Merge
+from devpool.wording import describe_exit
+from devpool.worker import protocol
+
+RANK_GRACE = 1.0  # seconds from SIGTERM to SIGKILL for ranks ended by another rank's ending
+SKIP_WAIT = 2.0  # seconds the other ranks have to skip too, once one rank skipped
+KILL_RETRY = 1.0
+
+
+@dataclass
+class FailFast:
+    """One multi-rank worker's merge and fate: which ranks to signal, and what to report."""
+
+    world: int
+    merge: Merge = field(init=False)
+    outcomes: list[str] = field(init=False)  # each rank's part in the current test
+    gone: set[int] = field(default_factory=set)
+    stopping: bool = False  # told to stop: ranks that end now end as asked
+    signalled: bool = False  # devpool ends the whole worker (timeout, overrun, shutdown)
+    fallen: str | None = None  # "rank 1 failed": what ended the worker
+    fallen_test: str | None = None  # the test whose ending still goes out
+    culprit: int | None = None
+    ended_by: str | None = None  # a rank died under a test: the loop's crash detail
+    kill_at: float | None = None
+    skip: tuple[float, int, str, str] | None = None  # (by, rank, nodeid, phase)
+    orders: list[tuple[int, int]] = field(default_factory=list)  # (rank, signal) to deliver
+
+    def __post_init__(self) -> None:
+        self.merge = Merge(self.world)
+        self.outcomes = [""] * self.world
+
+    def take(self, rank: int, message: protocol.Message, now: float) -> list[protocol.Message]:
+        """One event of a rank: what goes out of the merge (nothing of a fallen worker's
+        later tests)."""
+        event = message.get("ev")
+        if self.fallen is not None:
+            nodeid = message.get("nodeid") or message.get("data", {}).get("nodeid")
+            if event not in ("report", "finish") or nodeid != self.fallen_test:
+                return []
+        if event == "report":
+            data = message["data"]
+            outcome = str(data.get("outcome", ""))
+            if self.outcomes[rank] != "failed" and (outcome != "passed" or not self.outcomes[rank]):
+                self.outcomes[rank] = outcome  # a test's worst phase is the rank's part
+            when = str(data.get("when", ""))
+            if outcome == "failed" and self.fallen is None:
+                self._fall(rank, "errored" if when != "call" else "failed", data["nodeid"], now)
+            elif outcome == "skipped" and self.skip is None and self.fallen is None:
+                self.skip = (now + SKIP_WAIT, rank, str(data["nodeid"]), when)
+        out = self.merge.feed(rank, message)
+        if event == "finish" and self.fallen is not None and rank == self.culprit:
+            self.orders.append((rank, signal.SIGTERM))  # its teardown ran: nothing more wanted
+        return self._seen(out)
+
+    def rank_gone(
+        self, rank: int, code: int | None, pid: int, now: float
+    ) -> list[protocol.Message]:
+        """A rank's process ended (code: its exit status, None if unknown)."""
+        if rank in self.gone:
+            return []
+        self.gone.add(rank)
+        if self.fallen is None and not self.stopping and not self.signalled:
+            # It died on its own: the test it was in crashed, and the worker with it.
+            how = describe_exit(code)
+            self.outcomes[rank] = "crashed"
+            self.ended_by = f"rank {rank} (pid {pid}) {how}"
+            self._fall(rank, how, None, now)
+            return []
+        if self.signalled and rank in self.merge.where:
+            self.outcomes[rank] = "killed"  # inside the test when devpool ended the worker
+        if self.fallen is not None and self.fallen_test is not None:
+            if rank != self.culprit:
+                self.outcomes[rank] = "ended"
+            return self._seen(self.merge.end_rank(rank, f"{ENDED}{self.fallen}"))
+        return []
+
+    def tick(self, now: float) -> None:
+        """The skip window and the SIGKILLs, when due."""
+        if self.skip is not None and now >= self.skip[0] and self.fallen is None:
+            _, who, nodeid, when = self.skip
+            behind = [
+                r
+                for r in range(self.world)
+                if r not in self.gone and when not in self.merge.phases(nodeid, r)
+            ]
+            if behind:
+                self._fall(who, "skipped", nodeid, now)
+            self.skip = None
+        if self.kill_at is not None and now >= self.kill_at:
+            self.kill_at = now + KILL_RETRY
+            self.orders += [(r, signal.SIGKILL) for r in range(self.world) if r not in self.gone]
+
+    def due(self) -> list[float]:
+        return [t for t in (self.kill_at, self.skip[0] if self.skip else None) if t is not None]
+
+    def take_orders(self) -> list[tuple[int, int]]:
+        orders, self.orders = self.orders, []
+        return orders
+
+    def _seen(self, out: list[protocol.Message]) -> list[protocol.Message]:
+        for message in out:
+            if message.get("ev") == "start":
+                self.outcomes = [""] * self.world
+            elif message.get("ev") == "finish":
+                self.skip = None
+        return out
+
+    def _fall(self, rank: int, how: str, nodeid: str | None, now: float) -> None:
+        self.fallen = f"rank {rank} {how}"
+        self.fallen_test = nodeid
+        self.culprit = rank
+        self.orders += [
+            (other, signal.SIGTERM)
+            for other in range(self.world)
+            if other != rank and other not in self.gone
+        ]
+        self.kill_at = now + RANK_GRACE
