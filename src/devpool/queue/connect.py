@@ -1,0 +1,80 @@
+"""Opening the queue's database: the URL checked, every way it fails said in one sentence."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from devpool.errors import DevpoolError
+
+if TYPE_CHECKING:
+    import psycopg
+
+CONNECT_TIMEOUT = 5  # seconds: an unreachable host is said in one sentence, not waited on
+SCHEMES = ("postgresql", "postgres")
+
+
+def where(url: str) -> str:
+    """'host:port' of a queue URL, for sentences (never its password)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}"
+
+
+def check_url(url: str, option: str = "--devpool-queue") -> str:
+    """The URL itself, or one sentence when it is not PostgreSQL's."""
+    scheme = urlsplit(url).scheme
+    if scheme not in SCHEMES:
+        raise DevpoolError(
+            f"{option} must be a PostgreSQL URL (postgresql://USER@HOST:PORT/DB), "
+            f"got {scheme + '://' if scheme else 'no scheme in'} {_shown(url)!r}"
+        )
+    return url
+
+
+def _shown(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@", 1)
+    return url
+
+
+def driver() -> Any:
+    """psycopg 3, or one sentence naming the extra that brings it."""
+    try:
+        import psycopg
+    except ImportError:
+        raise DevpoolError(
+            "--devpool-queue needs psycopg 3, which the [queue] extra installs: "
+            "pip install 'devpool[queue]'"
+        ) from None
+    return psycopg
+
+
+def connect(url: str, option: str = "--devpool-queue") -> psycopg.Connection[Any]:
+    """An autocommit connection to the queue's database, or one sentence saying why not."""
+    check_url(url, option)
+    module = driver()
+    try:
+        connection: psycopg.Connection[Any] = module.connect(
+            url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+        )
+    except module.OperationalError as exc:
+        raise DevpoolError(failure_sentence(url, str(exc), option)) from None
+    except module.ProgrammingError as exc:  # a URL psycopg cannot parse
+        raise DevpoolError(f"{option} {_shown(url)!r} is no valid PostgreSQL URL: {exc}") from None
+    return connection
+
+
+def failure_sentence(url: str, message: str, option: str = "--devpool-queue") -> str:
+    """One sentence for a failed connection: credentials, a missing database, or no server."""
+    first = message.strip().splitlines()[-1] if message.strip() else "no answer"
+    lowered = message.lower()
+    if "password authentication failed" in lowered or "no password supplied" in lowered:
+        return f"{option}: PostgreSQL at {where(url)} refused the credentials ({_last(first)})"
+    if "does not exist" in lowered:
+        return f"{option}: PostgreSQL at {where(url)} says {_last(first)}"
+    return f"{option}: cannot reach PostgreSQL at {where(url)} ({_last(first)})"
+
+
+def _last(line: str) -> str:
+    return line.split("FATAL:", 1)[-1].strip().rstrip(".")

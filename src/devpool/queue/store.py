@@ -1,0 +1,409 @@
+"""The queue in PostgreSQL: a run's tests, the jobs that joined it, their claims and outcomes.
+
+Every claim carries a fencing token from one sequence; a report is taken only under the
+token its claim was given, so a job whose lease ran out (its claims went back to the queue,
+perhaps to another job) cannot count a test a second time. Times are the database's own
+(now()), so the hosts' clocks need not agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from devpool.errors import DevpoolError
+from devpool.queue.connect import connect
+from devpool.wording import counted
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS devpool_queue_runs (
+    run_id text PRIMARY KEY,
+    fingerprint text NOT NULL,
+    tests integer NOT NULL,
+    published_by text NOT NULL,
+    published_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS devpool_queue_jobs (
+    job_id bigserial PRIMARY KEY,
+    run_id text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    devices integer NOT NULL,
+    platform text NOT NULL,
+    lease_seconds double precision NOT NULL,
+    joined_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    left_at timestamptz,
+    lost boolean NOT NULL DEFAULT false
+);
+CREATE TABLE IF NOT EXISTS devpool_queue_tests (
+    run_id text NOT NULL,
+    position integer NOT NULL,
+    test_id text NOT NULL,
+    devices integer NOT NULL,
+    request text NOT NULL,
+    estimate double precision NOT NULL,
+    state text NOT NULL DEFAULT 'queued',
+    job_id bigint,
+    token bigint,
+    claims integer NOT NULL DEFAULT 0,
+    outcome text,
+    gating boolean,
+    result jsonb,
+    ended_at timestamptz,
+    PRIMARY KEY (run_id, position),
+    UNIQUE (run_id, test_id)
+);
+CREATE INDEX IF NOT EXISTS devpool_queue_tests_state ON devpool_queue_tests (run_id, state);
+CREATE SEQUENCE IF NOT EXISTS devpool_queue_token;
+"""
+SCHEMA_LOCK = 0x646576706F6F6C  # pg_advisory_xact_lock key: two jobs creating tables at once
+SHOWN = 3  # node ids named in a sentence about a differing collection
+
+# Jobs whose lease ran out lose their claims, which go back to the queue untouched.
+_REAP = """
+WITH dead AS (
+    UPDATE devpool_queue_jobs SET lost = true
+    WHERE run_id = %(run)s AND NOT lost AND left_at IS NULL AND expires_at < now()
+    RETURNING job_id
+)
+UPDATE devpool_queue_tests SET state = 'queued', job_id = NULL, token = NULL
+WHERE run_id = %(run)s AND state = 'claimed' AND job_id IN (SELECT job_id FROM dead)
+"""
+
+
+@dataclass(frozen=True)
+class QueuedTest:
+    """One test as the run publishes it: its id, what it needs, and how long it should take."""
+
+    test_id: str
+    devices: int
+    request: str  # the request in words, for sentences ("2 devices", "cpu")
+    estimate: float
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A test this job may run, and the fencing token its report must carry."""
+
+    test_id: str
+    token: int
+    estimate: float
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """A job that joined the run."""
+
+    job_id: int
+    host: str
+    pid: int
+    devices: int
+    platform: str
+    alive: bool
+    lost: bool
+    claimed: int
+    done: int
+
+    def describe(self) -> str:
+        return f"{self.host} ({counted(self.devices, 'device')})"
+
+
+@dataclass(frozen=True)
+class TestRow:
+    """A test of the run as the queue holds it."""
+
+    position: int
+    test_id: str
+    devices: int
+    request: str
+    state: str  # queued, claimed, done
+    outcome: str | None
+    gating: bool
+    result: Mapping[str, Any] | None
+
+
+def fingerprint(tests: Sequence[QueuedTest]) -> str:
+    """What every job of a run must have collected alike: ids and device counts, in order."""
+    text = "\n".join(f"{t.test_id}\t{t.devices}" for t in tests)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def difference(
+    published: Sequence[tuple[str, int]], mine: Sequence[QueuedTest], run_id: str, by: str
+) -> str:
+    """The sentence refusing a job whose collection differs from the published one."""
+    theirs = dict(published)
+    ours = {t.test_id: t.devices for t in mine}
+    lacking = [t for t in theirs if t not in ours]
+    extra = [t for t in ours if t not in theirs]
+    needs = [
+        f"{t} ({ours[t]} here, {theirs[t]} there)"
+        for t in ours
+        if theirs.get(t, ours[t]) != ours[t]
+    ]
+    parts = []
+    for what, ids in (
+        ("lacks", lacking),
+        ("has that the run does not", extra),
+        ("needs other devices for", needs),
+    ):
+        if ids:
+            named = ", ".join(ids[:SHOWN]) + (", …" if len(ids) > SHOWN else "")
+            parts.append(f"{what} {counted(len(ids), 'test')} ({named})")
+    if not parts:
+        parts.append("collected the same tests in another order")
+    return (
+        f"this job's collection differs from queue run {run_id!r} as {by} published it: it "
+        + "; ".join(parts)
+        + " (every job of a run must run the same commit with the same options)"
+    )
+
+
+class QueueStore:
+    """One connection to the queue's database, for one run."""
+
+    def __init__(self, url: str, run_id: str, option: str = "--devpool-queue") -> None:
+        self.url = url
+        self.run_id = run_id
+        self.db = connect(url, option)
+        with self.db.transaction():
+            self.db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+            self.db.execute(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _args(self, **more: Any) -> dict[str, Any]:
+        return {"run": self.run_id, **more}
+
+    # ---- publishing and joining ------------------------------------------------------------
+
+    def publish(self, tests: Sequence[QueuedTest], by: str) -> bool:
+        """Publish the run's tests (True), or check ours against those published (False).
+
+        DevpoolError naming what differs when this job collected other tests."""
+        mark = fingerprint(tests)
+        with self.db.transaction():
+            self.db.execute("SELECT pg_advisory_xact_lock(hashtext(%(run)s))", self._args())
+            row = self.db.execute(
+                "SELECT fingerprint, published_by FROM devpool_queue_runs WHERE run_id = %(run)s",
+                self._args(),
+            ).fetchone()
+            if row is None:
+                self.db.execute(
+                    "INSERT INTO devpool_queue_runs (run_id, fingerprint, tests, published_by) "
+                    "VALUES (%(run)s, %(mark)s, %(n)s, %(by)s)",
+                    self._args(mark=mark, n=len(tests), by=by),
+                )
+                with self.db.cursor() as cursor:
+                    cursor.executemany(
+                        "INSERT INTO devpool_queue_tests "
+                        "(run_id, position, test_id, devices, request, estimate) "
+                        "VALUES (%s, %s, %s, %s, %s, %s)",
+                        [
+                            (self.run_id, i, t.test_id, t.devices, t.request, t.estimate)
+                            for i, t in enumerate(tests)
+                        ],
+                    )
+                return True
+            if row[0] != mark:
+                published = self.db.execute(
+                    "SELECT test_id, devices FROM devpool_queue_tests WHERE run_id = %(run)s "
+                    "ORDER BY position",
+                    self._args(),
+                ).fetchall()
+                raise DevpoolError(difference(published, tests, self.run_id, row[1]))
+            return False
+
+    def published(self) -> bool:
+        row = self.db.execute(
+            "SELECT 1 FROM devpool_queue_runs WHERE run_id = %(run)s", self._args()
+        ).fetchone()
+        return row is not None
+
+    def join(self, host: str, pid: int, devices: int, platform: str, lease: float) -> int:
+        """This job joins the run under a lease of `lease` seconds; its job id."""
+        row = self.db.execute(
+            "INSERT INTO devpool_queue_jobs "
+            "(run_id, host, pid, devices, platform, lease_seconds, expires_at) "
+            "VALUES (%(run)s, %(host)s, %(pid)s, %(devices)s, %(platform)s, %(lease)s, "
+            "now() + make_interval(secs => %(lease)s)) RETURNING job_id",
+            self._args(host=host, pid=pid, devices=devices, platform=platform, lease=lease),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def heartbeat(self, job_id: int) -> bool:
+        """Renew the job's lease; False when it was lost (its claims went back)."""
+        row = self.db.execute(
+            "UPDATE devpool_queue_jobs "
+            "SET expires_at = now() + make_interval(secs => lease_seconds) "
+            "WHERE job_id = %(job)s AND NOT lost AND left_at IS NULL RETURNING 1",
+            {"job": job_id},
+        ).fetchone()
+        return row is not None
+
+    def leave(self, job_id: int) -> int:
+        """The job is done: what it claimed and did not report goes back; how many did."""
+        with self.db.transaction():
+            back = self.db.execute(
+                "UPDATE devpool_queue_tests SET state = 'queued', job_id = NULL, token = NULL "
+                "WHERE run_id = %(run)s AND state = 'claimed' AND job_id = %(job)s",
+                self._args(job=job_id),
+            ).rowcount
+            self.db.execute(
+                "UPDATE devpool_queue_jobs SET left_at = now() WHERE job_id = %(job)s",
+                {"job": job_id},
+            )
+        return back
+
+    # ---- claiming and reporting ------------------------------------------------------------
+
+    def reap(self) -> int:
+        """Claims of jobs whose lease ran out go back to the queue; how many did."""
+        return self.db.execute(_REAP, self._args()).rowcount
+
+    def claim(self, job_id: int, devices: int, seconds: float, most: int = 500) -> list[Claim]:
+        """Claim the longest queued tests this job's devices can hold (device-seconds first),
+        until their estimates add up to `seconds` (at least one test); [] when none is queued
+        or the job's lease was lost."""
+        self.reap()
+        with self.db.transaction():
+            alive = self.db.execute(
+                "SELECT 1 FROM devpool_queue_jobs WHERE job_id = %(job)s AND NOT lost "
+                "AND left_at IS NULL FOR SHARE",
+                {"job": job_id},
+            ).fetchone()
+            if alive is None:
+                return []
+            rows = self.db.execute(
+                "SELECT position, estimate FROM devpool_queue_tests "
+                "WHERE run_id = %(run)s AND state = 'queued' AND devices <= %(devices)s "
+                "ORDER BY estimate * greatest(devices, 1) DESC, position "
+                "LIMIT %(most)s FOR UPDATE SKIP LOCKED",
+                self._args(devices=devices, most=most),
+            ).fetchall()
+            chosen: list[int] = []
+            total = 0.0
+            for position, estimate in rows:
+                if chosen and total >= seconds:
+                    break
+                chosen.append(int(position))
+                total += float(estimate)
+            if not chosen:
+                return []
+            claimed = self.db.execute(
+                "UPDATE devpool_queue_tests SET state = 'claimed', job_id = %(job)s, "
+                "token = nextval('devpool_queue_token'), claims = claims + 1 "
+                "WHERE run_id = %(run)s AND position = ANY(%(chosen)s) "
+                "RETURNING test_id, token, estimate, position",
+                self._args(job=job_id, chosen=chosen),
+            ).fetchall()
+        claimed.sort(key=lambda row: chosen.index(int(row[3])))
+        return [Claim(str(t), int(token), float(e)) for t, token, e, _ in claimed]
+
+    def report(
+        self,
+        job_id: int,
+        claim: Claim,
+        outcome: str,
+        gating: bool,
+        result: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Record a test's one final outcome; False (refused) when its claim is no longer
+        this job's: the lease was lost and the test went back to the queue."""
+        row = self.db.execute(
+            "UPDATE devpool_queue_tests SET state = 'done', outcome = %(outcome)s, "
+            "gating = %(gating)s, result = %(result)s, ended_at = now() "
+            "WHERE run_id = %(run)s AND test_id = %(test)s AND state = 'claimed' "
+            "AND job_id = %(job)s AND token = %(token)s RETURNING 1",
+            self._args(
+                outcome=outcome,
+                gating=gating,
+                result=json.dumps(result or {}, default=str),
+                test=claim.test_id,
+                job=job_id,
+                token=claim.token,
+            ),
+        ).fetchone()
+        return row is not None
+
+    def give_back(self, job_id: int, claims: Iterable[Claim]) -> None:
+        """Claims this job will not run (it stopped early) go back to the queue."""
+        tokens = [c.token for c in claims]
+        if tokens:
+            self.db.execute(
+                "UPDATE devpool_queue_tests SET state = 'queued', job_id = NULL, token = NULL "
+                "WHERE run_id = %(run)s AND state = 'claimed' AND job_id = %(job)s "
+                "AND token = ANY(%(tokens)s)",
+                self._args(job=job_id, tokens=tokens),
+            )
+
+    def open_for(self, devices: int) -> int:
+        """Tests not ended yet that a job of `devices` devices could hold (queued or claimed:
+        a claim of a job that dies comes back)."""
+        row = self.db.execute(
+            "SELECT count(*) FROM devpool_queue_tests WHERE run_id = %(run)s "
+            "AND state <> 'done' AND devices <= %(devices)s",
+            self._args(devices=devices),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    # ---- the run as a whole ----------------------------------------------------------------
+
+    def jobs(self) -> list[JobRow]:
+        rows = self.db.execute(
+            "SELECT j.job_id, j.host, j.pid, j.devices, j.platform, "
+            "(NOT j.lost AND j.left_at IS NULL AND j.expires_at >= now()), j.lost, "
+            "count(t.*) FILTER (WHERE t.state = 'claimed'), "
+            "count(t.*) FILTER (WHERE t.state = 'done') "
+            "FROM devpool_queue_jobs j LEFT JOIN devpool_queue_tests t "
+            "ON t.run_id = j.run_id AND t.job_id = j.job_id "
+            "WHERE j.run_id = %(run)s GROUP BY j.job_id ORDER BY j.job_id",
+            self._args(),
+        ).fetchall()
+        return [JobRow(int(r[0]), r[1], int(r[2]), int(r[3]), r[4], *r[5:7], *r[7:9]) for r in rows]
+
+    def tests(self) -> list[TestRow]:
+        """Every test of the run, in collection order."""
+        rows = self.db.execute(
+            "SELECT position, test_id, devices, request, state, outcome, "
+            "coalesce(gating, false), result FROM devpool_queue_tests "
+            "WHERE run_id = %(run)s ORDER BY position",
+            self._args(),
+        ).fetchall()
+        return [TestRow(*row) for row in rows]
+
+    def settle(self) -> list[str]:
+        """End `unsatisfiable` the queued tests no live job can hold, naming what they need and
+        what joined; the ids of the tests ended. Claimed tests are left to their jobs."""
+        self.reap()
+        jobs = self.jobs()
+        largest = max((job.devices for job in jobs if job.alive), default=-1)
+        joined = ", ".join(job.describe() for job in jobs) or "no job"
+        with self.db.transaction():
+            rows = self.db.execute(
+                "SELECT position, test_id, request FROM devpool_queue_tests "
+                "WHERE run_id = %(run)s AND state = 'queued' AND devices > %(largest)s "
+                "FOR UPDATE SKIP LOCKED",
+                self._args(largest=largest),
+            ).fetchall()
+            for position, _test, request in rows:
+                detail = (
+                    f"unsatisfiable: it needs {request} and no live job of the run can hold it "
+                    f"(joined: {joined})"
+                )
+                self.db.execute(
+                    "UPDATE devpool_queue_tests SET state = 'done', outcome = 'infra', "
+                    "gating = true, result = %(result)s, ended_at = now() "
+                    "WHERE run_id = %(run)s AND position = %(position)s",
+                    self._args(
+                        position=position,
+                        result=json.dumps({"detail": detail, "unsatisfiable": True}),
+                    ),
+                )
+        return [str(row[1]) for row in rows]

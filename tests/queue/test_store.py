@@ -1,0 +1,196 @@
+"""The queue store against a real PostgreSQL server (tests/queue/conftest.py starts one)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from pg_server import Server
+
+from devpool.errors import DevpoolError
+from devpool.queue.connect import connect
+from devpool.queue.heartbeat import Heartbeat
+from devpool.queue.store import QueuedTest, QueueStore
+
+_runs = itertools.count()
+
+
+@pytest.fixture
+def run_id() -> str:
+    return f"run-{time.time_ns()}-{next(_runs)}"
+
+
+@pytest.fixture
+def store(postgres: Server, run_id: str) -> Iterator[QueueStore]:
+    queue = QueueStore(postgres.url, run_id)
+    yield queue
+    queue.close()
+
+
+def suite() -> list[QueuedTest]:
+    return [
+        QueuedTest("t.py::cpu_a", 0, "cpu", 1.0),
+        QueuedTest("t.py::cpu_b", 0, "cpu", 3.0),
+        QueuedTest("t.py::one", 1, "1 device", 2.0),
+        QueuedTest("t.py::two", 2, "2 devices", 5.0),
+        QueuedTest("t.py::four", 4, "4 devices", 4.0),
+        QueuedTest("t.py::eight", 8, "8 devices", 9.0),
+    ]
+
+
+def test_first_job_publishes_later_ones_check(postgres: Server, store: QueueStore) -> None:
+    assert store.publish(suite(), "host-a") is True
+    other = QueueStore(postgres.url, store.run_id)
+    try:
+        assert other.publish(suite(), "host-b") is False
+        assert [t.test_id for t in other.tests()] == [t.test_id for t in suite()]
+    finally:
+        other.close()
+
+
+def test_differing_collection_refused_in_one_sentence(postgres: Server, store: QueueStore) -> None:
+    store.publish(suite(), "host-a")
+    mine = [*suite()[1:-1], QueuedTest("t.py::new", 0, "cpu", 1.0)]
+    mine[1] = QueuedTest("t.py::one", 2, "2 devices", 2.0)
+    with pytest.raises(DevpoolError) as caught:
+        store.publish(mine, "host-b")
+    sentence = str(caught.value)
+    assert "\n" not in sentence
+    assert "as host-a published it" in sentence
+    assert "lacks 2 tests (t.py::cpu_a, t.py::eight)" in sentence
+    assert "has that the run does not 1 test (t.py::new)" in sentence
+    assert "t.py::one (2 here, 1 there)" in sentence
+
+
+def test_claims_longest_first_within_the_jobs_devices(store: QueueStore) -> None:
+    store.publish(suite(), "host")
+    job = store.join("host", 1, 2, "sim", 30)
+    claims = store.claim(job, devices=2, seconds=100)
+    # device-seconds, longest first; never the 4- or 8-device tests
+    assert [c.test_id for c in claims] == ["t.py::two", "t.py::cpu_b", "t.py::one", "t.py::cpu_a"]
+    assert store.claim(job, devices=2, seconds=100) == []
+    assert store.open_for(2) == 4 and store.open_for(8) == 6
+
+
+def test_batches_are_sized_from_estimates(store: QueueStore) -> None:
+    store.publish([QueuedTest(f"t.py::t{i}", 0, "cpu", 0.01) for i in range(100)], "host")
+    job = store.join("host", 1, 0, "cpu", 30)
+    first = store.claim(job, devices=0, seconds=0.5)
+    assert len(first) == 50
+    assert len(store.claim(job, devices=0, seconds=0.001)) == 1  # at least one test
+
+
+def test_report_once_and_refused_after_the_lease_is_lost(store: QueueStore) -> None:
+    store.publish(suite()[:2], "host")
+    slow = store.join("slow", 1, 0, "cpu", 0.2)
+    claims = store.claim(slow, devices=0, seconds=100)
+    assert len(claims) == 2
+    assert store.report(slow, claims[0], "passed", False, {"x": 1})
+    assert not store.report(slow, claims[0], "failed", True)  # a second report of one test
+    other = store.join("other", 2, 0, "cpu", 30)
+    deadline = time.monotonic() + 10
+    taken = []
+    while not taken and time.monotonic() < deadline:  # the lease runs out after 0.2 s
+        taken = store.claim(other, devices=0, seconds=100)
+    assert [c.test_id for c in taken] == [claims[1].test_id]
+    assert taken[0].token != claims[1].token
+    assert not store.report(slow, claims[1], "passed", False)  # late: refused
+    assert not store.heartbeat(slow)
+    assert store.claim(slow, devices=0, seconds=100) == []
+    assert store.report(other, taken[0], "failed", True)
+    ended = {r.test_id: (r.state, r.outcome, r.gating) for r in store.tests()}
+    assert ended == {
+        claims[0].test_id: ("done", "passed", False),
+        claims[1].test_id: ("done", "failed", True),
+    }
+    jobs = {job.host: job for job in store.jobs()}
+    assert jobs["slow"].lost and not jobs["slow"].alive
+    assert jobs["other"].alive and jobs["other"].done == 1
+
+
+def test_heartbeat_keeps_the_lease(postgres: Server, store: QueueStore) -> None:
+    store.publish(suite()[:1], "host")
+    job = store.join("host", 1, 0, "cpu", 0.6)
+    claims = store.claim(job, devices=0, seconds=1)
+    beat = Heartbeat(postgres.url, store.run_id, job, 0.6)
+    beat.start()
+    try:
+        other = store.join("other", 2, 0, "cpu", 30)
+        until = time.monotonic() + 2.0  # three leases long: claims would have gone back
+        while time.monotonic() < until:
+            assert store.claim(other, devices=0, seconds=1) == []
+        assert not beat.lost
+    finally:
+        beat.stop()
+    assert store.report(job, claims[0], "passed", False)
+
+
+def test_leave_gives_claims_back(store: QueueStore) -> None:
+    store.publish(suite()[:3], "host")
+    job = store.join("host", 1, 1, "sim", 30)
+    claims = store.claim(job, devices=1, seconds=100)
+    store.report(job, claims[0], "passed", False)
+    assert store.leave(job) == 2
+    assert [t.state for t in store.tests()] == ["queued", "done", "queued"]
+
+
+def test_concurrent_claims_never_share_a_test(postgres: Server, store: QueueStore) -> None:
+    store.publish([QueuedTest(f"t.py::t{i}", 0, "cpu", 0.1) for i in range(400)], "host")
+    got: list[list[str]] = [[] for _ in range(4)]
+
+    def worker(index: int) -> None:
+        queue = QueueStore(postgres.url, store.run_id)
+        job = queue.join(f"h{index}", index, 0, "cpu", 30)
+        while claims := queue.claim(job, devices=0, seconds=0.5):
+            for claim in claims:
+                if queue.report(job, claim, "passed", False):
+                    got[index].append(claim.test_id)
+        queue.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    everything = [test for ids in got for test in ids]
+    assert sorted(everything) == sorted(f"t.py::t{i}" for i in range(400))
+    assert all(not thread.is_alive() for thread in threads)
+
+
+def test_settle_ends_what_no_live_job_can_hold(store: QueueStore) -> None:
+    store.publish(suite(), "host")
+    two = store.join("small", 1, 2, "sim", 30)
+    four = store.join("mid", 2, 4, "sim", 30)
+    assert store.settle() == ["t.py::eight"]
+    row = next(t for t in store.tests() if t.test_id == "t.py::eight")
+    assert row.outcome == "infra" and row.gating and row.result is not None
+    assert row.result["detail"] == (
+        "unsatisfiable: it needs 8 devices and no live job of the run can hold it "
+        "(joined: small (2 devices), mid (4 devices))"
+    )
+    store.leave(four)
+    assert store.settle() == ["t.py::four"]
+    store.leave(two)
+    assert sorted(store.settle()) == ["t.py::cpu_a", "t.py::cpu_b", "t.py::one", "t.py::two"]
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("mysql://127.0.0.1/db", "must be a PostgreSQL URL"),
+        ("postgresql://devpool@127.0.0.1:1/postgres", "cannot reach PostgreSQL at 127.0.0.1:1"),
+    ],
+)
+def test_bad_urls_one_sentence(postgres: Server, url: str, words: str) -> None:
+    with pytest.raises(DevpoolError, match=words) as caught:
+        connect(url)
+    assert "\n" not in str(caught.value)
+
+
+def test_missing_database_one_sentence(postgres: Server) -> None:
+    url = postgres.url.rsplit("/", 1)[0] + "/nosuchdb"
+    with pytest.raises(DevpoolError, match='database "nosuchdb" does not exist'):
+        connect(url)
