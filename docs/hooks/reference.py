@@ -42,6 +42,8 @@ _TEXT_VALUES = {
     "ray-address": "ADDRESS",
     "peer-service": "CMD",
     "select-base": "REV",
+    "queue": "URL",
+    "queue-run": "ID",
 }
 # Settings fields whose default is computed on the host that runs.
 _COMPUTED = {"cpu_slots": "the host's cores", "lock_dir": "`$TMPDIR/devpool-locks`"}
@@ -64,7 +66,9 @@ def value_of(option: Option) -> str:
 
 def default_of(option: Option) -> str:
     """The default from Settings, as a reader writes it; '—' where the meaning says it."""
-    field = {f.name: f for f in dataclasses.fields(Settings)}[option.name.replace("-", "_")]
+    field = {f.name: f for f in dataclasses.fields(Settings)}.get(option.name.replace("-", "_"))
+    if field is None:  # an option Settings does not hold (read elsewhere): its help says
+        return "—"
     if field.name in _COMPUTED:
         return _COMPUTED[field.name]
     value: Any = field.default
