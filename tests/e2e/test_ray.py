@@ -146,7 +146,10 @@ def test_failing_rank_fails_the_test_labelled(pytester: pytest.Pytester, cluster
     result = run_ray(pytester, cluster, record)
     assert result.ret == 1, result.stdout.str()
     result.stdout.fnmatch_lines(["*[[]rank 1[]]*only rank 0 is right*", "*1 failed*"])
-    assert "[rank 0]" not in result.stdout.str()
+    # Rank 0 passed, unless rank 1's failure reached the controller first: then it was
+    # ended for it (backends/failfast.py), and says only that.
+    rank_0 = [line for line in result.stdout.lines if "[rank 0]" in line]
+    assert all("ended: rank 1 failed" in line for line in rank_0), rank_0
     (end,) = job_ends(record)
     assert end["outcome"] == "failed" and len(end["ranks"]) == 2
 
@@ -177,19 +180,93 @@ def test_demo_suite_same_outcomes_as_local(pytester: pytest.Pytester, cluster: C
     assert local.ret == on_ray.ret, on_ray.stdout.str()
     expected = outcomes(local_record)
     assert len(expected) >= 20
-    # ranks(n) runs on the local backend only so far (issue 36, item 5): on Ray the
-    # distributed examples end infra, saying so, where locally they pass (or skip, no torch).
-    distributed = [test for test in expected if test[0].startswith("examples/test_distributed")]
-    assert len(distributed) == 2
-    expected = {
-        (nodeid, "infra") if (nodeid, outcome) in distributed else (nodeid, outcome)
-        for nodeid, outcome in expected
-    }
+    assert len([t for t in expected if t[0].startswith("examples/test_distributed")]) == 2
     assert outcomes(ray_record) == expected, on_ray.stdout.str()
-    on_ray.stdout.fnmatch_lines(["*ranks(2) runs on the local backend only for now*"])
     # The 8-device test fits neither the 4-device pool nor any 4-NPU node.
     assert ("examples/test_collectives.py::test_full_node_training_step", "infra") in expected
     on_ray.stdout.fnmatch_lines(["*needs 8 NPU; cluster has 2 nodes with 4 NPU*"])
+
+
+RANKS_ON_RAY = """
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+        "MASTER_PORT", "DEVPOOL_DEVICES", "DEVPOOL_RANK_DEVICES", "DEVPOOL_RAY_NODE_ID")
+
+
+def meet():
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    if rank == 0:
+        server = socket.create_server(address)
+        peers = [server.accept()[0] for _ in range(world - 1)]
+        for peer in peers:
+            peer.sendall(b"go")
+            peer.close()
+        server.close()
+        return
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            peer = socket.create_connection(address)
+            break
+        except OSError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert peer.recv(2) == b"go"
+
+
+@pytest.mark.nodes(2)
+@pytest.mark.ranks(4)
+def test_four_ranks_over_two_nodes():
+    Path(OUT, "rank" + os.environ["RANK"] + ".json").write_text(
+        json.dumps({k: os.environ.get(k) for k in KEYS})
+    )
+    meet()
+
+
+@pytest.mark.ranks(2, devices_per_rank=0)
+def test_two_ranks_one_fails():
+    if os.environ["RANK"] == "1":
+        assert False, "rank one on Ray"
+    time.sleep(120)
+"""
+
+
+def test_ranks_spread_over_nodes_with_torchruns_environment(
+    pytester: pytest.Pytester, cluster: Cluster, tmp_path: Path
+) -> None:
+    pytester.makepyprojecttoml(PYPROJECT)
+    pytester.makepyfile(test_ranks=f"OUT = {str(tmp_path)!r}\n" + RANKS_ON_RAY)
+    record = pytester.path / "record.jsonl"
+    began = time.monotonic()
+    result = run_ray(pytester, cluster, record, "-p", "no:randomly")
+    assert result.ret == 1, result.stdout.str()
+    assert outcomes(record) == {
+        ("test_ranks.py::test_four_ranks_over_two_nodes", "passed"),
+        ("test_ranks.py::test_two_ranks_one_fails", "failed"),
+    }, result.stdout.str()
+    assert time.monotonic() - began < 100  # the failing rank's peer did not sleep 120 s
+    result.stdout.fnmatch_lines(["*[[]rank 0[]] ended: rank 1 failed*"])
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for rank, env in enumerate(seen):
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
+        assert env["LOCAL_RANK"] == str(rank % 2) and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == str(rank // 2)
+        assert env["MASTER_ADDR"] == seen[0]["MASTER_ADDR"]
+        assert env["MASTER_PORT"] == seen[0]["MASTER_PORT"]
+        # Every rank sees its node's devices of the test in rank order: its own at LOCAL_RANK.
+        visible = env["DEVPOOL_DEVICES"].split(",")
+        assert len(visible) == 2 and visible[rank % 2] == env["DEVPOOL_RANK_DEVICES"]
+    assert seen[0]["DEVPOOL_RAY_NODE_ID"] == seen[1]["DEVPOOL_RAY_NODE_ID"]
+    assert seen[2]["DEVPOOL_RAY_NODE_ID"] == seen[3]["DEVPOOL_RAY_NODE_ID"]
+    assert seen[0]["DEVPOOL_RAY_NODE_ID"] != seen[2]["DEVPOOL_RAY_NODE_ID"]
 
 
 def test_unsatisfiable_nodes_fail_fast(pytester: pytest.Pytester, cluster: Cluster) -> None:

@@ -157,11 +157,6 @@ def unsatisfiable_reason(
             f"nodes({n}) needs {n} machines{per_node}; the local backend runs on this one "
             f"(use --devpool-backend ray, or ranks({n}) for {n} processes here)"
         )
-    if request.ranks and backend != "local":
-        return (
-            f"ranks({request.ranks}) runs on the local backend only for now; on Ray, "
-            "nodes(n) gives a test one rank per node"
-        )
     have = len(inventory.devices)
     if request.device_count > 0 and have == 0:
         count = request.device_count

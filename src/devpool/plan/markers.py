@@ -297,7 +297,12 @@ def request_for(
     ranks, per_rank = 0, 1
     if (mark := item.get_closest_marker("ranks")) is not None:
         ranks, per_rank = _ranks(nodeid, mark)
-        total = ranks * per_rank
+        if ranks % nodes:
+            raise DevpoolError(
+                f"{nodeid}: @pytest.mark.ranks({ranks}) over @pytest.mark.nodes({nodes}) needs "
+                "as many ranks on every node: a multiple of the node count"
+            )
+        total = ranks // nodes * per_rank  # device_count is per node
         if item.get_closest_marker("device_count") is not None and device_count != total:
             raise DevpoolError(
                 f"{nodeid}: @pytest.mark.ranks({ranks}, devices_per_rank={per_rank}) holds "

@@ -122,7 +122,7 @@ class WorkerPool:
                 memory_file = self.ctx.log_dir / f"memory-{job.id}-{job.attempt}.json"
                 env[memory.SIM_MEMORY_FILE] = str(memory_file)
         env.update(host_env(lease))  # DEVPOOL_PORTS, MASTER_ADDR/PORT (run/host_leases.py)
-        if job.shape:
+        if job.shape and isinstance(self.backend, LocalBackend):  # Ray places its own ranks
             worker = self._group(placement.devices, lease, env, job)
         else:
             worker = self._start(placement.devices, lease, env, job)
@@ -189,7 +189,7 @@ class WorkerPool:
         """A ranks(n) test's n workers, one per rank with torchrun's environment, as one
         (backends/ranks.py); each sees every device of the test, in rank order."""
         backend = self.backend
-        assert isinstance(backend, LocalBackend)  # plan/jobs.py: ranks(n) runs locally
+        assert isinstance(backend, LocalBackend)
         request = job.request
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         workers = []

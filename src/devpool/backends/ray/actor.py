@@ -53,6 +53,9 @@ class RankSpec:
     # written on the node; module paths relative to the shipped folder.
     lists: dict[str, list[str]] = field(default_factory=dict)
     template: str = ""  # the node template's socket path to fork from ("": start fresh)
+    # A rank of a ranks(n) test: the devices it sees (its node's ranks', in rank order)
+    # besides its own (claim()); empty: it sees its own.
+    visible: tuple[int, ...] = ()
 
 
 # The file of modules to collect (paths) the controller names in a worker's environment.
@@ -92,6 +95,7 @@ class RankProcess:
         self.leases: list[Lease] = []
         self.log = ""
         self.written: list[str] = []  # the shipped lists' files on this node
+        self.claimed: list[int] | None = None  # devices claim() took, for start()
 
     def place(self) -> dict[str, Any]:
         """Where Ray put this actor and what it assigned."""
@@ -133,12 +137,20 @@ class RankProcess:
                     return got
         raise RuntimeError(f"no free {spec.platform} id on node {node_id[:12]}: {got}")
 
+    def claim(self, spec: RankSpec) -> list[int]:
+        """Take this rank's devices before start(), so that the controller can show every
+        rank of a node its node's devices (a ranks(n) test)."""
+        ray = import_ray()
+
+        self.claimed = self._devices(spec, ray.get_runtime_context().get_node_id())
+        return self.claimed
+
     def start(self, spec: RankSpec) -> dict[str, Any]:
         """Start the worker process; its events are buffered for events()."""
         ray = import_ray()
 
         node_id = ray.get_runtime_context().get_node_id()
-        devices = self._devices(spec, node_id)
+        devices = self.claimed if self.claimed is not None else self._devices(spec, node_id)
         cwd = os.getcwd() if spec.ship_code else spec.cwd
         if spec.log:
             Path(spec.log).parent.mkdir(parents=True, exist_ok=True)
@@ -273,7 +285,7 @@ class RankProcess:
 def node_env(spec: RankSpec, devices: list[int], node_id: str) -> dict[str, str]:
     """A worker's (or template's) environment on this node: its devices' ids bound."""
     env = dict(spec.env)
-    ids = ",".join(str(d) for d in devices)
+    ids = ",".join(str(d) for d in (spec.visible or devices))
     env["DEVPOOL_DEVICES"] = ids
     env["DEVPOOL_RAY_NODE_ID"] = node_id
     visible = env.pop("DEVPOOL_VISIBLE_ENV", "")

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from devpool.backends import WorkerHandle
-from devpool.backends.merge import Merge
+from devpool.backends.failfast import FailFast
 from devpool.backends.pipes import EventPipes
 from devpool.backends.ray import ports as ray_ports
 from devpool.backends.ray.actor import STOP_WAIT, RankProcess, RankSpec, shipped_lists
 from devpool.backends.ray.cluster import alive_nodes, connect, describe_cluster, import_ray, plural
 from devpool.backends.ray.forks import NodeForks
 from devpool.backends.ray.handle import Rank, RayWorker
+from devpool.backends.ray.layout import Layout
 from devpool.backends.ray.names import ActorName
 from devpool.backends.ray.waiting import ClusterWaitingRoom
 from devpool.config import Settings
@@ -169,7 +170,7 @@ class RayBackend(NodeForks):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"worker-{key}.log"
         log.write_text(f"devpool: waiting for a Ray placement of {request.describe()}\n")
-        worker = RayWorker(key, devices, max(1, request.nodes), log, read_end, lease)
+        worker = RayWorker(key, devices, Layout.of(request).world, log, read_end, lease)
         worker.asked = time.monotonic()
         worker.kind = kind
         self.workers[key] = worker
@@ -238,7 +239,8 @@ class RayBackend(NodeForks):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        k, n = request.device_count, worker.world
+        layout = Layout.of(request)
+        k, n = layout.per_rank, layout.world
         actor_class = self._actor_class()
         options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 8}
         named = {name: float(units) for name, units in request.resources}
@@ -251,20 +253,24 @@ class RayBackend(NodeForks):
             options["resources"] = {**options.get("resources", {}), **named}
         deadline = time.monotonic() + self.settings.lease_timeout
         if n > 1:
-            bundle: dict[str, float] = {self.resource: k} if k else {"CPU": CPU_BUNDLE}
+            # One bundle per node, its ranks' devices together (a ranks(n) test on one node
+            # is one bundle: its ranks meet on one host, as torchrun's do).
+            per_node = k * layout.per_node
+            bundle: dict[str, float] = {self.resource: per_node} if k else {"CPU": CPU_BUNDLE}
             bundle.update(named)
             if not k:
-                options["num_cpus"] = CPU_BUNDLE
-            worker.placement_group = placement_group([bundle] * n, strategy="STRICT_SPREAD")
+                options["num_cpus"] = CPU_BUNDLE / layout.per_node
+            strategy = "STRICT_SPREAD" if layout.nodes > 1 else "STRICT_PACK"
+            worker.placement_group = placement_group([bundle] * layout.nodes, strategy=strategy)
             if not self._ready([worker.placement_group.ready()], worker, deadline):
                 return False
             for index in range(n):
-                strategy = PlacementGroupSchedulingStrategy(
-                    worker.placement_group, placement_group_bundle_index=index
+                strategy_of = PlacementGroupSchedulingStrategy(
+                    worker.placement_group, placement_group_bundle_index=layout.node_of(index)
                 )
                 actor = actor_class.options(
                     name=self._actor_name(worker, run_id, index),
-                    scheduling_strategy=strategy,
+                    scheduling_strategy=strategy_of,
                     **options,
                 ).remote()
                 worker.ranks.append(Rank(index, actor))
@@ -304,15 +310,17 @@ class RayBackend(NodeForks):
         ray = import_ray()
         n = worker.world
         ports = ray_ports.lease(worker.ranks[0].actor, self.settings, request)  # rank 0's node
-        port, master = (ports[0] if ports else 0), worker.ranks[0].address if n > 1 else "127.0.0.1"
+        port = ports[0] if ports else 0
+        master = worker.ranks[0].address if n > 1 else "127.0.0.1"
         totals = {node.node_id: node.count for node in self.nodes}
         ship = self.settings.ray_ship_code
-        refs = []
+        layout = Layout.of(request)
+        specs = []
         for rank in worker.ranks:
             rank_env = dict(
                 env, **ray_ports.rank_env(ports, master, self.settings.keep_master_port)
             )
-            if n > 1:
+            if n > 1 and not layout.torchrun:
                 rank_env.update(
                     DEVPOOL_NODE_RANK=str(rank.rank),
                     DEVPOOL_NODE_WORLD_SIZE=str(n),
@@ -321,14 +329,30 @@ class RayBackend(NodeForks):
                     DEVPOOL_NODE_PEERS=",".join(r.address for r in worker.ranks),
                 )
             rank.log = worker.log if n == 1 else worker.log.with_suffix(f".rank{rank.rank}.log")
-            count = request.device_count
-            spec = replace(
-                self._spec(rank_env, count, totals.get(rank.node_id, count)),
-                log="" if ship else str(rank.log),
-                peer_service=(request.peer_service or self.peer_service) if rank.rank > 0 else None,
-                template=self._template_path(worker, rank.node_id),
+            count = layout.per_rank
+            specs.append(
+                replace(
+                    self._spec(rank_env, count, totals.get(rank.node_id, count)),
+                    log="" if ship else str(rank.log),
+                    peer_service=(request.peer_service or self.peer_service)
+                    if rank.rank > 0
+                    else None,
+                    template=self._template_path(worker, rank.node_id),
+                )
             )
-            refs.append(rank.actor.start.remote(spec))
+        if layout.torchrun:
+            # Each rank takes its devices first: every rank then sees its node's, in order.
+            claimed = ray.get(
+                [r.actor.claim.remote(s) for r, s in zip(worker.ranks, specs, strict=True)]
+            )
+            for rank, spec in zip(worker.ranks, specs, strict=True):
+                own = claimed[rank.rank]
+                visible = layout.visible(rank.rank, claimed)
+                spec.env.update(layout.env(rank.rank, master, own))
+                specs[rank.rank] = replace(spec, visible=visible)
+        refs = [
+            rank.actor.start.remote(spec) for rank, spec in zip(worker.ranks, specs, strict=True)
+        ]
         started = ray.get(refs)
         with worker.lock:
             for rank, info in zip(worker.ranks, started, strict=True):
@@ -345,12 +369,18 @@ class RayBackend(NodeForks):
     def _pump(self, worker: RayWorker, write_end: int) -> int:
         """Bridge the ranks' events into the controller's pipe until every rank has exited."""
         ray = import_ray()
-        merge = Merge(worker.world)
+        fate = FailFast(worker.world)  # the same fail-fast rules as ranks(n) on a host
         readers = [protocol.Reader() for _ in worker.ranks]
         calls = {rank.actor.events.remote(EVENTS_WAIT): rank for rank in worker.ranks}
-        failed_code: int | None = None
         while calls:
-            ready, _ = ray.wait(list(calls), num_returns=1, timeout=EVENTS_WAIT * 4)
+            due = fate.due()
+            wait = EVENTS_WAIT * 4
+            if due:
+                wait = max(0.01, min(wait, min(due) - time.monotonic()))
+            ready, _ = ray.wait(list(calls), num_returns=1, timeout=wait)
+            fate.stopping, fate.signalled = worker.stopping, worker.stop_asked.is_set()
+            now = time.monotonic()
+            out: list[protocol.Message] = []
             for ref in ready:
                 rank = calls.pop(ref)
                 try:
@@ -359,23 +389,27 @@ class RayBackend(NodeForks):
                     worker.lost = f"node {rank.address or '?'} lost ({_why_lost(exc)})"
                     self._kill_ranks(worker)
                     return LOST_EXIT
-                out: list[protocol.Message] = []
                 for message in readers[rank.rank].feed(data):
-                    out += merge.feed(rank.rank, message)
-                if any(m.get("ev") == "finish" for m in out):
-                    self._gather_logs(worker, fetch=self.settings.ray_ship_code)
-                for message in out:
-                    protocol.write(write_end, message)
+                    out += fate.take(rank.rank, message, now)
                 if code is None:
                     calls[rank.actor.events.remote(EVENTS_WAIT)] = rank
                     continue
                 rank.code = code
-                if code != 0 and failed_code is None:
-                    # One rank gone wrong ends the test on every rank.
-                    failed_code = code
-                    self._kill_ranks(worker)
+                out += fate.rank_gone(rank.rank, code, rank.pid, now)
+            fate.tick(now)
+            for index, signum in fate.take_orders():
+                with contextlib.suppress(Exception):
+                    worker.ranks[index].actor.signal.remote(int(signum), True)
+            worker.fate = fate
+            if any(m.get("ev") == "finish" for m in out):
+                self._gather_logs(worker, fetch=self.settings.ray_ship_code)
+            for message in out:
+                protocol.write(write_end, message)
         codes = [rank.code or 0 for rank in worker.ranks]
-        return failed_code if failed_code is not None else next((c for c in codes if c), 0)
+        culprit = fate.culprit
+        if culprit is not None and codes[culprit]:
+            return codes[culprit]
+        return next((c for c in codes if c), 0)
 
     def _kill_ranks(self, worker: RayWorker) -> None:
         for rank in worker.ranks:

@@ -9,11 +9,14 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devpool.devices.leases import Lease
 from devpool.worker import protocol
 from devpool.worker.stacks import stacks_file
+
+if TYPE_CHECKING:  # the rank actors' side imports no merge (nor pytest)
+    from devpool.backends.failfast import FailFast
 
 
 @dataclass
@@ -64,6 +67,18 @@ class RayWorker:
     outbox: list[protocol.Message] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     kind: str = ""  # its ranks fork from their nodes' templates of this kind ("": fresh)
+    stopping: bool = False  # told to stop: ranks that end now end as asked
+    fate: FailFast | None = None  # the fail-fast rules' view, set by the backend's pump
+
+    @property
+    def spent(self) -> bool:
+        """It takes no more work: one rank's ending ended the others."""
+        return self.fate is not None and self.fate.fallen is not None
+
+    @property
+    def ended_by(self) -> str | None:
+        """Which rank died under the test, and how (the loop's crash detail)."""
+        return self.fate.ended_by if self.fate is not None else None
 
     @property
     def pid(self) -> int:
@@ -82,6 +97,8 @@ class RayWorker:
         """Send a command to every rank; held back until the ranks have started."""
         if self.finished.is_set():
             return False
+        if message.get("op") == "stop":
+            self.stopping = True
         with self.lock:
             if not self.running:
                 self.outbox.append(message)
