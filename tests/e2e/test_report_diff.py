@@ -210,4 +210,3 @@ def test_a_run_folder_is_a_run_to_every_report_and_devpool_s_files_stay_out_of_g
     assert empty.stderr.strip().endswith(
         "is a folder without a record.jsonl: no devpool run folder"
     )
-
