@@ -157,6 +157,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("worker-start-timeout", _seconds, "seconds a worker may take to start and collect"),
     Option("timeout-grace", _seconds, "seconds between SIGTERM and SIGKILL on a timeout"),
     Option(
+        "rank-straggle",
+        _seconds,
+        "a ranks(n) test's ranks still in it this long after another rank finished it are "
+        "ended, their stacks dumped (default 60)",
+    ),
+    Option(
         "slow-timeout", _seconds, "a test running this long is said SLOW, again at each multiple"
     ),
     Option("skip-unsatisfiable", _flag, "skip tests needing more than the pool has", flag=True),
@@ -239,6 +245,21 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("select", select_mode, "selective runs: record, on, shadow, auto or off (default)"),
     Option("select-base", _text, "the revision a baseline's commit must precede (HEAD)"),
+    Option(
+        "queue",
+        _text,
+        "one run across many CI jobs: the PostgreSQL URL of their shared queue (postgresql://…)",
+    ),
+    Option(
+        "queue-run",
+        _text,
+        "the run every job joins on the queue (default $GITHUB_RUN_ID-$GITHUB_RUN_ATTEMPT)",
+    ),
+    Option(
+        "queue-lease",
+        _seconds,
+        "seconds a job may miss its heartbeat before its claims go back to the queue (30)",
+    ),
     Option(
         "github",
         _flag,
@@ -357,6 +378,7 @@ class Settings:
     lease_timeout: float = 600.0
     test_timeout: float | None = None
     timeout_grace: float = 5.0
+    rank_straggle: float = 60.0
     slow_timeout: float = 60.0
     worker_start_timeout: float = 300.0
     skip_unsatisfiable: bool = False
@@ -395,6 +417,9 @@ class Settings:
     ports: tuple[int, int] = DEFAULT_RANGE  # leased TCP ports (devices/ports.py)
     keep_master_port: bool = False
     resources: Mapping[str, int] = field(default_factory=dict)  # name → capacity
+    queue: str | None = None  # the shared queue's PostgreSQL URL (queue/)
+    queue_run: str | None = None
+    queue_lease: float = 30.0
 
 
 def read_table(pyproject: Path | None) -> dict[str, Any]:

@@ -500,3 +500,37 @@ def test_random_rank_faults_give_one_true_outcome_each_and_leave_nothing(
     cases = [c.get("name") for c in ET.parse(root / "junit.xml").getroot().iter("testcase")]
     assert sorted(cases) == sorted(want)  # one testcase per test, not per rank
     assert_nothing_left(root)
+
+
+def test_ranks_left_in_a_test_the_others_finished_are_ended_with_their_stacks(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "test_straggle.py").write_text(
+        MEET
+        + """
+@pytest.mark.ranks(2, devices_per_rank=0)
+def test_rank_1_skips_the_barrier():
+    if os.environ["RANK"] == "0":
+        meet()  # waits for a rank 1 that finished the test without coming
+
+
+@pytest.mark.ranks(2, devices_per_rank=0)
+def test_after():
+    meet()
+"""
+    )
+    done = run(tmp_path, "--devices", "auto", "-p", "no:randomly", "--devpool-rank-straggle=2")
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    ends = job_ends(tmp_path)
+    assert {name: end["outcome"] for name, end in ends.items()} == {
+        "test_rank_1_skips_the_barrier": "failed",
+        "test_after": "passed",
+    }, output
+    assert "[rank 0] ended: rank 0 still in the test 2 s after rank 1 finished it" in output
+    assert "in accept" in output  # rank 0's stacks show where it waited
+    assert [r["outcome"] for r in ends["test_rank_1_skips_the_barrier"]["ranks"]] == [
+        "ended",
+        "passed",
+    ]
+    assert_nothing_left(tmp_path)

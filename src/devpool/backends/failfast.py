@@ -10,6 +10,10 @@ then delivers the signals it orders.
 - A rank skips while the others run on past SKIP_WAIT: the same, as "rank N skipped".
 - A rank dies on its own: the same, and no report of its test goes out, so the loop ends
   that test `crashed` with `ended_by` ("rank 1 (pid 42) exited with code 7").
+- Ranks still in a test `straggle` seconds after another rank finished it (a collective
+  the others skipped, a barrier nobody else reaches): their stacks are dumped (SIGUSR1),
+  then they are ended as above, as "ranks 0 still in the test 60 s after rank 1 finished
+  it" (--devpool-rank-straggle).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from devpool.worker import protocol
 RANK_GRACE = 1.0  # seconds from SIGTERM to SIGKILL for ranks ended by another rank's ending
 SKIP_WAIT = 2.0  # seconds the other ranks have to skip too, once one rank skipped
 KILL_RETRY = 1.0
+STACKS_WAIT = 0.5  # seconds for faulthandler to write a straggling rank's stacks
 
 
 @dataclass
@@ -31,6 +36,7 @@ class FailFast:
     """One multi-rank worker's merge and fate: which ranks to signal, and what to report."""
 
     world: int
+    straggle: float = 60.0  # seconds ranks may stay in a test another rank has finished
     merge: Merge = field(init=False)
     outcomes: list[str] = field(init=False)  # each rank's part in the current test
     gone: set[int] = field(default_factory=set)
@@ -42,6 +48,9 @@ class FailFast:
     ended_by: str | None = None  # a rank died under a test: the loop's crash detail
     kill_at: float | None = None
     skip: tuple[float, int, str, str] | None = None  # (by, rank, nodeid, phase)
+    lag: tuple[float, str] | None = None  # (by, nodeid): a rank finished it, others have not
+    straggling: set[int] = field(default_factory=set)  # ranks ended for never finishing it
+    term_at: float | None = None  # SIGTERM to the stragglers, once their stacks are written
     orders: list[tuple[int, int]] = field(default_factory=list)  # (rank, signal) to deliver
 
     def __post_init__(self) -> None:
@@ -67,14 +76,17 @@ class FailFast:
             elif outcome == "skipped" and self.skip is None and self.fallen is None:
                 self.skip = (now + SKIP_WAIT, rank, str(data["nodeid"]), when)
         out = self.merge.feed(rank, message)
+        if event == "finish" and self.lag is None and self.fallen is None and not out:
+            self.lag = (now + self.straggle, str(message["nodeid"]))  # others still in it
         if event == "finish" and self.fallen is not None and rank == self.culprit:
             self.orders.append((rank, signal.SIGTERM))  # its teardown ran: nothing more wanted
         return self._seen(out)
 
     def rank_gone(
-        self, rank: int, code: int | None, pid: int, now: float
+        self, rank: int, code: int | None, pid: int, now: float, stacks: str = ""
     ) -> list[protocol.Message]:
-        """A rank's process ended (code: its exit status, None if unknown)."""
+        """A rank's process ended (code: its exit status, None if unknown; stacks: what its
+        faulthandler wrote, shown when it straggled)."""
         if rank in self.gone:
             return []
         self.gone.add(rank)
@@ -90,7 +102,10 @@ class FailFast:
         if self.fallen is not None and self.fallen_test is not None:
             if rank != self.culprit:
                 self.outcomes[rank] = "ended"
-            return self._seen(self.merge.end_rank(rank, f"{ENDED}{self.fallen}"))
+            why = f"{ENDED}{self.fallen}"
+            if rank in self.straggling:
+                why += "\n---- its stacks (faulthandler) ----\n" + (stacks or "(none written)")
+            return self._seen(self.merge.end_rank(rank, why))
         return []
 
     def tick(self, now: float) -> None:
@@ -105,12 +120,19 @@ class FailFast:
             if behind:
                 self._fall(who, "skipped", nodeid, now)
             self.skip = None
+        if self.lag is not None and now >= self.lag[0] and self.fallen is None:
+            self._straggled(self.lag[1], now)
+        if self.term_at is not None and now >= self.term_at:
+            self.term_at = None
+            self.orders += [(r, signal.SIGTERM) for r in self.straggling if r not in self.gone]
+            self.kill_at = now + RANK_GRACE
         if self.kill_at is not None and now >= self.kill_at:
             self.kill_at = now + KILL_RETRY
             self.orders += [(r, signal.SIGKILL) for r in range(self.world) if r not in self.gone]
 
     def due(self) -> list[float]:
-        return [t for t in (self.kill_at, self.skip[0] if self.skip else None) if t is not None]
+        skip, lag = self.skip[0] if self.skip else None, self.lag[0] if self.lag else None
+        return [t for t in (self.kill_at, skip, lag, self.term_at) if t is not None]
 
     def take_orders(self) -> list[tuple[int, int]]:
         orders, self.orders = self.orders, []
@@ -121,8 +143,24 @@ class FailFast:
             if message.get("ev") == "start":
                 self.outcomes = [""] * self.world
             elif message.get("ev") == "finish":
-                self.skip = None
+                self.skip = self.lag = None
         return out
+
+    def _straggled(self, nodeid: str, now: float) -> None:
+        """Some ranks never finished a test the others finished: their stacks, then the end."""
+        through = self.merge.finished.get(nodeid, set())
+        behind = [r for r in range(self.world) if r not in through and r not in self.gone]
+        self.lag = None
+        if not behind:
+            return
+        self.fallen = (
+            f"{_named(behind)} still in the test {self.straggle:g} s after "
+            f"{_named(sorted(through))} finished it"
+        )
+        self.fallen_test, self.culprit = nodeid, None
+        self.straggling = set(behind)
+        self.orders += [(r, signal.SIGUSR1) for r in behind]  # faulthandler: their stacks
+        self.term_at = now + STACKS_WAIT  # then SIGTERM, and SIGKILL after the grace
 
     def _fall(self, rank: int, how: str, nodeid: str | None, now: float) -> None:
         self.fallen = f"rank {rank} {how}"
@@ -134,3 +172,7 @@ class FailFast:
             if other != rank and other not in self.gone
         ]
         self.kill_at = now + RANK_GRACE
+
+
+def _named(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

@@ -160,7 +160,7 @@ class LocalBackend:
         worker.process = template.fork(fork)
         return worker
 
-    def group(self, workers: list[Worker], shape: int) -> RankGroup:
+    def group(self, workers: list[Worker], shape: int, straggle: float) -> RankGroup:
         """One ranks(n) test's workers, one per rank (rank order), as one worker
         (backends/ranks.py): their events meet in the merge before the loop reads them."""
         self._next_key += 1
@@ -168,7 +168,15 @@ class LocalBackend:
         first = workers[0]
         ranks = [Rank(index, worker) for index, worker in enumerate(workers)]
         group = RankGroup(
-            self._next_key, first.devices, first.lease, ranks, first.log, read_end, write_end, shape
+            self._next_key,
+            first.devices,
+            first.lease,
+            ranks,
+            first.log,
+            read_end,
+            write_end,
+            shape,
+            straggle=straggle,
         )
         for rank in ranks:
             self.pipes.forget(rank.worker)

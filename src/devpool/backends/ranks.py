@@ -73,8 +73,10 @@ class RankGroup:
     exited: bool = False
     outbox: bytearray = field(default_factory=bytearray)
 
+    straggle: float = 60.0  # --devpool-rank-straggle
+
     def __post_init__(self) -> None:
-        self.fate = FailFast(len(self.ranks))
+        self.fate = FailFast(len(self.ranks), self.straggle)
 
     @property
     def pid(self) -> int:
@@ -199,7 +201,11 @@ class RankGroup:
     def _rank_gone(self, rank: Rank, now: float) -> list[protocol.Message]:
         rank.gone = True
         code = _code_soon(rank.worker) if not self.fate.stopping else rank.worker.poll()
-        return self.fate.rank_gone(rank.rank, code, rank.worker.pid, now)
+        stacks = ""
+        if rank.rank in self.fate.straggling:
+            with contextlib.suppress(OSError):
+                stacks = stacks_file(rank.worker.log).read_text(encoding="utf-8", errors="replace")
+        return self.fate.rank_gone(rank.rank, code, rank.worker.pid, now, stacks.strip())
 
     # ---- time ----------------------------------------------------------------------------
 

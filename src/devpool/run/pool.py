@@ -198,7 +198,7 @@ class WorkerPool:
             worker = self._start(devices, lease, {**env, **own}, job)
             assert isinstance(worker, LocalWorker)
             workers.append(worker)
-        return backend.group(workers, job.shape)
+        return backend.group(workers, job.shape, self.ctx.settings.rank_straggle)
 
     def _fork(
         self, devices: tuple[int, ...], lease: Lease | None, env: dict[str, str], job: Job

@@ -369,7 +369,7 @@ class RayBackend(NodeForks):
     def _pump(self, worker: RayWorker, write_end: int) -> int:
         """Bridge the ranks' events into the controller's pipe until every rank has exited."""
         ray = import_ray()
-        fate = FailFast(worker.world)  # the same fail-fast rules as ranks(n) on a host
+        fate = FailFast(worker.world, self.settings.rank_straggle)  # as ranks(n) on a host
         readers = [protocol.Reader() for _ in worker.ranks]
         calls = {rank.actor.events.remote(EVENTS_WAIT): rank for rank in worker.ranks}
         while calls:
