@@ -61,7 +61,7 @@ def test_differing_collection_refused_in_one_sentence(postgres: Server, store: Q
     assert "\n" not in sentence
     assert "as host-a published it" in sentence
     assert "lacks 2 tests (t.py::cpu_a, t.py::eight)" in sentence
-    assert "has that the run does not 1 test (t.py::new)" in sentence
+    assert "has 1 test the run does not (t.py::new)" in sentence
     assert "t.py::one (2 here, 1 there)" in sentence
 
 

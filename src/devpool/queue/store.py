@@ -124,6 +124,7 @@ class TestRow:
     outcome: str | None
     gating: bool
     result: Mapping[str, Any] | None
+    job_id: int | None = None  # the job that holds or ran it
 
 
 def fingerprint(tests: Sequence[QueuedTest]) -> str:
@@ -147,13 +148,13 @@ def difference(
     ]
     parts = []
     for what, ids in (
-        ("lacks", lacking),
-        ("has that the run does not", extra),
-        ("needs other devices for", needs),
+        ("lacks {}", lacking),
+        ("has {} the run does not", extra),
+        ("needs other devices for {}", needs),
     ):
         if ids:
             named = ", ".join(ids[:SHOWN]) + (", …" if len(ids) > SHOWN else "")
-            parts.append(f"{what} {counted(len(ids), 'test')} ({named})")
+            parts.append(what.format(counted(len(ids), "test")) + f" ({named})")
     if not parts:
         parts.append("collected the same tests in another order")
     return (
@@ -267,10 +268,12 @@ class QueueStore:
         """Claims of jobs whose lease ran out go back to the queue; how many did."""
         return self.db.execute(_REAP, self._args()).rowcount
 
-    def claim(self, job_id: int, devices: int, seconds: float, most: int = 500) -> list[Claim]:
+    def claim(
+        self, job_id: int, devices: int, seconds: float, skip: Sequence[str] = (), most: int = 500
+    ) -> list[Claim]:
         """Claim the longest queued tests this job's devices can hold (device-seconds first),
-        until their estimates add up to `seconds` (at least one test); [] when none is queued
-        or the job's lease was lost."""
+        until their work (estimate × devices) adds up to `seconds`, at least one test; none
+        of `skip`. [] when none is queued or the job's lease was lost."""
         self.reap()
         with self.db.transaction():
             alive = self.db.execute(
@@ -281,19 +284,20 @@ class QueueStore:
             if alive is None:
                 return []
             rows = self.db.execute(
-                "SELECT position, estimate FROM devpool_queue_tests "
+                "SELECT position, estimate * greatest(devices, 1) FROM devpool_queue_tests "
                 "WHERE run_id = %(run)s AND state = 'queued' AND devices <= %(devices)s "
+                "AND NOT (test_id = ANY(%(skip)s)) "
                 "ORDER BY estimate * greatest(devices, 1) DESC, position "
                 "LIMIT %(most)s FOR UPDATE SKIP LOCKED",
-                self._args(devices=devices, most=most),
+                self._args(devices=devices, most=most, skip=list(skip)),
             ).fetchall()
             chosen: list[int] = []
             total = 0.0
-            for position, estimate in rows:
+            for position, cost in rows:
                 if chosen and total >= seconds:
                     break
                 chosen.append(int(position))
-                total += float(estimate)
+                total += float(cost)
             if not chosen:
                 return []
             claimed = self.db.execute(
@@ -303,7 +307,8 @@ class QueueStore:
                 "RETURNING test_id, token, estimate, position",
                 self._args(job=job_id, chosen=chosen),
             ).fetchall()
-        claimed.sort(key=lambda row: chosen.index(int(row[3])))
+        rank = {position: i for i, position in enumerate(chosen)}
+        claimed.sort(key=lambda row: rank[int(row[3])])
         return [Claim(str(t), int(token), float(e)) for t, token, e, _ in claimed]
 
     def report(
@@ -316,21 +321,33 @@ class QueueStore:
     ) -> bool:
         """Record a test's one final outcome; False (refused) when its claim is no longer
         this job's: the lease was lost and the test went back to the queue."""
-        row = self.db.execute(
-            "UPDATE devpool_queue_tests SET state = 'done', outcome = %(outcome)s, "
-            "gating = %(gating)s, result = %(result)s, ended_at = now() "
-            "WHERE run_id = %(run)s AND test_id = %(test)s AND state = 'claimed' "
-            "AND job_id = %(job)s AND token = %(token)s RETURNING 1",
+        return not self.report_many(job_id, [(claim, outcome, gating, result or {})])
+
+    def report_many(
+        self, job_id: int, endings: Sequence[tuple[Claim, str, bool, Mapping[str, Any]]]
+    ) -> list[str]:
+        """report() for many tests in one round trip; the ids of those refused."""
+        if not endings:
+            return []
+        rows = self.db.execute(
+            "UPDATE devpool_queue_tests t SET state = 'done', outcome = v.outcome, "
+            "gating = v.gating, result = v.result::jsonb, ended_at = now() "
+            "FROM unnest(%(tests)s::text[], %(tokens)s::bigint[], %(outcomes)s::text[], "
+            "%(gatings)s::boolean[], %(results)s::text[]) "
+            "AS v(test_id, token, outcome, gating, result) "
+            "WHERE t.run_id = %(run)s AND t.test_id = v.test_id AND t.state = 'claimed' "
+            "AND t.job_id = %(job)s AND t.token = v.token RETURNING t.test_id",
             self._args(
-                outcome=outcome,
-                gating=gating,
-                result=json.dumps(result or {}, default=str),
-                test=claim.test_id,
                 job=job_id,
-                token=claim.token,
+                tests=[c.test_id for c, *_ in endings],
+                tokens=[c.token for c, *_ in endings],
+                outcomes=[outcome for _, outcome, _, _ in endings],
+                gatings=[gating for _, _, gating, _ in endings],
+                results=[json.dumps(result, default=str) for *_, result in endings],
             ),
-        ).fetchone()
-        return row is not None
+        ).fetchall()
+        taken = {str(row[0]) for row in rows}
+        return [c.test_id for c, *_ in endings if c.test_id not in taken]
 
     def give_back(self, job_id: int, claims: Iterable[Claim]) -> None:
         """Claims this job will not run (it stopped early) go back to the queue."""
@@ -343,13 +360,13 @@ class QueueStore:
                 self._args(job=job_id, tokens=tokens),
             )
 
-    def open_for(self, devices: int) -> int:
+    def open_for(self, devices: int, skip: Sequence[str] = ()) -> int:
         """Tests not ended yet that a job of `devices` devices could hold (queued or claimed:
-        a claim of a job that dies comes back)."""
+        a claim of a job that dies comes back), none of `skip`."""
         row = self.db.execute(
             "SELECT count(*) FROM devpool_queue_tests WHERE run_id = %(run)s "
-            "AND state <> 'done' AND devices <= %(devices)s",
-            self._args(devices=devices),
+            "AND state <> 'done' AND devices <= %(devices)s AND NOT (test_id = ANY(%(skip)s))",
+            self._args(devices=devices, skip=list(skip)),
         ).fetchone()
         return int(row[0]) if row else 0
 
@@ -372,7 +389,7 @@ class QueueStore:
         """Every test of the run, in collection order."""
         rows = self.db.execute(
             "SELECT position, test_id, devices, request, state, outcome, "
-            "coalesce(gating, false), result FROM devpool_queue_tests "
+            "coalesce(gating, false), result, job_id FROM devpool_queue_tests "
             "WHERE run_id = %(run)s ORDER BY position",
             self._args(),
         ).fetchall()

@@ -35,6 +35,7 @@ from devpool.run.memory_watch import MemoryWatches
 from devpool.run.placing import Placing
 from devpool.run.pool import Slot, WorkerPool
 from devpool.run.replay import Replay
+from devpool.run.source import JobSource
 from devpool.worker import protocol
 from devpool.worker.capture import crash_output
 
@@ -47,9 +48,15 @@ class Loop:
     """One run of the dispatch loop: schedule, start, watch, replay, until every job ended."""
 
     def __init__(
-        self, ctx: RunContext, session: pytest.Session, plan: Plan, backend: Backend
+        self,
+        ctx: RunContext,
+        session: pytest.Session,
+        plan: Plan,
+        backend: Backend,
+        source: JobSource | None = None,
     ) -> None:
         self.ctx = ctx
+        self.source = source  # a shared queue's claims: jobs come as the run goes, not all at once
         self.session = session
         self.hook = session.config.hook
         self.plan = plan
@@ -96,12 +103,7 @@ class Loop:
         # The collected items and the plan live to the end of the run: out of the cyclic
         # collector's sight, its passes (and pytest's five at exit) skip them.
         gc.freeze()
-        now = time.monotonic()
-        for job in self.plan.jobs:
-            job.queued_at = now
-            self.attempts[job.id] = Attempt(job, job.attempt)
-            if job.chain is None or job.chain[0] is job:  # the rest go with their chain
-                self.scheduler.add(job)
+        self._admit(self.plan.jobs if self.source is None else [], time.monotonic())
         for job, reason in self.plan.unsatisfiable:
             attempt = self.attempts[job.id] = Attempt(job, job.attempt)
             outcome = Outcome.SKIPPED if self.ctx.settings.skip_unsatisfiable else Outcome.INFRA
@@ -117,6 +119,8 @@ class Loop:
                 self._tend_health(now)
                 placed = False
                 if not self.stopped:
+                    if self.source is not None:
+                        self._admit(self.source.more(now), now)
                     queued = set(self.scheduler.queue.sizes())
                     if self.pool.warm.start_next(queued):  # templates ahead of their leases
                         self.pool.forked = True
@@ -152,8 +156,17 @@ class Loop:
             gc.unfreeze()
         self._account()
 
+    def _admit(self, jobs: list[Job], now: float) -> None:
+        for job in jobs:
+            job.queued_at = now
+            self.attempts[job.id] = Attempt(job, job.attempt)
+            if job.chain is None or job.chain[0] is job:  # the rest go with their chain
+                self.scheduler.add(job)
+
     def _busy(self) -> bool:
         queued = bool(len(self.scheduler.queue) or self.placing.delayed) and not self.stopped
+        if self.source is not None and not self.stopped and self.source.open():
+            return True
         return bool(self.pool.slots or self.pool.starting or self.health.pending or queued)
 
     def _sleep(self, now: float) -> float:

@@ -34,6 +34,7 @@ from devpool.outcomes import Outcome
 from devpool.plan import chains, skips
 from devpool.plan.jobs import Plan, build_plan, cpu_slots_of
 from devpool.plan.markers import Request, request_for
+from devpool.queue.source import QueueSource, join_queue
 from devpool.report import github, progress
 from devpool.report.github import GitHubLog
 from devpool.report.junit import Attempt
@@ -359,7 +360,7 @@ class Controller:
             self.listeners.append(self.github)
         default = self.settings.default_estimate
         planned = jobs.jobs_for(session.items, self.requests, self.settings, self.failed_before)
-        if self.settings.repeat == 1:
+        if self.settings.repeat == 1 and not self.settings.queue:  # queued tests run alone
             chains.tie(planned, self.items)
         if self.settings.backend == "local" and any(j.request.device_memory for j in planned):
             self.memory = memory.capacity_of(self.inventory, self.settings.memory_reserve)
@@ -400,7 +401,9 @@ class Controller:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # With --devpool-repeat, progress counts every repetition.
         session.testscollected = len(plan.jobs) + len(plan.unsatisfiable)
-        self._start_record(session, plan)
+        source = self._join_queue(plan, backend) if self.settings.queue else None
+        # A queue's job plans no test of its own: its record counts the tests it claimed.
+        self._start_record(session, plan if source is None else Plan())
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
             terminal.showfspath = False  # reports arrive interleaved across files
@@ -408,19 +411,39 @@ class Controller:
             # pytest prints captured test output (FAILURES, -rP) as it is: fence the whole
             # run so no line a test printed can act as a workflow command.
             terminal.write_line(self.github.open_fence())
-        loop = Loop(self, session, plan, backend)
+        loop = Loop(self, session, plan, backend, source)
         live = None
         if terminal is not None and progress.wanted(self.config.option):
             live = progress.LiveProgress(terminal._tw)
-        with _sigterm_as_interrupt(), live or nullcontext():
-            loop.live = live
-            self.loop_ran = True
-            loop.run()
+        try:
+            with _sigterm_as_interrupt(), live or nullcontext():
+                loop.live = live
+                self.loop_ran = True
+                loop.run()
+        finally:
+            if source is not None:  # what it owes the queue, and what it did not run back
+                self.run_notes += source.close()
         if session.shouldfail:
             raise session.Failed(session.shouldfail)
         if session.shouldstop:
             raise session.Interrupted(session.shouldstop)
         return True
+
+    def _join_queue(self, plan: Plan, backend: Backend) -> QueueSource:
+        """--devpool-queue: publish or check the run's tests, join it; the plan's jobs then come
+        from this job's claims, and tests no job can hold are the queue's to end."""
+        try:
+            source = join_queue(self.settings, plan, self.inventory, self.host, self.max_parallel)
+        except DevpoolError as exc:
+            backend.close()
+            raise pytest.UsageError(str(exc)) from None
+        plan.unsatisfiable = []
+        self.listeners.append(source)
+        self.config.pluginmanager.register(source, "devpool-queue")
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal.write_line(f"devpool: {source.joined}")
+        return source
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(

@@ -1,0 +1,254 @@
+"""A job's side of the queue: feeds the tests it claims to its scheduler, reports their endings.
+
+The run loop asks `more()` each turn: when what this job holds runs low it claims the next
+batch (sized from the estimates) and hands the planned jobs of those tests to the scheduler.
+Each test's one final ending (the record's job_end that is not retried) goes back to the
+queue in batches, under the claim's fencing token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import pytest
+
+from devpool.config import Settings
+from devpool.devices.inventory import Inventory
+from devpool.errors import DevpoolError
+from devpool.plan.jobs import Job, Plan
+from devpool.queue.connect import check_url, driver, where
+from devpool.queue.heartbeat import Heartbeat
+from devpool.queue.store import Claim, QueuedTest, QueueStore
+from devpool.wording import counted
+
+LOW_SECONDS = 2.0  # claim more when what this job holds falls under this much work per slot
+BATCH_SECONDS = 4.0  # ... up to this much work per slot
+POLL = 0.5  # seconds between looks at the queue while nothing is left to claim
+FLUSH = 0.5  # seconds a final outcome may wait to be reported with others
+FLUSH_AT = 100  # outcomes that are reported at once, whatever the time
+T = TypeVar("T")
+
+
+def run_id_from(given: str | None, environ: Mapping[str, str]) -> str:
+    """--devpool-queue-run, else $GITHUB_RUN_ID-$GITHUB_RUN_ATTEMPT; one sentence without."""
+    if given:
+        return given
+    run, attempt = environ.get("GITHUB_RUN_ID"), environ.get("GITHUB_RUN_ATTEMPT")
+    if run and attempt:
+        return f"{run}-{attempt}"
+    raise DevpoolError(
+        "--devpool-queue needs --devpool-queue-run=ID (the same in every job of the run); "
+        "it defaults to $GITHUB_RUN_ID-$GITHUB_RUN_ATTEMPT only on GitHub Actions"
+    )
+
+
+def join_queue(
+    settings: Settings, plan: Plan, inventory: Inventory, host: str, slots: int
+) -> QueueSource:
+    """This job on the queue of --devpool-queue: the run's tests published (or checked against
+    those published), its lease held; DevpoolError in one sentence when it cannot be."""
+    assert settings.queue is not None
+    url = check_url(settings.queue)
+    run_id = run_id_from(settings.queue_run, os.environ)
+    every = [*plan.jobs, *(job for job, _ in plan.unsatisfiable)]
+    source = QueueSource(
+        url,
+        run_id,
+        every,
+        plan.jobs,
+        len(inventory.devices),
+        slots,
+        settings.queue_lease,
+        host,
+        inventory.platform.name,
+    )
+    what = "published its" if source.published else "joined it, same"
+    source.joined = (
+        f"queue run {run_id!r} at {where(url)}: this job {what} "
+        f"{counted(len(every), 'test')}; job {source.job_id} claims what "
+        f"{counted(len(inventory.devices), 'device')} can hold"
+    )
+    return source
+
+
+def describe(job: Job) -> str:
+    """What a test needs, in words: 'cpu', '1 device', '4 devices'."""
+    needed = job.devices_needed
+    return counted(needed, "device") if needed else "cpu"
+
+
+def work(estimate: float, devices: int) -> float:
+    """Slot-seconds a test keeps busy: its estimate on each of its devices (a core without)."""
+    return estimate * max(1, devices)
+
+
+class QueueSource:
+    """This job's claims on the run's queue, and the outcomes it owes it."""
+
+    def __init__(
+        self,
+        url: str,
+        run_id: str,
+        jobs: Sequence[Job],
+        runnable: Sequence[Job],
+        devices: int,
+        slots: int,
+        lease: float,
+        host: str,
+        platform: str,
+    ) -> None:
+        self.run_id = run_id
+        self.devices = devices
+        self.slots = max(1, slots)
+        self.url = url
+        self.lease = lease
+        self.store: QueueStore | None = QueueStore(url, run_id)
+        ordered = sorted(jobs, key=lambda job: (job.index, job.id))
+        tests = [QueuedTest(j.display, j.devices_needed, describe(j), j.estimate) for j in ordered]
+        try:
+            self.published = self.store.publish(tests, host)
+            self.job_id = self.store.join(host, os.getpid(), devices, platform, lease)
+        except BaseException:
+            self.store.close()
+            raise
+        self.heartbeat = Heartbeat(url, run_id, self.job_id, lease)
+        self.heartbeat.start()
+        self.runnable = {job.display: job for job in runnable}
+        # tests this host's plan cannot hold though their device count fits (memory, Ray's
+        # shape): never claimed here
+        self.skip = [t.test_id for t in tests if t.test_id not in self.runnable]
+        self.claims: dict[str, Claim] = {}  # display id → claim not reported yet
+        self.outbox: list[tuple[Claim, str, bool, dict[str, Any]]] = []
+        self.texts: dict[str, list[str]] = {}  # display id → failure text, for the JUnit file
+        self.refused: list[str] = []
+        self.ran = 0
+        self._open = True
+        self._looked = 0.0
+        self._dry = False  # the last claim found nothing: look again after POLL
+        self._flushed = time.monotonic()
+        self.down_since: float | None = None  # the database has not answered since
+        self.failure = ""  # why this job stopped taking tests, when the database went away
+        self.closed = False
+        self.joined = ""  # the line the terminal shows once this job joined
+
+    # ---- what the loop asks ----------------------------------------------------------------
+
+    def more(self, now: float) -> list[Job]:
+        """Jobs newly claimed for the scheduler (often none): claims when this job runs low."""
+        if self.outbox and (len(self.outbox) >= FLUSH_AT or now - self._flushed >= FLUSH):
+            self.flush()
+        if self.heartbeat.lost:
+            self._open = False
+            return []
+        held = sum(
+            work(c.estimate, self.runnable[d].devices_needed) for d, c in self.claims.items()
+        )
+        if held >= self.slots * LOW_SECONDS or (self._dry and now - self._looked < POLL):
+            return []
+        self._looked = now
+        seconds = self.slots * BATCH_SECONDS - held
+        claims = self._db(lambda s: s.claim(self.job_id, self.devices, seconds, skip=self.skip))
+        self._dry = not claims
+        for claim in claims or ():
+            self.claims[claim.test_id] = claim
+        if not claims and not self.claims and claims is not None:
+            # Claims of other jobs come back when they die: stay while any is open.
+            left = self._db(lambda s: s.open_for(self.devices, skip=self.skip))
+            self._open = left is None or left > 0
+        return [self.runnable[claim.test_id] for claim in claims or ()]
+
+    def _db(self, action: Callable[[QueueStore], T]) -> T | None:
+        """One call on the queue; None when the database is away (it is reconnected on the
+        next call). Away for longer than a lease, this job takes nothing more."""
+        try:
+            if self.store is None:
+                self.store = QueueStore(self.url, self.run_id)
+            result = action(self.store)
+        except (DevpoolError, driver().Error) as exc:
+            if self.store is not None:
+                with contextlib.suppress(Exception):
+                    self.store.close()
+            self.store = None
+            now = time.monotonic()
+            self.down_since = self.down_since or now
+            if now - self.down_since > self.lease:
+                self._open = False
+                self.failure = f"queue: PostgreSQL at {where(self.url)} was away for more than "
+                self.failure += f"{self.lease:g}s, this job took no more tests ({exc})"
+            return None
+        self.down_since = None
+        return result
+
+    def open(self) -> bool:
+        """Whether this job may still get work: it holds claims, or tests it could hold are
+        not ended yet (another job's claims come back if that job dies)."""
+        return bool(self.claims) or (self._open and not self.heartbeat.lost)
+
+    # ---- what the run tells ----------------------------------------------------------------
+
+    def event(self, event_type: str, fields: Mapping[str, Any]) -> None:
+        """A record event (the controller's listener): a final job_end is owed to the queue."""
+        if event_type != "job_end" or fields.get("retried"):
+            return
+        claim = self.claims.pop(str(fields.get("nodeid")), None)
+        if claim is None:
+            return
+        self.ran += 1
+        result = {k: v for k, v in fields.items() if k not in ("job", "tail")}
+        result["tail"] = list(fields.get("tail") or ())[-50:]
+        result["text"] = "\n".join(self.texts.pop(claim.test_id, []))
+        outcome = str(fields.get("outcome"))
+        self.outbox.append((claim, outcome, bool(fields.get("gating")), result))
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """The failure or skip text pytest shows, for the merged JUnit file."""
+        if report.nodeid in self.claims and (report.failed or report.skipped):
+            self.texts.setdefault(report.nodeid, []).append(report.longreprtext)
+
+    def flush(self) -> None:
+        """Report the outcomes waiting, in one round trip; those refused are remembered."""
+        self._flushed = time.monotonic()
+        if self.outbox:
+            waiting = self.outbox
+            refused = self._db(lambda s: s.report_many(self.job_id, waiting))
+            if refused is not None:  # else they wait for the database to come back
+                self.outbox = []
+                self.refused += refused
+
+    def close(self) -> list[str]:
+        """Report what is owed, give back what did not run, leave the run; notes to say."""
+        if self.closed:
+            return []
+        self.closed = True
+        self.heartbeat.stop()
+        deadline = time.monotonic() + self.lease
+        left = None
+        while left is None and time.monotonic() < deadline:  # the database may be back soon
+            self.flush()
+            left = None if self.outbox else self._db(lambda s: s.leave(self.job_id))
+            if left is None:
+                time.sleep(POLL)
+        if self.store is not None:
+            self.store.close()
+        notes = [self.failure] if self.failure else []
+        if self.heartbeat.lost:
+            notes.append(f"queue: this job's lease was lost: {self.heartbeat.why}")
+        if self.refused:
+            notes.append(
+                f"queue: {counted(len(self.refused), 'outcome')} of this job refused by the "
+                "queue, its claim lost (the tests went to other jobs): "
+                + ", ".join(self.refused[:3])
+                + (", …" if len(self.refused) > 3 else "")
+            )
+        if self.outbox:
+            notes.append(
+                f"queue: {counted(len(self.outbox), 'outcome')} of this job could not be "
+                f"reported, PostgreSQL at {where(self.url)} did not answer; the queue gives "
+                "those tests to other jobs once this job's lease runs out"
+            )
+        return notes

@@ -1,0 +1,239 @@
+"""Real devpool sessions sharing one run through the queue: several jobs, a killed one, bad input.
+
+Each job is a real pytest process with a lock folder of its own, as if on its own host, and
+its own `--devices sim:...` count. Each test appends the job that ran it to a file, so a test
+run twice, or by a job that could not hold it, is seen."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pg_server import Server
+
+from devpool.queue.store import QueueStore
+
+FAST = ("-p", "devpool.plugin", "-p", "no:hypothesispytest", "-p", "no:cacheprovider")
+FAST += ("-p", "no:randomly")
+_runs = itertools.count()
+
+SUITE = """
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+OUT = Path({out!r})
+
+
+def ran(name):
+    with open(OUT / (name + ".runs"), "a") as handle:
+        handle.write(os.environ["JOB"] + "\\n")
+
+
+def block_in(job, name):
+    # in the job the test kills: say so, then wait to be killed (bounded)
+    if os.environ["JOB"] != job:
+        return
+    (OUT / (name + ".started")).write_text(str(os.getpid()))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("i", range({cpu}))
+def test_cpu(i):
+    ran(f"cpu{{i}}")
+    block_in({block!r}, f"cpu{{i}}")
+    time.sleep(0.05)
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.parametrize("i", range(4))
+def test_one(i):
+    ran(f"one{{i}}")
+    time.sleep(0.05)
+    assert i != 3
+
+
+@pytest.mark.device_count(2)
+def test_two():
+    ran("two")
+
+
+@pytest.mark.device_count(4)
+def test_four():
+    ran("four")
+
+
+@pytest.mark.device_count(8)
+def test_eight():
+    ran("eight")
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Path]:
+    (tmp_path / "out").mkdir()
+    yield tmp_path
+
+
+def write_suite(root: Path, cpu: int = 8, block: str = "") -> None:
+    text = SUITE.format(out=str(root / "out"), cpu=cpu, block=block)
+    (root / "test_mix.py").write_text(text)
+
+
+def start(
+    root: Path, name: str, devices: int, url: str, run: str, *more: str
+) -> subprocess.Popen[str]:
+    """One CI job: its own lock folder and device count, the same command otherwise."""
+    lock = root / f"locks-{name}"
+    lock.mkdir(exist_ok=True)
+    env = job_env(name)
+    args = [sys.executable, "-m", "pytest", *FAST, "test_mix.py", "-q"]
+    args += [f"--devices=sim:0-{devices - 1}", f"--devpool-lock-dir={lock}"]
+    args += [f"--devpool-queue={url}", f"--devpool-queue-run={run}", *more]
+    args += [f"--devpool-run-dir={root / ('run-' + name)}"]
+    return subprocess.Popen(
+        args, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def job_env(name: str) -> dict[str, str]:
+    """A job's environment: plugins as FAST loads them, the job's name for the tests."""
+    env = {**os.environ, "JOB": name, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def ran_by(root: Path) -> dict[str, list[str]]:
+    """test name → the jobs that ran it, in order."""
+    return {p.stem: p.read_text().split() for p in sorted((root / "out").glob("*.runs"))}
+
+
+def queue_rows(url: str, run: str) -> dict[str, tuple[str, str | None]]:
+    store = QueueStore(url, run)
+    try:
+        return {row.test_id: (row.state, row.outcome) for row in store.tests()}
+    finally:
+        store.close()
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str], bound: float = 60) -> None:
+    deadline = time.monotonic() + bound
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, f"waited {bound}s for {path}"
+        time.sleep(0.05)
+
+
+def test_three_jobs_share_one_run(postgres: Server, project: Path) -> None:
+    write_suite(project)
+    run = f"three-{time.time_ns()}-{next(_runs)}"
+    jobs = {
+        name: start(project, name, devices, postgres.url, run)
+        for name, devices in (("two", 2), ("four", 4), ("eight", 8))
+    }
+    outputs = {name: proc.communicate(timeout=240)[0] for name, proc in jobs.items()}
+    codes = {name: proc.returncode for name, proc in jobs.items()}
+    runs = ran_by(project)
+    expected = {f"cpu{i}" for i in range(8)} | {f"one{i}" for i in range(4)}
+    assert set(runs) == expected | {"two", "four", "eight"}, outputs
+    assert all(len(who) == 1 for who in runs.values()), runs  # every test once
+    assert runs["eight"] == ["eight"]
+    assert runs["four"][0] in ("four", "eight")
+    rows = queue_rows(postgres.url, run)
+    assert len(rows) == 15
+    assert all(state == "done" for state, _ in rows.values())
+    assert rows["test_mix.py::test_one[3]"] == ("done", "failed")
+    failing_job = runs["one3"][0]
+    for name, code in codes.items():  # each job's exit code is the verdict of what it ran
+        assert code == (1 if name == failing_job else 0), outputs[name]
+    assert "test_one[3]" in outputs[failing_job]
+    assert "this job published its 15 tests" in "".join(outputs.values())
+
+
+def test_a_killed_jobs_claims_go_to_another(postgres: Server, project: Path) -> None:
+    write_suite(project, cpu=6, block="doomed")
+    run = f"kill-{time.time_ns()}-{next(_runs)}"
+    lease = ("--devpool-queue-lease=2",)
+    doomed = start(project, "doomed", 2, postgres.url, run, *lease)
+    started = next(iter(sorted((project / "out").glob("*.started"))), None)
+    deadline = time.monotonic() + 120
+    while started is None:
+        assert doomed.poll() is None, doomed.communicate()[0]
+        assert time.monotonic() < deadline, "the doomed job never reached its blocking test"
+        time.sleep(0.05)
+        started = next(iter(sorted((project / "out").glob("*.started"))), None)
+    survivor = start(project, "survivor", 8, postgres.url, run, *lease)
+    os.killpg(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=30)
+    worker = int(started.read_text())
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(worker, signal.SIGKILL)  # the test's own worker, which the test told its pid
+    output = survivor.communicate(timeout=240)[0]
+    runs = ran_by(project)
+    rows = queue_rows(postgres.url, run)
+    assert all(state == "done" for state, _ in rows.values()), (rows, output)
+    blocked = started.name.removesuffix(".started")
+    assert runs[blocked] == ["doomed", "survivor"], output  # claimed, lost, run by the other
+    assert rows[f"test_mix.py::test_cpu[{blocked[3:]}]"] == ("done", "passed")
+    # every test once in the queue, whatever ran twice: the killed job reported nothing late
+    assert sorted(rows) == sorted(
+        [f"test_mix.py::test_cpu[{i}]" for i in range(6)]
+        + [f"test_mix.py::test_one[{i}]" for i in range(4)]
+        + ["test_mix.py::test_two", "test_mix.py::test_four", "test_mix.py::test_eight"]
+    )
+    # its exit code is the verdict of what it ran: test_one[3] fails wherever it runs
+    assert survivor.returncode == (1 if "survivor" in runs["one3"] else 0), output
+
+
+def test_differing_collection_and_missing_run_id(postgres: Server, project: Path) -> None:
+    write_suite(project, cpu=3)
+    run = f"differ-{time.time_ns()}-{next(_runs)}"
+    store = QueueStore(postgres.url, run)
+    store.publish([], "elsewhere")
+    store.close()
+    job = start(project, "late", 2, postgres.url, run)
+    output = job.communicate(timeout=120)[0]
+    assert job.returncode == 4, output
+    assert "this job's collection differs from queue run" in output
+    assert "has 10 tests the run does not (test_mix.py::test_cpu[0]," in output
+    assert "Traceback" not in output
+    env = {k: v for k, v in job_env("x").items() if not k.startswith("GITHUB_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *FAST, "test_mix.py", "-q", "--devices=sim:0-1",
+         f"--devpool-queue={postgres.url}", f"--devpool-lock-dir={project / 'l'}"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "--devpool-queue needs --devpool-queue-run=ID" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_result_carries_what_the_report_needs(postgres: Server, project: Path) -> None:
+    write_suite(project, cpu=1)
+    run = f"result-{time.time_ns()}-{next(_runs)}"
+    job = start(project, "solo", 8, postgres.url, run)
+    output = job.communicate(timeout=120)[0]
+    assert job.returncode == 1, output
+    store = QueueStore(postgres.url, run)
+    try:
+        failed = next(t for t in store.tests() if t.test_id.endswith("test_one[3]"))
+    finally:
+        store.close()
+    assert failed.result is not None
+    assert "assert 3 != 3" in failed.result["text"]
+    assert json.loads(json.dumps(failed.result))["outcome"] == "failed"
