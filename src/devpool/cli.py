@@ -19,6 +19,7 @@ from devpool.capacity.cli import add_capacity_commands, shard_verify
 from devpool.devices.lockdir import LockDir, default_lock_dir
 from devpool.devices.resources import HostLockState, host_status
 from devpool.errors import DevpoolError
+from devpool.queue.cli import add_queue_command
 from devpool.report.github import write_step_summary
 from devpool.report.jsonout import render_json
 from devpool.report.markdown import render_markdown
@@ -289,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_adopt_command(commands)
     add_select_command(commands)
     add_serve_command(commands)
+    add_queue_command(commands)
     return parser
 
 

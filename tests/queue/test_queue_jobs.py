@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from devpool.queue.store import QueueStore
 FAST = ("-p", "devpool.plugin", "-p", "no:hypothesispytest", "-p", "no:cacheprovider")
 FAST += ("-p", "no:randomly")
 _runs = itertools.count()
+DEVPOOL = "import sys; from devpool.cli import main; sys.exit(main(sys.argv[1:]))"
 
 SUITE = """
 import json
@@ -163,6 +165,22 @@ def test_three_jobs_share_one_run(postgres: Server, project: Path) -> None:
         assert code == (1 if name == failing_job else 0), outputs[name]
     assert "test_one[3]" in outputs[failing_job]
     assert "this job published its 15 tests" in "".join(outputs.values())
+    # the run's one verdict: each test once, in collection order, exit as pytest's
+    junit = project / "junit.xml"
+    verdict = subprocess.run(
+        [sys.executable, "-c", DEVPOOL, "queue", "report", f"--devpool-queue={postgres.url}",
+         f"--devpool-queue-run={run}", f"--junitxml={junit}", "--wait=30"],
+        cwd=project, env=job_env("report"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert verdict.returncode == 1, verdict.stdout + verdict.stderr
+    assert "1 test did not pass: 1 failed (exit code 1)" in verdict.stdout
+    assert "14 passed, 1 failed" in verdict.stdout
+    names = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase")]
+    assert names == [f"test_cpu[{i}]" for i in range(8)] + [f"test_one[{i}]" for i in range(4)] + [
+        "test_two",
+        "test_four",
+        "test_eight",
+    ]
 
 
 def test_a_killed_jobs_claims_go_to_another(postgres: Server, project: Path) -> None:

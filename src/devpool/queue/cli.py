@@ -1,0 +1,113 @@
+"""`devpool queue report`: the one verdict of a run that many jobs shared through the queue."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from devpool.errors import DevpoolError
+from devpool.queue.connect import where
+from devpool.queue.source import run_id_from
+from devpool.queue.store import QueueStore
+from devpool.queue.verdict import jobs_line, outcome_of, wait_for_end, write_junit
+from devpool.report.github import write_step_summary
+from devpool.report.jsonout import render_json
+from devpool.report.markdown import render_markdown
+from devpool.report.text import render_text
+
+DEFAULT_WAIT = 3600.0  # seconds the report waits for jobs still running (a CI step's bound)
+
+
+def add_queue_command(commands: argparse._SubParsersAction[Any]) -> None:
+    """`devpool queue report`, under the `devpool` parser."""
+    queue = commands.add_parser(
+        "queue", help="a run shared by many CI jobs through --devpool-queue: its verdict"
+    )
+    actions = queue.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
+    what = (
+        "wait for the run's tests to end (or for no live job to be able to take what remains), "
+        "then print its one summary, write one JUnit file and the GitHub step summary; "
+        "exits as pytest would"
+    )
+    report = actions.add_parser("report", help=what, description=what[0].upper() + what[1:] + ".")
+    report.add_argument(
+        "--devpool-queue",
+        dest="queue",
+        metavar="URL",
+        help="the queue's PostgreSQL URL (default: [tool.devpool] queue)",
+    )
+    report.add_argument(
+        "--devpool-queue-run",
+        dest="queue_run",
+        metavar="ID",
+        help="the run (default: [tool.devpool] queue-run, else $GITHUB_RUN_ID-$GITHUB_RUN_ATTEMPT)",
+    )
+    report.add_argument("--junitxml", metavar="FILE", help="write one JUnit file, each test once")
+    report.add_argument(
+        "--format", choices=("text", "markdown", "json"), default="text", help="(default text)"
+    )
+    report.add_argument(
+        "--wait",
+        type=_seconds,
+        default=DEFAULT_WAIT,
+        metavar="S",
+        help="seconds to wait for jobs still running before reporting what ended "
+        f"(default {DEFAULT_WAIT:g})",
+    )
+    report.set_defaults(func=queue_report)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds ≥ 0, got {text!r}")
+    return value
+
+
+def queue_report(args: argparse.Namespace) -> int:
+    """Print the run's verdict; its exit status is pytest's for the whole run."""
+    url, run_id = _where(args)
+    store = QueueStore(url, run_id)
+    try:
+        if not store.published():
+            raise DevpoolError(
+                f"queue run {run_id!r} at {where(url)} was never started: no job of it reached "
+                "the queue (check --devpool-queue-run)"
+            )
+        rows = wait_for_end(store, args.wait)
+        outcome = outcome_of(run_id, rows, store.jobs())
+    finally:
+        store.close()
+    record = outcome.record
+    if args.format == "json":
+        sys.stdout.write(render_json(record))
+    elif args.format == "markdown":
+        sys.stdout.write(render_markdown(record))
+    else:
+        sys.stdout.write(render_text(record) + jobs_line(outcome.jobs) + "\n")
+    if args.junitxml:
+        write_junit(Path(args.junitxml), outcome)
+    write_step_summary(record)
+    return outcome.exitstatus
+
+
+def _where(args: argparse.Namespace) -> tuple[str, str]:
+    """The queue and run of the command line, else of [tool.devpool] here, else GitHub's."""
+    url, run = args.queue, args.queue_run
+    if url is None or run is None:
+        from devpool.project import project_settings
+
+        settings = project_settings(Path.cwd())
+        url = url or settings.queue
+        run = run or settings.queue_run
+    if not url:
+        raise DevpoolError(
+            "devpool queue report needs --devpool-queue=URL (or queue in [tool.devpool])"
+        )
+    return url, run_id_from(run, os.environ)
