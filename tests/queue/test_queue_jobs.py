@@ -45,12 +45,12 @@ def ran(name):
 
 
 def block_in(job, name):
-    # in the job the test kills: say so, then wait to be killed (bounded)
+    # in the job the test stops: say so, then wait to be killed or let go (bounded)
     if os.environ["JOB"] != job:
         return
     (OUT / (name + ".started")).write_text(str(os.getpid()))
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (OUT / "go").exists():
         time.sleep(0.05)
 
 
@@ -255,3 +255,37 @@ def test_result_carries_what_the_report_needs(postgres: Server, project: Path) -
     assert failed.result is not None
     assert "assert 3 != 3" in failed.result["text"]
     assert json.loads(json.dumps(failed.result))["outcome"] == "failed"
+
+
+def first_started(root: Path, proc: subprocess.Popen[str], bound: float = 120) -> Path:
+    """The .started file of the test that blocks in `proc`, once it has started."""
+    deadline = time.monotonic() + bound
+    while not (found := sorted((root / "out").glob("*.started"))):
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, f"waited {bound}s for the blocking test to start"
+        time.sleep(0.05)
+    return found[0]
+
+
+def test_a_stalled_jobs_late_report_is_refused(postgres: Server, project: Path) -> None:
+    write_suite(project, cpu=4, block="stalled")
+    run = f"stall-{time.time_ns()}-{next(_runs)}"
+    lease = ("--devpool-queue-lease=1.5",)
+    stalled = start(project, "stalled", 2, postgres.url, run, *lease)
+    started = first_started(project, stalled)
+    blocked = started.name.removesuffix(".started")
+    os.kill(stalled.pid, signal.SIGSTOP)  # its controller and heartbeat stop; the test waits
+    try:
+        other = start(project, "other", 8, postgres.url, run, *lease)
+        other_output = other.communicate(timeout=240)[0]
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+    (project / "out" / "go").write_text("")  # the stalled job's test now ends, too late
+    stalled_output = stalled.communicate(timeout=120)[0]
+    runs = ran_by(project)
+    assert runs[blocked] == ["stalled", "other"], (stalled_output, other_output)
+    # the outcomes it had not reported when its lease ran out (its blocked test's among them)
+    assert "of this job refused by the queue, its claim lost" in stalled_output, stalled_output
+    assert "this job's lease was lost" in stalled_output
+    rows = queue_rows(postgres.url, run)
+    assert len(rows) == 11 and all(state == "done" for state, _ in rows.values())
