@@ -289,3 +289,27 @@ def test_a_stalled_jobs_late_report_is_refused(postgres: Server, project: Path) 
     assert "this job's lease was lost" in stalled_output
     rows = queue_rows(postgres.url, run)
     assert len(rows) == 11 and all(state == "done" for state, _ in rows.values())
+
+
+def test_jobs_ride_out_a_database_restart(postgres: Server, project: Path) -> None:
+    write_suite(project, cpu=6, block="a")
+    run = f"restart-{time.time_ns()}-{next(_runs)}"
+    lease = ("--devpool-queue-lease=20",)
+    first = start(project, "a", 2, postgres.url, run, *lease)
+    first_started(project, first)
+    second = start(project, "b", 8, postgres.url, run, *lease)
+    postgres.stop()  # every connection of both jobs is cut mid-run
+    postgres.start()
+    (project / "out" / "go").write_text("")
+    outputs = [proc.communicate(timeout=240)[0] for proc in (first, second)]
+    rows = queue_rows(postgres.url, run)
+    assert len(rows) == 13, outputs
+    assert all(state == "done" for state, _ in rows.values()), (rows, outputs)
+    assert rows["test_mix.py::test_one[3]"] == ("done", "failed")
+    assert all("Traceback" not in output for output in outputs), outputs
+    runs = ran_by(project)
+    assert set(runs) == {f"cpu{i}" for i in range(6)} | {f"one{i}" for i in range(4)} | {
+        "two",
+        "four",
+        "eight",
+    }
