@@ -168,6 +168,11 @@ def _configure_controller(config: pytest.Config) -> None:
     select_options(table, str(pyproject))  # its values, checked whether or not selection is on
     rules = rules_from(table, str(pyproject), settings)  # checked whether or not devpool is on
     if settings.devices is None:
+        if config.getoption("devpool_queue"):  # else every job would run every test
+            raise DevpoolError(
+                "--devpool-queue needs --devices (auto, or this job's devices): each job "
+                "claims the tests its devices can hold"
+            )
         # devpool stays out of the way (plain pytest, markers registered), and says so
         # once when tests need devices.
         from devpool.session.dormant import DormantNotice

@@ -239,6 +239,15 @@ def test_differing_collection_and_missing_run_id(postgres: Server, project: Path
     assert done.returncode == 4, done.stdout + done.stderr
     assert "--devpool-queue needs --devpool-queue-run=ID" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
+    # without --devices devpool is off: every job would run every test, so it is refused
+    off = subprocess.run(
+        [sys.executable, "-m", "pytest", *FAST, "test_mix.py", "-q",
+         f"--devpool-queue={postgres.url}", "--devpool-queue-run=r"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert off.returncode == 4, off.stdout + off.stderr
+    assert "--devpool-queue needs --devices (auto, or this job's devices)" in off.stderr
+    assert "Traceback" not in off.stdout + off.stderr
 
 
 def test_result_carries_what_the_report_needs(postgres: Server, project: Path) -> None:

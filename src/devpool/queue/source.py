@@ -126,9 +126,11 @@ class QueueSource:
         self.texts: dict[str, list[str]] = {}  # display id → failure text, for the JUnit file
         self.refused: list[str] = []
         self.ran = 0
+        self.spent = self.estimated = 0.0  # seconds the tests this job ran took, and were given
         self._open = True
         self._looked = 0.0
         self._dry = False  # the last claim found nothing: look again after POLL
+        self._wake = False  # closed just now: the loop should look at once
         self._flushed = time.monotonic()
         self.down_since: float | None = None  # the database has not answered since
         self.failure = ""  # why this job stopped taking tests, when the database went away
@@ -144,13 +146,14 @@ class QueueSource:
         if self.heartbeat.lost:
             self._open = False
             return []
-        held = sum(
-            work(c.estimate, self.runnable[d].devices_needed) for d, c in self.claims.items()
+        runnable, scale = self.runnable, self.scale()
+        held = scale * sum(
+            work(c.estimate, runnable[d].devices_needed) for d, c in self.claims.items()
         )
         if held >= self.slots * LOW_SECONDS or (self._dry and now - self._looked < POLL):
             return []
         self._looked = now
-        seconds = self.slots * BATCH_SECONDS - held
+        seconds = (self.slots * BATCH_SECONDS - held) / scale  # in the estimates' seconds
         claims = self._db(lambda s: s.claim(self.job_id, self.devices, seconds, skip=self.skip))
         self._dry = not claims
         for claim in claims or ():
@@ -159,6 +162,7 @@ class QueueSource:
             # Claims of other jobs come back when they die: stay while any is open.
             left = self._db(lambda s: s.open_for(self.devices, skip=self.skip))
             self._open = left is None or left > 0
+            self._wake = not self._open  # the loop ends now, not after its next tick
         return [self.runnable[claim.test_id] for claim in claims or ()]
 
     def _db(self, action: Callable[[QueueStore], T]) -> T | None:
@@ -183,6 +187,24 @@ class QueueSource:
         self.down_since = None
         return result
 
+    def scale(self) -> float:
+        """How this job's tests ran against their estimates (actual / estimated), once a
+        slot's worth ended: batches are sized in real seconds, however wrong the estimates."""
+        if self.ran < self.slots or self.estimated <= 0:
+            return 1.0
+        return min(1000.0, max(0.001, self.spent / self.estimated))
+
+    def due(self, now: float) -> float | None:
+        """When the loop should ask again: at once after this job closed, else when
+        outcomes are due to be reported or the queue is due another look."""
+        if self._wake:
+            self._wake = False
+            return now
+        times = [self._flushed + FLUSH] if self.outbox else []
+        if self._open and self._dry:
+            times.append(self._looked + POLL)
+        return min(times, default=None)
+
     def open(self) -> bool:
         """Whether this job may still get work: it holds claims, or tests it could hold are
         not ended yet (another job's claims come back if that job dies)."""
@@ -198,11 +220,16 @@ class QueueSource:
         if claim is None:
             return
         self.ran += 1
+        self.spent += float(fields.get("run_time") or 0.0)
+        self.estimated += claim.estimate
         result = {k: v for k, v in fields.items() if k not in ("job", "tail")}
         result["tail"] = list(fields.get("tail") or ())[-50:]
         result["text"] = "\n".join(self.texts.pop(claim.test_id, []))
         outcome = str(fields.get("outcome"))
         self.outbox.append((claim, outcome, bool(fields.get("gating")), result))
+        if not self.claims:  # ran dry: others may wait on these outcomes, and more may be queued
+            self.flush()
+            self._dry = False
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

@@ -179,6 +179,8 @@ class Loop:
         if self.health.checks:
             due.append(now + CHECK_POLL)
         due += [at for at, _ in self.placing.delayed]
+        if self.source is not None and (asked := self.source.due(now)) is not None:
+            due.append(asked)
         return max(0.0, min(due) - now)
 
     def _snapshot(self) -> progress.Snapshot:

@@ -19,3 +19,7 @@ class JobSource(Protocol):
     def open(self) -> bool:
         """Whether more jobs may still come."""
         ...
+
+    def due(self, now: float) -> float | None:
+        """When the source wants to be asked again (None: whenever the loop wakes)."""
+        ...
