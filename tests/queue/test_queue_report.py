@@ -132,3 +132,26 @@ def test_not_postgres_and_unreachable(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["queue", "report", url, "--devpool-queue-run=r"]) == 4
     err = capsys.readouterr().err
     assert "cannot reach PostgreSQL at 127.0.0.1:1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_status_names_jobs_and_what_is_queued(
+    postgres: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = new_run(postgres)
+    two = store.join("small", 7, 2, "sim", 30)
+    gone = store.join("gone", 8, 4, "sim", 30)
+    claims = store.claim(two, 2, 1.0)  # the longest it can hold: test_c
+    store.report(two, claims[0], "passed", False, ending(claims[0].test_id, "passed", 1.0))
+    store.claim(two, 2, 1.0)  # test_a: as long as test_b, collected first
+    store.leave(gone)
+    args = ["queue", "status", f"--devpool-queue={postgres.url}"]
+    assert main([*args, f"--devpool-queue-run={store.run_id}"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"queue run {store.run_id!r}: 4 tests: 1 done, 1 claimed, 2 queued",
+        f"  job {two}: small (2 devices), pid 7, alive, 1 claimed, 1 done",
+        f"  job {gone}: gone (4 devices), pid 8, left, 0 claimed, 0 done",
+        "queued (2):",
+        "  t.py::test_b (1 device)",
+        "  t.py::test_eight (8 devices)",
+    ]
+    store.close()

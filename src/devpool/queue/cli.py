@@ -12,7 +12,13 @@ from devpool.errors import DevpoolError
 from devpool.queue.connect import where
 from devpool.queue.source import run_id_from
 from devpool.queue.store import QueueStore
-from devpool.queue.verdict import jobs_line, outcome_of, wait_for_end, write_junit
+from devpool.queue.verdict import (
+    jobs_line,
+    outcome_of,
+    status_lines,
+    wait_for_end,
+    write_junit,
+)
 from devpool.report.github import write_step_summary
 from devpool.report.jsonout import render_json
 from devpool.report.markdown import render_markdown
@@ -33,18 +39,7 @@ def add_queue_command(commands: argparse._SubParsersAction[Any]) -> None:
         "exits as pytest would"
     )
     report = actions.add_parser("report", help=what, description=what[0].upper() + what[1:] + ".")
-    report.add_argument(
-        "--devpool-queue",
-        dest="queue",
-        metavar="URL",
-        help="the queue's PostgreSQL URL (default: [tool.devpool] queue)",
-    )
-    report.add_argument(
-        "--devpool-queue-run",
-        dest="queue_run",
-        metavar="ID",
-        help="the run (default: [tool.devpool] queue-run, else $GITHUB_RUN_ID-$GITHUB_RUN_ATTEMPT)",
-    )
+    _queue_options(report)
     report.add_argument("--junitxml", metavar="FILE", help="write one JUnit file, each test once")
     report.add_argument(
         "--format", choices=("text", "markdown", "json"), default="text", help="(default text)"
@@ -58,6 +53,25 @@ def add_queue_command(commands: argparse._SubParsersAction[Any]) -> None:
         f"(default {DEFAULT_WAIT:g})",
     )
     report.set_defaults(func=queue_report)
+    what = "the run's jobs (host, devices, alive, claimed, done) and what is still queued"
+    status = actions.add_parser("status", help=what, description=what[0].upper() + what[1:] + ".")
+    _queue_options(status)
+    status.set_defaults(func=queue_status)
+
+
+def _queue_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--devpool-queue",
+        dest="queue",
+        metavar="URL",
+        help="the queue's PostgreSQL URL (default: [tool.devpool] queue)",
+    )
+    parser.add_argument(
+        "--devpool-queue-run",
+        dest="queue_run",
+        metavar="ID",
+        help="the run (default: [tool.devpool] queue-run, else $GITHUB_RUN_ID-$GITHUB_RUN_ATTEMPT)",
+    )
 
 
 def _seconds(text: str) -> float:
@@ -70,16 +84,35 @@ def _seconds(text: str) -> float:
     return value
 
 
-def queue_report(args: argparse.Namespace) -> int:
-    """Print the run's verdict; its exit status is pytest's for the whole run."""
+def _open_run(args: argparse.Namespace) -> QueueStore:
+    """The store of the run the arguments name; one sentence when nobody started it."""
     url, run_id = _where(args)
     store = QueueStore(url, run_id)
+    if not store.published():
+        store.close()
+        raise DevpoolError(
+            f"queue run {run_id!r} at {where(url)} was never started: no job of it reached "
+            "the queue (check --devpool-queue-run)"
+        )
+    return store
+
+
+def queue_status(args: argparse.Namespace) -> int:
+    """Print the run's jobs and what is still queued."""
+    store = _open_run(args)
     try:
-        if not store.published():
-            raise DevpoolError(
-                f"queue run {run_id!r} at {where(url)} was never started: no job of it reached "
-                "the queue (check --devpool-queue-run)"
-            )
+        store.reap()
+        print("\n".join(status_lines(store.run_id, store.jobs(), store.tests())))
+    finally:
+        store.close()
+    return 0
+
+
+def queue_report(args: argparse.Namespace) -> int:
+    """Print the run's verdict; its exit status is pytest's for the whole run."""
+    store = _open_run(args)
+    run_id = store.run_id
+    try:
         rows = wait_for_end(store, args.wait)
         outcome = outcome_of(run_id, rows, store.jobs())
     finally:
