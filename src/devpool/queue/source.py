@@ -27,7 +27,7 @@ from devpool.wording import counted
 
 LOW_SECONDS = 2.0  # claim more when what this job holds falls under this much work per slot
 BATCH_SECONDS = 4.0  # ... up to this much work per slot
-POLL = 0.5  # seconds between looks at the queue while nothing is left to claim
+POLL = 0.2  # seconds between looks at the queue while nothing is left to claim
 FLUSH = 0.5  # seconds a final outcome may wait to be reported with others
 FLUSH_AT = 100  # outcomes that are reported at once, whatever the time
 T = TypeVar("T")

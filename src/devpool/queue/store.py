@@ -171,9 +171,11 @@ class QueueStore:
         self.url = url
         self.run_id = run_id
         self.db = connect(url, option)
-        with self.db.transaction():
-            self.db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-            self.db.execute(SCHEMA)
+        ready = self.db.execute("SELECT to_regclass('devpool_queue_tests')").fetchone()
+        if ready is None or ready[0] is None:  # the first job ever on this database
+            with self.db.transaction():
+                self.db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+                self.db.execute(SCHEMA)
 
     def close(self) -> None:
         self.db.close()
