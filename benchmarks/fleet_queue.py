@@ -1,0 +1,247 @@
+"""One run across a fleet of CI jobs: the shared queue against static shards (issue 37).
+
+Simulated, on sglang's mix (benchmarks/fleet.py: about 11,000 CPU tests and 914, 146, 223
+and 200 tests of 1, 2, 4 and 8 devices, lognormal durations), four runner classes of 1, 2,
+4 and 8 devices with JOBS jobs each. Every test's real duration is its estimate times a
+factor drawn log-uniform in [0.5, 2] (estimates as wrong as the issue's). Each job runs
+devpool's own Scheduler (Backfill) on a simulated clock; what differs is how tests reach it:
+
+- queue: each job claims as queue/source.py and queue/store.py do: the longest tests its
+  devices can hold (device-seconds first), in batches of BATCH_SECONDS per slot when what
+  it holds falls under LOW_SECONDS per slot, the batch sized by how its tests ran against
+  their estimates so far;
+- static shards: `devpool shard` splits each class's tests (its own size; CPU tests go to the
+  1-device class) into JOBS shards from the same wrong estimates, as fleet.py does.
+
+Reported: each makespan against the fleet's lower bound (for every size m, the work of the
+tests of m devices or more over the devices of the jobs that can hold them; the longest
+test), and a run where one 8-device job is lost at a third of the way: its running tests and
+its claims come back to the queue after the lease, and every test still ends exactly once.
+Target: the queue <= 1.05x the bound.
+
+    python benchmarks/fleet_queue.py [--seed 1] [--scale 1.0] [--jobs 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import heapq
+import math
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fleet import CLASSES, MIX, draw, jobs_of  # noqa: E402
+
+from devpool.capacity.shards import shard_item, split_suite  # noqa: E402
+from devpool.plan.jobs import Job  # noqa: E402
+from devpool.plan.markers import Request  # noqa: E402
+from devpool.plan.policies import Backfill  # noqa: E402
+from devpool.plan.scheduler import Scheduler  # noqa: E402
+from devpool.queue.source import BATCH_SECONDS, LOW_SECONDS, work  # noqa: E402
+
+LEASE = 30.0  # --devpool-queue-lease's default
+
+
+@dataclass
+class Runner:
+    """One CI job: its devices, its own scheduler, what it claimed and how its tests ran."""
+
+    name: str
+    devices: int
+    scheduler: Scheduler
+    held: dict[int, Job] = field(default_factory=dict)  # claimed, not ended
+    spent: float = 0.0
+    estimated: float = 0.0
+    ran: int = 0
+    alive: bool = True
+
+    def scale(self) -> float:
+        if self.ran < max(1, self.devices) or self.estimated <= 0:
+            return 1.0
+        return min(1000.0, max(0.001, self.spent / self.estimated))
+
+
+class Queue:
+    """The run's queued tests, longest device-seconds first, one sorted list per size."""
+
+    def __init__(self, jobs: list[Job]) -> None:
+        self.by_size: dict[int, list[tuple[float, int, Job]]] = {}
+        for job in jobs:
+            self.put(job)
+
+    def put(self, job: Job) -> None:
+        key = (work(job.estimate, job.devices_needed), -job.id, job)
+        bisect.insort(self.by_size.setdefault(job.devices_needed, []), key, key=lambda t: t[:2])
+
+    def claim(self, devices: int, seconds: float) -> list[Job]:
+        taken: list[Job] = []
+        total = 0.0
+        while not taken or total < seconds:
+            heads = [(lst[-1][:2], size) for size, lst in self.by_size.items() if lst]
+            heads = [h for h in heads if h[1] <= devices]
+            if not heads:
+                break
+            _, size = max(heads)
+            cost, _, job = self.by_size[size].pop()
+            taken.append(job)
+            total += cost
+        return taken
+
+    def __len__(self) -> int:
+        return sum(len(lst) for lst in self.by_size.values())
+
+
+def runners_of(jobs_per_class: int) -> list[Runner]:
+    runners = []
+    for name, size in CLASSES.items():
+        for i in range(jobs_per_class):
+            scheduler = Scheduler(list(range(size)), Backfill(), size, size)
+            runners.append(Runner(f"{name}#{i}", size, scheduler))
+    return runners
+
+
+def simulate_queue(
+    jobs: list[Job], actual: dict[int, float], runners: list[Runner], kill_at: float | None
+) -> tuple[float, dict[int, int]]:
+    """The queue's makespan, and how often each test ended (must be once each)."""
+    queue = Queue(jobs)
+    ends: list[tuple[float, int, int, Job]] = []  # (time, seq, runner index, job)
+    returns: list[tuple[float, list[Job]]] = []  # a lost runner's tests, back after the lease
+    ended: dict[int, int] = {}
+    now, seq = 0.0, 0
+    doomed = next(i for i, r in enumerate(runners) if r.devices == 8) if kill_at else None
+    while True:
+        for at, back in [r for r in returns if r[0] <= now]:
+            for job in back:
+                queue.put(job)
+            returns.remove((at, back))
+        for index, runner in enumerate(runners):
+            if not runner.alive:
+                continue
+            scale = runner.scale()
+            slots = max(1, runner.devices)
+            held = scale * sum(work(j.estimate, j.devices_needed) for j in runner.held.values())
+            if held < slots * LOW_SECONDS:
+                for job in queue.claim(runner.devices, (slots * BATCH_SECONDS - held) / scale):
+                    runner.held[job.id] = job
+                    runner.scheduler.add(job)
+            for placement in runner.scheduler.schedule(now):
+                seq += 1
+                heapq.heappush(ends, (now + actual[placement.job.id], seq, index, placement.job))
+        upcoming = [t for t, _ in returns] + ([ends[0][0]] if ends else [])
+        if kill_at is not None and doomed is not None and runners[doomed].alive:
+            upcoming.append(kill_at)
+        if not upcoming:
+            break
+        now = min(upcoming)
+        if kill_at is not None and doomed is not None and runners[doomed].alive and now >= kill_at:
+            lost = runners[doomed]
+            lost.alive = False
+            ends = [e for e in ends if e[2] != doomed]  # its running tests die with it
+            heapq.heapify(ends)
+            returns.append((now + LEASE, list(lost.held.values())))
+            lost.held = {}
+            continue
+        while ends and ends[0][0] <= now:
+            _, _, index, job = heapq.heappop(ends)
+            runner = runners[index]
+            runner.scheduler.finish(job)
+            runner.held.pop(job.id, None)
+            runner.ran += 1
+            runner.spent += actual[job.id]
+            runner.estimated += job.estimate
+            ended[job.id] = ended.get(job.id, 0) + 1
+    if len(queue) or any(r.held for r in runners if r.alive):
+        raise RuntimeError(f"{len(queue)} tests never claimed")
+    return now, ended
+
+
+def simulate_shards(
+    tests: list[tuple[str, int, float]], actual: dict[str, float], jobs: int
+) -> float:
+    """devpool shard per runner class from the (wrong) estimates, run at the real durations."""
+    worst = 0.0
+    for size in CLASSES.values():
+        mine = [t for t in tests if t[1] == size or (size == 1 and t[1] == 0)]
+        items = [shard_item(nodeid, Request(device_count=k), s) for nodeid, k, s in mine]
+        split = split_suite([i.nodeid for i in items], items, jobs)
+        by_id = {i.nodeid: i for i in items}
+        for shard in split.shards:
+            chosen = [(by_id[n].nodeid, by_id[n].device_count, by_id[n].estimate) for n in shard]
+            shard_jobs = jobs_of(chosen)
+            scheduler = Scheduler(list(range(size)), Backfill(), size, size)
+            for job in shard_jobs:
+                job.estimate = chosen[job.id][2]
+                scheduler.add(job)
+            ends: list[tuple[float, int, Job]] = []
+            now = 0.0
+            while True:
+                for placement in scheduler.schedule(now):
+                    job = placement.job
+                    heapq.heappush(ends, (now + actual[job.nodeid], job.id, job))
+                if not ends:
+                    break
+                now = ends[0][0]
+                while ends and ends[0][0] <= now:
+                    scheduler.finish(heapq.heappop(ends)[2])
+            worst = max(worst, now)
+    return worst
+
+
+def fleet_bound(
+    tests: list[tuple[str, int, float]], actual: dict[str, float], jobs: int, lost_at: float = -1
+) -> float:
+    """For each size m: the work of tests needing m devices or more over the devices of the
+    jobs that can hold them (one 8-device job holding none after `lost_at`, when >= 0); and
+    the longest test."""
+    low = max(actual.values())
+    for m in sorted({max(1, k) for k in MIX}):
+        need = sum(max(1, k) * actual[n] for n, k, _ in tests if max(1, k) >= m)
+        have = jobs * sum(s for s in CLASSES.values() if s >= m)
+        if lost_at >= 0:  # its devices worked until then, none after
+            need -= 8 * lost_at
+            have -= 8
+        low = max(low, need / have)
+    return low
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every count")
+    parser.add_argument("--jobs", type=int, default=4, help="jobs of each runner class")
+    args = parser.parse_args()
+    estimated = draw(args.seed, args.scale)
+    rng = random.Random(args.seed + 1)
+    actual = {n: s * math.exp(rng.uniform(math.log(0.5), math.log(2.0))) for n, _, s in estimated}
+    low = fleet_bound(estimated, actual, args.jobs)
+    print(
+        f"{len(estimated)} tests, {len(CLASSES)} runner classes (1, 2, 4, 8 devices) x "
+        f"{args.jobs} jobs; estimates wrong by x0.5-x2 (log-uniform); bound {low:,.0f} s"
+    )
+    for kill in (None, "one 8-device job lost at a third of the bound"):
+        jobs = jobs_of(estimated)
+        for job in jobs:
+            job.estimate = estimated[job.id][2]
+        by_id = {job.id: actual[job.nodeid] for job in jobs}
+        makespan, ended = simulate_queue(
+            jobs, by_id, runners_of(args.jobs), low / 3 if kill else None
+        )
+        once = all(ended.get(job.id) == 1 for job in jobs)
+        bound = fleet_bound(estimated, actual, args.jobs, low / 3) if kill else low
+        print(
+            f"  queue{' (' + kill + ')' if kill else ''}: {makespan:,.0f} s = "
+            f"{makespan / bound:.3f}x {'its' if kill else 'the'} bound {bound:,.0f} s "
+            f"(target <= 1.05x); every test once: {once}"
+        )
+    static = simulate_shards(estimated, actual, args.jobs)
+    print(f"  static shards (devpool shard per class): {static:,.0f} s = {static / low:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
