@@ -322,3 +322,21 @@ def test_jobs_ride_out_a_database_restart(postgres: Server, project: Path) -> No
         "four",
         "eight",
     }
+
+
+def test_a_test_skipped_on_a_small_host_runs_on_a_big_one(postgres: Server, project: Path) -> None:
+    # plan/skips.py plans a test pytest skips here for lack of devices as a CPU test; the
+    # queue still publishes what it asks for, so both jobs agree and only the big one takes it
+    (project / "test_mix.py").write_text(
+        "import os\nimport pytest\n\n\n"
+        "@pytest.mark.device_count(4)\n"
+        "@pytest.mark.skipif(os.environ['JOB'] == 'small', reason='needs a big host')\n"
+        "def test_big():\n    assert os.environ['JOB'] == 'big'\n\n\n"
+        "def test_cpu():\n    pass\n"
+    )
+    run = f"skip-{time.time_ns()}-{next(_runs)}"
+    small = start(project, "small", 2, postgres.url, run)
+    big = start(project, "big", 8, postgres.url, run)
+    outputs = [proc.communicate(timeout=180)[0] for proc in (small, big)]
+    assert (small.returncode, big.returncode) == (0, 0), outputs
+    assert queue_rows(postgres.url, run)["test_mix.py::test_big"] == ("done", "passed"), outputs

@@ -47,10 +47,18 @@ def run_id_from(given: str | None, environ: Mapping[str, str]) -> str:
 
 
 def join_queue(
-    settings: Settings, plan: Plan, inventory: Inventory, host: str, slots: int
+    settings: Settings,
+    plan: Plan,
+    inventory: Inventory,
+    host: str,
+    slots: int,
+    asked: Mapping[str, int],
 ) -> QueueSource:
     """This job on the queue of --devpool-queue: the run's tests published (or checked against
-    those published), its lease held; DevpoolError in one sentence when it cannot be."""
+    those published), its lease held; DevpoolError in one sentence when it cannot be.
+
+    asked: the devices each test asks for, also where this host skips it for lack of them
+    (plan/skips.py plans those as CPU tests here): the run's tests are the same everywhere."""
     assert settings.queue is not None
     url = check_url(settings.queue)
     run_id = run_id_from(settings.queue_run, os.environ)
@@ -65,6 +73,7 @@ def join_queue(
         settings.queue_lease,
         host,
         inventory.platform.name,
+        asked,
     )
     what = "published its" if source.published else "joined it, same"
     source.joined = (
@@ -73,12 +82,6 @@ def join_queue(
         f"{counted(len(inventory.devices), 'device')} can hold"
     )
     return source
-
-
-def describe(job: Job) -> str:
-    """What a test needs, in words: 'cpu', '1 device', '4 devices'."""
-    needed = job.devices_needed
-    return counted(needed, "device") if needed else "cpu"
 
 
 def work(estimate: float, devices: int) -> float:
@@ -100,6 +103,7 @@ class QueueSource:
         lease: float,
         host: str,
         platform: str,
+        asked: Mapping[str, int],
     ) -> None:
         self.run_id = run_id
         self.devices = devices
@@ -108,7 +112,11 @@ class QueueSource:
         self.lease = lease
         self.store: QueueStore | None = QueueStore(url, run_id)
         ordered = sorted(jobs, key=lambda job: (job.index, job.id))
-        tests = [QueuedTest(j.display, j.devices_needed, describe(j), j.estimate) for j in ordered]
+        tests = []
+        for job in ordered:
+            needed = max(job.devices_needed, asked.get(job.nodeid, 0))
+            what = counted(needed, "device") if needed else "cpu"
+            tests.append(QueuedTest(job.display, needed, what, job.estimate))
         try:
             self.published = self.store.publish(tests, host)
             self.job_id = self.store.join(host, os.getpid(), devices, platform, lease)

@@ -68,6 +68,7 @@ class Controller:
         self.run_dir = settings.run_dir or config.rootpath / ".devpool" / "runs" / self.run_id
         self.log_dir = self.run_dir / "logs"
         self.requests: dict[str, Request] = {}
+        self.asked: dict[str, int] = {}  # devices each test asks for, skipped here or not
         self.failed_before: set[str] = set()  # with --ff / --lf: these start first
         self.deselected: list[tuple[str, str]] = []
         self.repeats: dict[str, list[tuple[Outcome, str]]] = {}
@@ -282,6 +283,7 @@ class Controller:
                 )
             except DevpoolError as exc:
                 raise pytest.UsageError(str(exc)) from None
+            self.asked[item.nodeid] = request.device_count * request.nodes  # for a queue
             request = skips.beyond_pool(item, request, len(self.inventory.devices))
             if request.platforms is not None and not (
                 platform.name in request.platforms or platform.kind in request.platforms
@@ -433,7 +435,9 @@ class Controller:
         """--devpool-queue: publish or check the run's tests, join it; the plan's jobs then come
         from this job's claims, and tests no job can hold are the queue's to end."""
         try:
-            source = join_queue(self.settings, plan, self.inventory, self.host, self.max_parallel)
+            source = join_queue(
+                self.settings, plan, self.inventory, self.host, self.max_parallel, self.asked
+            )
         except DevpoolError as exc:
             backend.close()
             raise pytest.UsageError(str(exc)) from None
