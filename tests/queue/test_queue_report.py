@@ -155,3 +155,20 @@ def test_status_names_jobs_and_what_is_queued(
         "  t.py::test_eight (8 devices)",
     ]
     store.close()
+
+
+def test_queue_and_run_from_the_project_table(
+    postgres: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    store = new_run(postgres)
+    eight = store.join("big", 1, 8, "sim", 30)
+    for claim in store.claim(eight, 8, 100):
+        store.report(eight, claim, "passed", False, ending(claim.test_id, "passed", 1.0))
+    (tmp_path / "pyproject.toml").write_text(
+        f'[tool.devpool]\nqueue = "{postgres.url}"\nqueue-run = "{store.run_id}"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["queue", "report", "--wait=0"]) == 0
+    assert "all tests passed (exit code 0)" in capsys.readouterr().out
+    store.close()
