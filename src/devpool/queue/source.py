@@ -214,9 +214,9 @@ class QueueSource:
         return min(times, default=None)
 
     def open(self) -> bool:
-        """Whether this job may still get work: it holds claims, or tests it could hold are
-        not ended yet (another job's claims come back if that job dies)."""
-        return bool(self.claims) or (self._open and not self.heartbeat.lost)
+        """Whether this job may still get work: tests it could hold are not ended yet (another
+        job's claims come back if that job dies). What it claimed is the loop's to finish."""
+        return self._open and not self.heartbeat.lost
 
     # ---- what the run tells ----------------------------------------------------------------
 
