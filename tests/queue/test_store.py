@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ import pytest
 from pg_server import Server
 
 from devpool.errors import DevpoolError
-from devpool.queue.connect import connect
+from devpool.queue.connect import connect, failure_sentence
 from devpool.queue.heartbeat import Heartbeat
 from devpool.queue.store import QueuedTest, QueueStore
 
@@ -194,3 +195,21 @@ def test_missing_database_one_sentence(postgres: Server) -> None:
     url = postgres.url.rsplit("/", 1)[0] + "/nosuchdb"
     with pytest.raises(DevpoolError, match='database "nosuchdb" does not exist'):
         connect(url)
+
+
+def test_wrong_credentials_one_sentence() -> None:
+    message = (
+        'connection failed: connection to server at "10.0.0.5", port 5433 failed: FATAL:  '
+        'password authentication failed for user "ci"'
+    )
+    assert failure_sentence("postgresql://ci:secret@10.0.0.5:5433/q", message) == (
+        "--devpool-queue: PostgreSQL at 10.0.0.5:5433 refused the credentials "
+        '(password authentication failed for user "ci")'
+    )
+
+
+def test_without_the_extra_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg raises ImportError
+    with pytest.raises(DevpoolError, match=r"pip install 'devpool\[queue\]'") as caught:
+        connect("postgresql://127.0.0.1/db")
+    assert "\n" not in str(caught.value)
