@@ -243,6 +243,14 @@ def test_differing_collection_and_missing_run_id(postgres: Server, project: Path
     assert done.returncode == 4, done.stdout + done.stderr
     assert "--devpool-queue needs --devpool-queue-run=ID" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
+    both = subprocess.run(
+        [sys.executable, "-m", "pytest", *FAST, "test_mix.py", "-q", "--devices=sim:0-1",
+         f"--devpool-queue={postgres.url}", "--devpool-queue-run=r", "--devpool-shard=1/2",
+         f"--devpool-lock-dir={project / 'l'}"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert both.returncode == 4, both.stdout + both.stderr
+    assert "--devpool-queue and --devpool-shard both split the suite" in both.stdout + both.stderr
     # without --devices devpool is off: every job would run every test, so it is refused
     off = subprocess.run(
         [sys.executable, "-m", "pytest", *FAST, "test_mix.py", "-q",

@@ -60,6 +60,11 @@ def join_queue(
     asked: the devices each test asks for, also where this host skips it for lack of them
     (plan/skips.py plans those as CPU tests here): the run's tests are the same everywhere."""
     assert settings.queue is not None
+    if settings.shard is not None:
+        raise DevpoolError(
+            "--devpool-queue and --devpool-shard both split the suite across jobs; give one "
+            "(the queue gives each job what its devices can hold as it goes)"
+        )
     url = check_url(settings.queue)
     run_id = run_id_from(settings.queue_run, os.environ)
     every = [*plan.jobs, *(job for job, _ in plan.unsatisfiable)]
