@@ -147,9 +147,10 @@ class Attempt:
         """Whether its deadline has passed while it still runs."""
         return self.running and self.deadline is not None and now >= self.deadline
 
-    def requeue(self, emit: Emit, why: str) -> None:
-        """Back to the queue untouched: the same attempt number, no retry spent."""
-        self.requeues += 1
+    def requeue(self, emit: Emit, why: str, counts: bool = True) -> None:
+        """Back to the queue untouched: the same attempt number, no retry spent (counts:
+        towards running alone, see loop._requeue)."""
+        self.requeues += int(counts)
         self.worker = None
         self.devices = ()
         self.phases = []

@@ -272,8 +272,12 @@ class Loop:
         elif event == "done":
             if int(message.get("through", 0)) < slot.streamed:
                 return  # a part sent meanwhile is on its way: the worker answers it too
+            # A batch cut for other runs' fair share (placing.share) says nothing of its tests:
+            # those sent back do not count towards running alone.
+            trimmed = slot.key in self.placing.trimmed
+            why = "its batch was cut for other runs' fair share" if trimmed else ""
             for attempt in [a for a in slot.sent if a.state is State.SENT]:
-                self._requeue(slot, attempt, "its batch ended before it ran")
+                self._requeue(slot, attempt, why or "its batch ended before it ran", not trimmed)
             slot.sent = []
             self._job_done(slot)
 
@@ -475,17 +479,18 @@ class Loop:
             return
         self._queue_later(slot, job)
 
-    def _requeue(self, slot: Slot, attempt: Attempt, why: str) -> None:
+    def _requeue(self, slot: Slot, attempt: Attempt, why: str, counts: bool = True) -> None:
         """Back to the queue untouched: it was batched behind an ending that was not its own.
 
         Being sent back is no outcome: after ALONE_AFTER times the test runs next in a
         worker of its own, and its own ending decides. Sent back from there (the worker
-        ended with this test next and nothing else sent), the ending was its own."""
-        if attempt.job.runs_alone and attempt.requeues >= ALONE_AFTER:
+        ended with this test next and nothing else sent), the ending was its own. A
+        send-back that counts=False (the fair share cut the batch) is never held against it."""
+        if counts and attempt.job.runs_alone and attempt.requeues >= ALONE_AFTER:
             detail = f"it was next, alone in its worker, and {why}; see {slot.worker.log}"
             self._end(attempt, Outcome.INFRA, detail, slot, 0.0, worker_log_tail(slot))
             return
-        attempt.requeue(self.ctx.emit, why)
+        attempt.requeue(self.ctx.emit, why, counts)
         attempt.job.setbacks.append(f"sent back: {why}")
         attempt.job.chain = None  # its chain was broken off: it runs as any test now
         if attempt.requeues >= ALONE_AFTER:
