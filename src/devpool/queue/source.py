@@ -135,6 +135,7 @@ class QueueSource:
         # shape): never claimed here
         self.skip = [t.test_id for t in tests if t.test_id not in self.runnable]
         self.claims: dict[str, Claim] = {}  # display id → claim not reported yet
+        self.held = 0.0  # the work of those claims, in the estimates' slot-seconds
         self.outbox: list[tuple[Claim, str, bool, dict[str, Any]]] = []
         self.texts: dict[str, list[str]] = {}  # display id → failure text, for the JUnit file
         self.refused: list[str] = []
@@ -159,10 +160,8 @@ class QueueSource:
         if self.heartbeat.lost:
             self._open = False
             return []
-        runnable, scale = self.runnable, self.scale()
-        held = scale * sum(
-            work(c.estimate, runnable[d].devices_needed) for d, c in self.claims.items()
-        )
+        scale = self.scale()
+        held = scale * self.held
         if held >= self.slots * LOW_SECONDS or (self._dry and now - self._looked < POLL):
             return []
         self._looked = now
@@ -171,6 +170,7 @@ class QueueSource:
         self._dry = not claims
         for claim in claims or ():
             self.claims[claim.test_id] = claim
+            self.held += self._work(claim)
         if not claims and not self.claims and claims is not None:
             # Claims of other jobs come back when they die: stay while any is open.
             left = self._db(lambda s: s.open_for(self.devices, skip=self.skip))
@@ -199,6 +199,9 @@ class QueueSource:
             return None
         self.down_since = None
         return result
+
+    def _work(self, claim: Claim) -> float:
+        return work(claim.estimate, self.runnable[claim.test_id].devices_needed)
 
     def scale(self) -> float:
         """How this job's tests ran against their estimates (actual / estimated), once a
@@ -232,6 +235,7 @@ class QueueSource:
         claim = self.claims.pop(str(fields.get("nodeid")), None)
         if claim is None:
             return
+        self.held = max(0.0, self.held - self._work(claim)) if self.claims else 0.0
         self.ran += 1
         self.spent += float(fields.get("run_time") or 0.0)
         self.estimated += claim.estimate
