@@ -387,6 +387,14 @@ class QueueStore:
         ).fetchall()
         return [JobRow(int(r[0]), r[1], int(r[2]), int(r[3]), r[4], *r[5:7], *r[7:9]) for r in rows]
 
+    def remaining(self) -> int:
+        """Tests of the run without their final outcome yet."""
+        row = self.db.execute(
+            "SELECT count(*) FROM devpool_queue_tests WHERE run_id = %(run)s AND state <> 'done'",
+            self._args(),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
     def tests(self) -> list[TestRow]:
         """Every test of the run, in collection order."""
         rows = self.db.execute(

@@ -43,9 +43,8 @@ def wait_for_end(store: QueueStore, wait: float) -> list[TestRow]:
     deadline = time.monotonic() + wait
     while True:
         store.settle()
-        rows = store.tests()
-        if all(row.state == "done" for row in rows) or time.monotonic() >= deadline:
-            return rows
+        if not store.remaining() or time.monotonic() >= deadline:
+            return store.tests()  # the whole rows (outcomes, logs' tails) once, at the end
         time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
 
 
