@@ -114,20 +114,20 @@ def queue_report(args: argparse.Namespace) -> int:
     run_id = store.run_id
     try:
         rows = wait_for_end(store, args.wait)
-        outcome = outcome_of(run_id, rows, store.jobs())
+        verdict = outcome_of(run_id, rows, store.jobs())
     finally:
         store.close()
-    record = outcome.record
+    record = verdict.record
     if args.format == "json":
         sys.stdout.write(render_json(record))
     elif args.format == "markdown":
         sys.stdout.write(render_markdown(record))
     else:
-        sys.stdout.write(render_text(record) + jobs_line(outcome.jobs) + "\n")
+        sys.stdout.write(render_text(record) + jobs_line(verdict.jobs) + "\n")
     if args.junitxml:
-        write_junit(Path(args.junitxml), outcome)
+        write_junit(Path(args.junitxml), verdict)
     write_step_summary(record)
-    return outcome.exitstatus
+    return verdict.exitstatus
 
 
 def _where(args: argparse.Namespace) -> tuple[str, str]:
@@ -140,7 +140,5 @@ def _where(args: argparse.Namespace) -> tuple[str, str]:
         url = url or settings.queue
         run = run or settings.queue_run
     if not url:
-        raise DevpoolError(
-            "devpool queue report needs --devpool-queue=URL (or queue in [tool.devpool])"
-        )
+        raise DevpoolError("devpool queue needs --devpool-queue=URL (or queue in [tool.devpool])")
     return url, run_id_from(run, os.environ)

@@ -16,7 +16,6 @@ from typing import Any
 
 from devpool.queue.store import JobRow, QueueStore, TestRow
 from devpool.report.record import RunRecord, apply_event
-from devpool.report.summary import summarize
 from devpool.wording import counted
 
 INTERRUPTED = 2  # pytest's exit codes
@@ -28,7 +27,7 @@ SHOWN_QUEUED = 20
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Verdict:
     """The queue's run as the report tells it."""
 
     record: RunRecord
@@ -48,7 +47,7 @@ def wait_for_end(store: QueueStore, wait: float) -> list[TestRow]:
         time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
 
 
-def outcome_of(run_id: str, rows: Sequence[TestRow], jobs: Sequence[JobRow]) -> Outcome:
+def outcome_of(run_id: str, rows: Sequence[TestRow], jobs: Sequence[JobRow]) -> Verdict:
     """The run record the queue's rows make, and pytest's exit status for them."""
     record = RunRecord(Path(f"queue:{run_id}"))
     # Each job's devices get numbers of their own across the run, in the order jobs joined.
@@ -84,7 +83,7 @@ def outcome_of(run_id: str, rows: Sequence[TestRow], jobs: Sequence[JobRow]) -> 
             {},
             {"type": "session_end", "time": max(times or [begin]), "exitstatus": status},
         )
-    return Outcome(record, status, tuple(jobs), tuple(rows))
+    return Verdict(record, status, tuple(jobs), tuple(rows))
 
 
 def _result(row: TestRow) -> Mapping[str, Any]:
@@ -144,17 +143,17 @@ def status_lines(run_id: str, jobs: Sequence[JobRow], rows: Sequence[TestRow]) -
     return lines
 
 
-def write_junit(path: Path, outcome: Outcome) -> None:
+def write_junit(path: Path, verdict: Verdict) -> None:
     """One JUnit file as pytest writes one: each test once, in collection order."""
     from _pytest.junitxml import mangle_test_address
 
-    record = outcome.record
+    record = verdict.record
     finals = {job.nodeid: job for job in record.final_attempts()}
-    texts = {row.test_id: str(_result(row).get("text") or "") for row in outcome.rows}
+    texts = {row.test_id: str(_result(row).get("text") or "") for row in verdict.rows}
     suite = ET.Element("testsuite", name="pytest")
     counts = {"errors": 0, "failures": 0, "skipped": 0}
     total = 0.0
-    for row in outcome.rows:
+    for row in verdict.rows:
         names = mangle_test_address(row.test_id)
         job = finals.get(row.test_id)
         seconds = job.test_time if job is not None else 0.0
@@ -183,15 +182,10 @@ def write_junit(path: Path, outcome: Outcome) -> None:
     suite.set("errors", str(counts["errors"]))
     suite.set("failures", str(counts["failures"]))
     suite.set("skipped", str(counts["skipped"]))
-    suite.set("tests", str(len(outcome.rows)))
+    suite.set("tests", str(len(verdict.rows)))
     suite.set("time", f"{total:.3f}")
     root = ET.Element("testsuites", name="pytest tests")
     root.append(suite)
     body = ET.tostring(root, encoding="unicode")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('<?xml version="1.0" encoding="utf-8"?>' + body, encoding="utf-8")
-
-
-def verdict_line(outcome: Outcome) -> str:
-    """The summary's own verdict line (what every form opens with)."""
-    return summarize(outcome.record).verdict
