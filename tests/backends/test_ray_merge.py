@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from devpool.backends.merge import Merge, merge_phase
 from devpool.backends.ray.actor import MODULES_ENV, shipped_lists
 from devpool.backends.ray.cluster import NodeShape, describe_cluster
-from devpool.backends.merge import Merge, merge_phase
 from devpool.worker.worklist import NODEIDS_ENV as SELECTION_ENV
 
 
