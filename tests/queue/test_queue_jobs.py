@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -307,7 +308,8 @@ def test_a_stalled_jobs_late_report_is_refused(postgres: Server, project: Path) 
     assert runs[blocked] == ["stalled", "other"], (stalled_output, other_output)
     # the outcomes it had not reported when its lease ran out (its blocked test's among them)
     assert "of this job refused by the queue, its claim lost" in stalled_output, stalled_output
-    assert "this job's lease was lost" in stalled_output
+    lost = r"this job's lease was lost: job \d+: the queue ended this job's lease .*; it joined"
+    assert re.search(lost + r" again as job \d+", stalled_output), stalled_output
     rows = queue_rows(postgres.url, run)
     assert len(rows) == 11 and all(state == "done" for state, _ in rows.values())
 

@@ -128,6 +128,7 @@ class QueueSource:
         except BaseException:
             self.store.close()
             raise
+        self.host, self.platform = host, platform
         self.heartbeat = Heartbeat(url, run_id, self.job_id, lease)
         self.heartbeat.start()
         self.runnable = {job.display: job for job in runnable}
@@ -139,6 +140,9 @@ class QueueSource:
         self.outbox: list[tuple[Claim, str, bool, dict[str, Any]]] = []
         self.texts: dict[str, list[str]] = {}  # display id → failure text, for the JUnit file
         self.refused: list[str] = []
+        self.lost_claims: dict[str, Claim] = {}  # claims of a lease lost, not ended here yet
+        self.withdrawing: list[Job] = []  # for the loop to drop unstarted
+        self.lost_leases: list[str] = []  # each lease this job lost, and why
         self.ran = 0
         self.spent = self.estimated = 0.0  # seconds the tests this job ran took, and were given
         self._open = True
@@ -158,8 +162,9 @@ class QueueSource:
         if self.outbox and (len(self.outbox) >= FLUSH_AT or now - self._flushed >= FLUSH):
             self.flush()
         if self.heartbeat.lost:
-            self._open = False
-            return []
+            self._rejoin()
+            if self.heartbeat.lost:  # the database is away: _db says when it stays away
+                return []
         scale = self.scale()
         held = scale * self.held
         if held >= self.slots * LOW_SECONDS or (self._dry and now - self._looked < POLL):
@@ -177,6 +182,29 @@ class QueueSource:
             self._open = left is None or left > 0
             self._wake = not self._open  # the loop ends now, not after its next tick
         return [self.runnable[claim.test_id] for claim in claims or ()]
+
+    def _rejoin(self) -> None:
+        """The lease was lost and its claims went back to the queue: the loop drops what it
+        has not started, and this job joins the run again under a new lease."""
+        why = self.heartbeat.why
+        job_id = self._db(
+            lambda s: s.join(self.host, os.getpid(), self.devices, self.platform, self.lease)
+        )
+        if job_id is None:
+            return
+        self.heartbeat.stop()
+        self.lost_claims.update(self.claims)
+        self.withdrawing += [self.runnable[test] for test in self.claims]
+        self.claims, self.held, self._dry = {}, 0.0, False
+        self.lost_leases.append(f"job {self.job_id}: {why}; it joined again as job {job_id}")
+        self.job_id = job_id
+        self.heartbeat = Heartbeat(self.url, self.run_id, job_id, self.lease)
+        self.heartbeat.start()
+
+    def withdrawn(self) -> list[Job]:
+        """Jobs whose claims were lost: the loop drops those it has not started."""
+        jobs, self.withdrawing = self.withdrawing, []
+        return jobs
 
     def _db(self, action: Callable[[QueueStore], T]) -> T | None:
         """One call on the queue; None when the database is away (it is reconnected on the
@@ -224,7 +252,7 @@ class QueueSource:
     def open(self) -> bool:
         """Whether this job may still get work: tests it could hold are not ended yet (another
         job's claims come back if that job dies). What it claimed is the loop's to finish."""
-        return self._open and not self.heartbeat.lost
+        return self._open  # a lost lease is joined again (more); a database away closes it
 
     # ---- what the run tells ----------------------------------------------------------------
 
@@ -234,6 +262,9 @@ class QueueSource:
             return
         claim = self.claims.pop(str(fields.get("nodeid")), None)
         if claim is None:
+            lost = self.lost_claims.pop(str(fields.get("nodeid")), None)
+            if lost is not None:  # it ran here after its claim went back: not counted
+                self.refused.append(lost.test_id)
             return
         self.held = max(0.0, self.held - self._work(claim)) if self.claims else 0.0
         self.ran += 1
@@ -280,6 +311,7 @@ class QueueSource:
         if self.store is not None:
             self.store.close()
         notes = [self.failure] if self.failure else []
+        notes += [f"queue: this job's lease was lost: {lost}" for lost in self.lost_leases]
         if self.heartbeat.lost:
             notes.append(f"queue: this job's lease was lost: {self.heartbeat.why}")
         if self.refused:

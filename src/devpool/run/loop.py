@@ -121,6 +121,7 @@ class Loop:
                 if not self.stopped:
                     if self.source is not None:
                         self._admit(self.source.more(now), now)
+                        self._withdraw(self.source.withdrawn())
                     queued = set(self.scheduler.queue.sizes())
                     if self.pool.warm.start_next(queued):  # templates ahead of their leases
                         self.pool.forked = True
@@ -162,6 +163,14 @@ class Loop:
             self.attempts[job.id] = Attempt(job, job.attempt)
             if job.chain is None or job.chain[0] is job:  # the rest go with their chain
                 self.scheduler.add(job)
+
+    def _withdraw(self, jobs: list[Job]) -> None:
+        """Jobs the source took back: those not started stay unrun here, as -x leaves them."""
+        queued = {job.id for job in self.scheduler.queue} if jobs else set()
+        for job in jobs:
+            if job.id in queued:
+                self.scheduler.queue.pop_job(job)
+                self.dropped.add(job.id)
 
     def _busy(self) -> bool:
         queued = bool(len(self.scheduler.queue) or self.placing.delayed) and not self.stopped

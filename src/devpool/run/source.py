@@ -20,6 +20,10 @@ class JobSource(Protocol):
         """Whether more jobs may still come."""
         ...
 
+    def withdrawn(self) -> list[Job]:
+        """Jobs handed before and taken back: the loop drops those it has not started."""
+        ...
+
     def due(self, now: float) -> float | None:
         """When the source wants to be asked again (None: whenever the loop wakes)."""
         ...
