@@ -103,6 +103,7 @@ def test_a_megatron_style_file_gives_torchrun_around_pytests_outcomes(tmp_path: 
     (tmp_path / "torchrun_rank.py").write_text(TORCHRUN_RANK)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOOL_", "PYTEST_"))}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["TMPDIR"] = str(tmp_path)  # torchrun's torchelastic_* folders stay in the test's own
     oracle = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
         + [f"--master_port={free_port()}", "torchrun_rank.py", "test_megatron_style.py"],

@@ -375,57 +375,65 @@ def test_random_suites_and_kills_give_one_verdict(
     delay: float,
 ) -> None:
     root = Path(tempfile.mkdtemp(prefix="devpool-queue-"))
-    (root / "out").mkdir()
-    tests: list[tuple[str, int]] = []
-    body = ["import os, time", "import pytest", "from pathlib import Path", ""]
-    body.append(f"OUT = Path({str(root / 'out')!r})")
-    for size, count in zip((0, 1, 2, 4), counts, strict=True):
-        for i in range(count):
-            name = f"test_d{size}_{i}"
-            fails = len(tests) in failing
-            tests.append((name, size))
-            marker = f"@pytest.mark.device_count({size})\n" if size else ""
-            body.append(
-                f"\n\n{marker}def {name}():\n"
-                f"    with open(OUT / '{name}', 'a') as f:\n"
-                "        f.write(os.environ['JOB'] + '\\n')\n"
-                f"    time.sleep(0.05)\n    assert {not fails}\n"
-            )
-    if not tests:
-        return
-    (root / "test_mix.py").write_text("\n".join(body) + "\n")
-    run = f"random-{time.time_ns()}-{next(_runs)}"
-    lease = ("--devpool-queue-lease=1.5",)
-    jobs = [start(root, f"j{i}", size, postgres.url, run, *lease) for i, size in enumerate(sizes)]
-    if kill is not None:
-        deadline = time.monotonic() + 60
-        while not any((root / "out").iterdir()) and jobs[kill].poll() is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        time.sleep(delay)  # anywhere in its run, or after its end
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(jobs[kill].pid, signal.SIGKILL)
-    outputs = [job.communicate(timeout=240)[0] for job in jobs]
-    junit = root / "junit.xml"
-    verdict = subprocess.run(
-        [sys.executable, "-c", DEVPOOL, "queue", "report", f"--devpool-queue={postgres.url}",
-         f"--devpool-queue-run={run}", f"--junitxml={junit}", "--wait=60"],
-        cwd=root, env=job_env("report"), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    cases = list(ET.parse(junit).getroot().iter("testcase"))
-    assert [c.get("name") for c in cases] == [name for name, _ in tests], (verdict.stdout, outputs)
-    survivors = [size for i, size in enumerate(sizes) if i != kill]
-    for case, (name, size) in zip(cases, tests, strict=True):
-        failure = case.find("failure")
-        log = root / "out" / name
-        ran_by = log.read_text().split() if log.exists() else []
-        if failure is not None and "unsatisfiable" in str(failure.get("message")):
-            assert size > max(survivors)  # no job that lived could hold it
-        elif tests.index((name, size)) in failing:
-            assert failure is not None, (name, verdict.stdout)
-        else:
-            assert failure is None, (name, verdict.stdout, outputs)
-            assert ran_by, name
-    bad = any(c.find("failure") is not None or c.find("error") is not None for c in cases)
-    assert verdict.returncode == (1 if bad else 0), verdict.stdout
+    try:
+        (root / "out").mkdir()
+        tests: list[tuple[str, int]] = []
+        body = ["import os, time", "import pytest", "from pathlib import Path", ""]
+        body.append(f"OUT = Path({str(root / 'out')!r})")
+        for size, count in zip((0, 1, 2, 4), counts, strict=True):
+            for i in range(count):
+                name = f"test_d{size}_{i}"
+                fails = len(tests) in failing
+                tests.append((name, size))
+                marker = f"@pytest.mark.device_count({size})\n" if size else ""
+                body.append(
+                    f"\n\n{marker}def {name}():\n"
+                    f"    with open(OUT / '{name}', 'a') as f:\n"
+                    "        f.write(os.environ['JOB'] + '\\n')\n"
+                    f"    time.sleep(0.05)\n    assert {not fails}\n"
+                )
+        if not tests:
+            return
+        (root / "test_mix.py").write_text("\n".join(body) + "\n")
+        run = f"random-{time.time_ns()}-{next(_runs)}"
+        lease = ("--devpool-queue-lease=1.5",)
+        jobs = [
+            start(root, f"j{i}", size, postgres.url, run, *lease) for i, size in enumerate(sizes)
+        ]
+        if kill is not None:
+            deadline = time.monotonic() + 60
+            while not any((root / "out").iterdir()) and jobs[kill].poll() is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            time.sleep(delay)  # anywhere in its run, or after its end
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(jobs[kill].pid, signal.SIGKILL)
+        outputs = [job.communicate(timeout=240)[0] for job in jobs]
+        junit = root / "junit.xml"
+        verdict = subprocess.run(
+            [sys.executable, "-c", DEVPOOL, "queue", "report", f"--devpool-queue={postgres.url}",
+             f"--devpool-queue-run={run}", f"--junitxml={junit}", "--wait=60"],
+            cwd=root, env=job_env("report"), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        cases = list(ET.parse(junit).getroot().iter("testcase"))
+        assert [c.get("name") for c in cases] == [name for name, _ in tests], (
+            verdict.stdout,
+            outputs,
+        )
+        survivors = [size for i, size in enumerate(sizes) if i != kill]
+        for case, (name, size) in zip(cases, tests, strict=True):
+            failure = case.find("failure")
+            log = root / "out" / name
+            ran_by = log.read_text().split() if log.exists() else []
+            if failure is not None and "unsatisfiable" in str(failure.get("message")):
+                assert size > max(survivors)  # no job that lived could hold it
+            elif tests.index((name, size)) in failing:
+                assert failure is not None, (name, verdict.stdout)
+            else:
+                assert failure is None, (name, verdict.stdout, outputs)
+                assert ran_by, name
+        bad = any(c.find("failure") is not None or c.find("error") is not None for c in cases)
+        assert verdict.returncode == (1 if bad else 0), verdict.stdout
+    finally:  # hypothesis runs many examples: none leaves its folder behind
+        shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
