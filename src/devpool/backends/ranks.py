@@ -30,22 +30,6 @@ from devpool.worker import protocol
 from devpool.worker.stacks import stacks_file
 
 
-def rank_env(rank: int, world: int, devices: Sequence[int], per_rank: int) -> dict[str, str]:
-    """torchrun's variables for one rank on this host (MASTER_ADDR and MASTER_PORT come with
-    the group's leased port), and the rank's own devices for the devpool_rank fixture."""
-    own = devices[rank * per_rank : (rank + 1) * per_rank]
-    return {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(world),
-        "LOCAL_WORLD_SIZE": str(world),
-        "GROUP_RANK": "0",
-        "ROLE_RANK": str(rank),
-        "ROLE_WORLD_SIZE": str(world),
-        "DEVPOOL_RANK_DEVICES": ",".join(str(d) for d in own),
-    }
-
-
 @dataclass(eq=False)
 class Rank:
     """One rank of a group: its worker, and what became of it."""

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from devpool.backends import Backend, Forks
 from devpool.backends import WorkerHandle as Worker
+from devpool.backends.layout import Layout
 from devpool.backends.local import LocalBackend
 from devpool.backends.local import Worker as LocalWorker
-from devpool.backends.ranks import rank_env
 from devpool.devices import memory
 from devpool.devices.leases import Lease
 from devpool.plan.jobs import Job, Plan
@@ -190,11 +190,10 @@ class WorkerPool:
         (backends/ranks.py); each sees every device of the test, in rank order."""
         backend = self.backend
         assert isinstance(backend, LocalBackend)
-        request = job.request
-        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        layout = Layout.of(job.request)
         workers = []
-        for rank in range(request.ranks):
-            own = rank_env(rank, request.ranks, devices, request.devices_per_rank)
+        for rank in range(layout.world):
+            own = layout.env(rank, "127.0.0.1", layout.own(rank, devices))
             worker = self._start(devices, lease, {**env, **own}, job)
             assert isinstance(worker, LocalWorker)
             workers.append(worker)

@@ -25,13 +25,13 @@ from typing import Any
 
 from devpool.backends import WorkerHandle
 from devpool.backends.failfast import FailFast
+from devpool.backends.layout import Layout
 from devpool.backends.pipes import EventPipes
 from devpool.backends.ray import ports as ray_ports
 from devpool.backends.ray.actor import STOP_WAIT, RankProcess, RankSpec, shipped_lists
 from devpool.backends.ray.cluster import alive_nodes, connect, describe_cluster, import_ray, plural
 from devpool.backends.ray.forks import NodeForks
 from devpool.backends.ray.handle import Rank, RayWorker
-from devpool.backends.ray.layout import Layout
 from devpool.backends.ray.names import ActorName
 from devpool.backends.ray.waiting import ClusterWaitingRoom
 from devpool.config import Settings

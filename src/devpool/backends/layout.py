@@ -1,4 +1,6 @@
-"""How a multi-rank test's ranks lie on a Ray cluster: ranks per node, devices per rank.
+"""How a multi-rank test's ranks lie: ranks per node, devices per rank, each rank's torchrun
+environment. One place for `ranks(n)` on a host (run/pool.py, backends/ranks.py) and for
+multi-rank tests on Ray (ray/backend.py).
 
 `nodes(m)` alone: one rank per node, each with `device_count` devices. `ranks(n)` (with
 `nodes(m)`, n a multiple of m): n ranks, n/m on each node, each with `devices_per_rank`
@@ -51,6 +53,11 @@ class Layout:
             "MASTER_ADDR": master_addr,
             "DEVPOOL_RANK_DEVICES": ",".join(str(d) for d in own),
         }
+
+    def own(self, rank: int, devices: Sequence[int]) -> tuple[int, ...]:
+        """A rank's own devices among its node's, which are in rank order."""
+        local = rank % self.per_node
+        return tuple(devices[local * self.per_rank : (local + 1) * self.per_rank])
 
     def visible(self, rank: int, claimed: Sequence[Sequence[int]]) -> tuple[int, ...]:
         """The devices a rank sees: its node's ranks' devices, in rank order."""
