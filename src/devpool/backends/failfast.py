@@ -21,7 +21,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from devpool.backends.merge import ENDED, Merge
+from devpool.backends.merge import ENDED, Merge, ranks_named
 from devpool.wording import describe_exit
 from devpool.worker import protocol
 
@@ -154,8 +154,8 @@ class FailFast:
         if not behind:
             return
         self.fallen = (
-            f"{_named(behind)} still in the test {self.straggle:g} s after "
-            f"{_named(sorted(through))} finished it"
+            f"{ranks_named(behind)} still in the test {self.straggle:g} s after "
+            f"{ranks_named(through)} finished it"
         )
         self.fallen_test, self.culprit = nodeid, None
         self.straggling = set(behind)
@@ -172,7 +172,3 @@ class FailFast:
             if other != rank and other not in self.gone
         ]
         self.kill_at = now + RANK_GRACE
-
-
-def _named(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

@@ -69,8 +69,8 @@ def merge_phase(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, A
         base["outcome"] = "failed"
         base["longrepr"] = "\n".join(
             [
-                f"skipped on {_ranks_named(r for r, _ in skipped)} only, ran on "
-                f"{_ranks_named(ran)}: a distributed test skips on every rank or on none",
+                f"skipped on {ranks_named(r for r, _ in skipped)} only, ran on "
+                f"{ranks_named(ran)}: a distributed test skips on every rank or on none",
                 _label(skipped[0][0], reason),
                 *(_label(r, _longrepr_text(d)) for r, d in failed),
             ]
@@ -84,7 +84,8 @@ def merge_phase(reports: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, A
     return base
 
 
-def _ranks_named(ranks: Iterable[int]) -> str:
+def ranks_named(ranks: Iterable[int]) -> str:
+    """'rank 1', 'ranks 0, 2': ranks as the merged reports name them."""
     listed = sorted(ranks)
     word = "rank" if len(listed) == 1 else "ranks"
     return f"{word} {', '.join(map(str, listed))}"
