@@ -434,3 +434,32 @@ class QueueStore:
                     ),
                 )
         return [str(row[1]) for row in rows]
+
+    # ---- read only, for the host page (serve/queue_view.py) --------------------------------
+
+    def newest_runs(self, most: int) -> list[tuple[str, float]]:
+        """The newest runs published on this database, newest first: (run id, when)."""
+        rows = self.db.execute(
+            "SELECT run_id, extract(epoch FROM published_at) FROM devpool_queue_runs "
+            "ORDER BY published_at DESC, run_id LIMIT %(most)s",
+            {"most": most},
+        ).fetchall()
+        return [(str(run), float(when)) for run, when in rows]
+
+    def lapsed(self) -> set[int]:
+        """Jobs of the run whose lease ran out and that no reap has marked lost yet: lost, as
+        the next reap will say, read without writing it."""
+        rows = self.db.execute(
+            "SELECT job_id FROM devpool_queue_jobs WHERE run_id = %(run)s AND NOT lost "
+            "AND left_at IS NULL AND expires_at < now()",
+            self._args(),
+        ).fetchall()
+        return {int(row[0]) for row in rows}
+
+    def of_run(self, run_id: str) -> QueueStore:
+        """A store of another run on this one's connection (closing either closes both)."""
+        import copy
+
+        other = copy.copy(self)
+        other.run_id = run_id
+        return other
