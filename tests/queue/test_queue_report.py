@@ -147,12 +147,12 @@ def test_status_names_jobs_and_what_is_queued(
     args = ["queue", "status", f"--devpool-queue={postgres.url}"]
     assert main([*args, f"--devpool-queue-run={store.run_id}"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        f"queue run {store.run_id!r}: 4 tests: 1 done, 1 claimed, 2 queued",
+        f"queue run {store.run_id!r}: 4 tests: 1 done (1 passed), 1 claimed, 2 queued",
         f"  job {two}: small (2 devices), pid 7, alive, 1 claimed, 1 done",
         f"  job {gone}: gone (4 devices), pid 8, left, 0 claimed, 0 done",
-        "queued (2):",
+        "queued (2), 1 that no live job can hold (the largest has 2 devices):",
+        "  t.py::test_eight (8 devices): no live job can hold it",  # what is stuck comes first
         "  t.py::test_b (1 device)",
-        "  t.py::test_eight (8 devices)",
     ]
     store.close()
 

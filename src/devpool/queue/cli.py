@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -11,14 +12,9 @@ from typing import Any
 from devpool.errors import DevpoolError
 from devpool.queue.connect import where
 from devpool.queue.source import run_id_from
+from devpool.queue.status import SCHEMA, run_status
 from devpool.queue.store import QueueStore
-from devpool.queue.verdict import (
-    jobs_line,
-    outcome_of,
-    status_lines,
-    wait_for_end,
-    write_junit,
-)
+from devpool.queue.verdict import jobs_line, outcome_of, wait_for_end, write_junit
 from devpool.report.github import write_step_summary
 from devpool.report.jsonout import render_json
 from devpool.report.markdown import render_markdown
@@ -56,6 +52,7 @@ def add_queue_command(commands: argparse._SubParsersAction[Any]) -> None:
     what = "the run's jobs (host, devices, alive, claimed, done) and what is still queued"
     status = actions.add_parser("status", help=what, description=what[0].upper() + what[1:] + ".")
     _queue_options(status)
+    status.add_argument("--format", choices=("text", "json"), default="text", help="(default text)")
     status.set_defaults(func=queue_status)
 
 
@@ -102,9 +99,13 @@ def queue_status(args: argparse.Namespace) -> int:
     store = _open_run(args)
     try:
         store.reap()
-        print("\n".join(status_lines(store.run_id, store.jobs(), store.tests())))
+        status = run_status(store.run_id, store.jobs(), store.tests(), store.lapsed())
     finally:
         store.close()
+    if args.format == "json":
+        print(json.dumps({"schema": SCHEMA, **status.to_json()}, indent=2))
+    else:
+        print("\n".join(status.lines()))
     return 0
 
 

@@ -22,8 +22,6 @@ INTERRUPTED = 2  # pytest's exit codes
 TESTS_FAILED = 1
 NO_TESTS = 5
 POLL = 1.0  # seconds between looks at a run that is still going
-STATES = ("done", "claimed", "queued")
-SHOWN_QUEUED = 20
 
 
 @dataclass(frozen=True)
@@ -119,28 +117,6 @@ def jobs_line(jobs: Sequence[JobRow]) -> str:
         for job in jobs
     ]
     return f"queue: {counted(len(jobs), 'job')} joined: " + ("; ".join(parts) or "none")
-
-
-def status_lines(run_id: str, jobs: Sequence[JobRow], rows: Sequence[TestRow]) -> list[str]:
-    """`devpool queue status`: the run's tests by state, its jobs, what is still queued."""
-    states = {state: sum(1 for row in rows if row.state == state) for state in STATES}
-    lines = [
-        f"queue run {run_id!r}: {counted(len(rows), 'test')}: "
-        + ", ".join(f"{n} {state}" for state, n in states.items())
-    ]
-    for job in jobs:
-        alive = "alive" if job.alive else "lost its lease" if job.lost else "left"
-        lines.append(
-            f"  job {job.job_id}: {job.describe()}, pid {job.pid}, {alive}, "
-            f"{job.claimed} claimed, {job.done} done"
-        )
-    queued = [row for row in rows if row.state == "queued"]
-    if queued:
-        lines.append(f"queued ({len(queued)}):")
-        lines += [f"  {row.test_id} ({row.request})" for row in queued[:SHOWN_QUEUED]]
-        if len(queued) > SHOWN_QUEUED:
-            lines.append(f"  … and {len(queued) - SHOWN_QUEUED} more")
-    return lines
 
 
 def write_junit(path: Path, verdict: Verdict) -> None:
