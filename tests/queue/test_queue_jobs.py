@@ -437,3 +437,62 @@ def test_random_suites_and_kills_give_one_verdict(
     finally:  # hypothesis runs many examples: none leaves its folder behind
         shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(root, ignore_errors=True)
+
+
+MOVED = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from devpool.queue.store import QueueStore
+
+OUT = Path({out!r})
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_cpu(i):
+    time.sleep(0.05)
+
+
+@pytest.mark.device_count(1)
+def test_flaky():
+    with open(OUT / "flaky.runs", "a") as handle:
+        handle.write(os.environ["JOB"] + "\\n")
+    if not (OUT / "failed-once").exists():
+        # fail once the other job has joined: there is another job to take the rerun
+        store = QueueStore({url!r}, {run!r})
+        deadline = time.monotonic() + 60
+        while len(store.jobs()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        store.close()
+        (OUT / "failed-once").touch()
+        assert False, "the first attempt fails"
+"""
+
+
+def test_a_rerun_moves_to_another_job(postgres: Server, project: Path) -> None:
+    run = f"moved-{time.time_ns()}-{next(_runs)}"
+    suite = MOVED.format(out=str(project / "out"), url=postgres.url, run=run)
+    (project / "test_mix.py").write_text(suite)
+    jobs = {name: start(project, name, 2, postgres.url, run, "--devpool-reruns=1") for name in "ab"}
+    outputs = {name: proc.communicate(timeout=240)[0] for name, proc in jobs.items()}
+    ran = (project / "out" / "flaky.runs").read_text().split()
+    assert len(ran) == 2 and ran[0] != ran[1], (ran, outputs)  # the rerun ran in the other job
+    assert {name: proc.returncode for name, proc in jobs.items()} == {"a": 0, "b": 0}, outputs
+    assert "1 flaky" in outputs[ran[1]], outputs[ran[1]]
+    assert queue_rows(postgres.url, run)["test_mix.py::test_flaky"] == ("done", "flaky")
+    junit = project / "junit.xml"
+    verdict = subprocess.run(
+        [sys.executable, "-c", DEVPOOL, "queue", "report", f"--devpool-queue={postgres.url}",
+         f"--devpool-queue-run={run}", f"--junitxml={junit}", "--wait=30"],
+        cwd=project, env=job_env("report"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+    (case,) = [
+        c for c in ET.parse(junit).getroot().iter("testcase") if c.get("name") == "test_flaky"
+    ]
+    (earlier,) = case.findall("flakyFailure")
+    assert earlier.get("message", "").startswith("attempt 1 on "), earlier.attrib
+    assert "the first attempt fails" in (earlier.text or ""), earlier.text

@@ -213,3 +213,39 @@ def test_without_the_extra_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(DevpoolError, match=r"pip install 'devpool\[queue\]'") as caught:
         connect("postgresql://127.0.0.1/db")
     assert "\n" not in str(caught.value)
+
+
+def test_a_moved_rerun_goes_to_another_host_first(store: QueueStore) -> None:
+    store.publish([QueuedTest("t.py::flaky", 2, "2 devices", 1.0)], "h1")
+    failed_on = store.join("h1", 1, 2, "sim", 30)
+    same_host = store.join("h1", 2, 4, "sim", 30)
+    small = store.join("h2", 3, 1, "sim", 30)  # another host, too small to hold it
+    other_host = store.join("h2", 4, 2, "sim", 30)
+    (claim,) = store.claim(failed_on, devices=2, seconds=10)
+    assert (claim.attempt, claim.spent, claim.earlier) == (1, (0, 0, 0), ())
+    earlier = [{"attempt": 1, "outcome": "failed", "message": "m", "text": "t", "host": "h1"}]
+    assert store.move(failed_on, claim, 2, (1, 0, 1), earlier)
+    assert not store.move(failed_on, claim, 2, (1, 0, 1), earlier)  # no longer its claim
+    # another job on the host it failed on, the job itself and a job too small wait
+    assert store.claim(same_host, devices=4, seconds=10) == []
+    assert store.claim(failed_on, devices=2, seconds=10) == []
+    assert store.claim(small, devices=1, seconds=10) == []
+    (rerun,) = store.claim(other_host, devices=2, seconds=10)
+    assert (rerun.test_id, rerun.attempt, rerun.spent) == ("t.py::flaky", 2, (1, 0, 1))
+    assert [dict(e) for e in rerun.earlier] == earlier
+    # failed on h2 too, and h2's job gone: now h2 is the host avoided, h1's jobs may take it
+    assert store.move(other_host, rerun, 3, (2, 0, 2), earlier * 2)
+    store.leave(other_host)
+    assert store.claim(failed_on, devices=2, seconds=10) != []
+    (third,) = [t for t in store.tests() if t.test_id == "t.py::flaky"]
+    assert third.state == "claimed" and third.job_id == failed_on
+
+
+def test_a_rerun_stays_when_no_other_job_can_hold_it(store: QueueStore) -> None:
+    store.publish([QueuedTest("t.py::big", 4, "4 devices", 1.0)], "h1")
+    alone = store.join("h1", 1, 4, "sim", 30)
+    store.join("h2", 2, 2, "sim", 30)  # alive, but too small
+    (claim,) = store.claim(alone, devices=4, seconds=10)
+    assert not store.move(alone, claim, 2, (1, 0, 1), [])
+    (row,) = store.tests()
+    assert (row.state, row.job_id) == ("claimed", alone)

@@ -139,6 +139,10 @@ class QueueSource:
         self.held = 0.0  # the work of those claims, in the estimates' slot-seconds
         self.outbox: list[tuple[Claim, str, bool, dict[str, Any]]] = []
         self.texts: dict[str, list[str]] = {}  # display id → failure text, for the JUnit file
+        # display id → its attempts that ran again (here, or on the jobs it moved from), as the
+        # final report folds them into the test's JUnit case
+        self.earlier: dict[str, list[dict[str, Any]]] = {}
+        self.moved = 0  # reruns this job put back on the queue for another job
         self.refused: list[str] = []
         self.lost_claims: dict[str, Claim] = {}  # claims of a lease lost, not ended here yet
         self.withdrawing: list[Job] = []  # for the loop to drop unstarted
@@ -176,6 +180,8 @@ class QueueSource:
         for claim in claims or ():
             self.claims[claim.test_id] = claim
             self.held += self._work(claim)
+            if claim.attempt > 1:  # a rerun another job moved here: its count goes on
+                self._resume(claim)
         if not claims and not self.claims and claims is not None:
             # Claims of other jobs come back when they die: stay while any is open.
             left = self._db(lambda s: s.open_for(self.devices, skip=self.skip))
@@ -200,6 +206,33 @@ class QueueSource:
         self.job_id = job_id
         self.heartbeat = Heartbeat(self.url, self.run_id, job_id, self.lease)
         self.heartbeat.start()
+
+    def _resume(self, claim: Claim) -> None:
+        job = self.runnable[claim.test_id]
+        job.attempt = claim.attempt
+        job.retries_failed, job.retries_infra, job.own_failures = claim.spent
+        self.earlier[claim.test_id] = [dict(attempt) for attempt in claim.earlier]
+
+    def move(self, job: Job) -> bool:
+        """A failed attempt of `job` is to run again: True when its rerun went back to the
+        queue for another job (another host's first), which runs it as its next attempt;
+        False when no other live job can hold it (or the database is away): it reruns here.
+        Called after the attempt's job_end, with the job's reruns spent counted."""
+        claim = self.claims.get(job.display)
+        if claim is None or self.heartbeat.lost:
+            return False
+        spent = (job.retries_failed, job.retries_infra, job.own_failures)
+        ended = self.earlier.get(job.display, [])
+        moved = self._db(lambda s: s.move(self.job_id, claim, job.attempt + 1, spent, ended))
+        if not moved:
+            return False
+        del self.claims[job.display]
+        self.held = max(0.0, self.held - self._work(claim)) if self.claims else 0.0
+        self.earlier.pop(job.display, None)
+        self.texts.pop(job.display, None)
+        self.moved += 1
+        self._dry = False  # it may come back here when no other job can take it
+        return True
 
     def withdrawn(self) -> list[Job]:
         """Jobs whose claims were lost: the loop drops those it has not started."""
@@ -258,7 +291,10 @@ class QueueSource:
 
     def event(self, event_type: str, fields: Mapping[str, Any]) -> None:
         """A record event (the controller's listener): a final job_end is owed to the queue."""
-        if event_type != "job_end" or fields.get("retried"):
+        if event_type != "job_end":
+            return
+        if fields.get("retried"):
+            self._ran_again(fields)
             return
         claim = self.claims.pop(str(fields.get("nodeid")), None)
         if claim is None:
@@ -273,11 +309,29 @@ class QueueSource:
         result = {k: v for k, v in fields.items() if k not in ("job", "tail")}
         result["tail"] = list(fields.get("tail") or ())[-50:]
         result["text"] = "\n".join(self.texts.pop(claim.test_id, []))
+        result["earlier"] = self.earlier.pop(claim.test_id, [])
         outcome = str(fields.get("outcome"))
         self.outbox.append((claim, outcome, bool(fields.get("gating")), result))
         if not self.claims:  # ran dry: others may wait on these outcomes, and more may be queued
             self.flush()
             self._dry = False
+
+    def _ran_again(self, fields: Mapping[str, Any]) -> None:
+        """An attempt that runs again (here or moved): kept for the final report."""
+        test = str(fields.get("nodeid"))
+        if test not in self.claims or not fields.get("start"):
+            return  # not this run's claim, or ended before it started (no attempt)
+        number, detail = fields.get("attempt"), fields.get("detail") or fields.get("outcome")
+        devices = ",".join(str(d) for d in fields.get("devices") or ()) or "cpu"
+        self.earlier.setdefault(test, []).append(
+            {
+                "attempt": number,
+                "outcome": str(fields.get("outcome")),
+                "message": f"attempt {number} on {self.host} (devices {devices}): {detail}",
+                "text": "\n".join(self.texts.pop(test, []) or fields.get("tail") or ()),
+                "host": self.host,
+            }
+        )
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

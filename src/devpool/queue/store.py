@@ -57,11 +57,36 @@ CREATE TABLE IF NOT EXISTS devpool_queue_tests (
     PRIMARY KEY (run_id, position),
     UNIQUE (run_id, test_id)
 );
+-- A rerun moved off the job (and host) its attempt failed on: which attempt is next, the
+-- reruns spent, and the earlier attempts as the final report folds them in.
+ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS attempt integer NOT NULL DEFAULT 1;
+ALTER TABLE devpool_queue_tests
+    ADD COLUMN IF NOT EXISTS spent integer[] NOT NULL DEFAULT '{0,0,0}';
+ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS avoid_job bigint;
+ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS avoid_host text;
+ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS earlier jsonb NOT NULL DEFAULT '[]';
 CREATE INDEX IF NOT EXISTS devpool_queue_tests_state ON devpool_queue_tests (run_id, state);
 CREATE SEQUENCE IF NOT EXISTS devpool_queue_token;
 """
 SCHEMA_LOCK = 0x646576706F6F6C  # pg_advisory_xact_lock key: two jobs creating tables at once
+NEWEST_COLUMN = "earlier"  # a database without it was made by an older devpool: SCHEMA again
 SHOWN = 3  # node ids named in a sentence about a differing collection
+
+_LIVE = "NOT {j}.lost AND {j}.left_at IS NULL AND {j}.expires_at >= now()"
+# A live job of the run, other than the one a rerun moved off (or on another host), that
+# can hold test t.
+_OTHER_JOB = (
+    "EXISTS (SELECT 1 FROM devpool_queue_jobs o WHERE o.run_id = t.run_id AND "
+    + _LIVE.format(j="o")
+    + " AND o.devices >= t.devices AND {other})"
+)
+# A moved rerun goes to a job on another host first, then to another job on its host, and
+# back to the job it failed on only when no other can hold it.
+_OTHER_HOST = _OTHER_JOB.format(other="o.host <> t.avoid_host")
+_ANOTHER_JOB = _OTHER_JOB.format(other="o.job_id <> t.avoid_job")
+_MAY_TAKE = f"""(t.avoid_job IS NULL
+    OR t.avoid_host <> (SELECT host FROM devpool_queue_jobs WHERE job_id = %(job)s)
+    OR (NOT {_OTHER_HOST} AND (t.avoid_job <> %(job)s OR NOT {_ANOTHER_JOB})))"""
 
 # Jobs whose lease ran out lose their claims, which go back to the queue untouched.
 _REAP = """
@@ -87,11 +112,16 @@ class QueuedTest:
 
 @dataclass(frozen=True)
 class Claim:
-    """A test this job may run, and the fencing token its report must carry."""
+    """A test this job may run, and the fencing token its report must carry. A rerun moved
+    here from another job carries its next attempt's number, the reruns spent (failed, infra,
+    the test's own failures) and the earlier attempts (junit.Attempt's fields and the host)."""
 
     test_id: str
     token: int
     estimate: float
+    attempt: int = 1
+    spent: tuple[int, int, int] = (0, 0, 0)
+    earlier: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -171,8 +201,12 @@ class QueueStore:
         self.url = url
         self.run_id = run_id
         self.db = connect(url, option)
-        ready = self.db.execute("SELECT to_regclass('devpool_queue_tests')").fetchone()
-        if ready is None or ready[0] is None:  # the first job ever on this database
+        ready = self.db.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = 'devpool_queue_tests' AND column_name = %s",
+            (NEWEST_COLUMN,),
+        ).fetchone()
+        if ready is None:  # the first job ever on this database, or an older devpool's
             with self.db.transaction():
                 self.db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
                 self.db.execute(SCHEMA)
@@ -271,11 +305,17 @@ class QueueStore:
         return self.db.execute(_REAP, self._args()).rowcount
 
     def claim(
-        self, job_id: int, devices: int, seconds: float, skip: Sequence[str] = (), most: int = 500
+        self,
+        job_id: int,
+        devices: int,
+        seconds: float,
+        skip: Sequence[str] = (),
+        most: int = 500,
     ) -> list[Claim]:
         """Claim the longest queued tests this job's devices can hold (device-seconds first),
         until their work (estimate × devices) adds up to `seconds`, at least one test; none
-        of `skip`. [] when none is queued or the job's lease was lost."""
+        of `skip`, and no rerun another job should take first (_MAY_TAKE). [] when none is
+        queued or the job's lease was lost."""
         self.reap()
         with self.db.transaction():
             alive = self.db.execute(
@@ -286,12 +326,12 @@ class QueueStore:
             if alive is None:
                 return []
             rows = self.db.execute(
-                "SELECT position, estimate * greatest(devices, 1) FROM devpool_queue_tests "
+                "SELECT position, estimate * greatest(devices, 1) FROM devpool_queue_tests t "
                 "WHERE run_id = %(run)s AND state = 'queued' AND devices <= %(devices)s "
-                "AND NOT (test_id = ANY(%(skip)s)) "
+                f"AND NOT (test_id = ANY(%(skip)s)) AND {_MAY_TAKE} "
                 "ORDER BY estimate * greatest(devices, 1) DESC, position "
                 "LIMIT %(most)s FOR UPDATE SKIP LOCKED",
-                self._args(devices=devices, most=most, skip=list(skip)),
+                self._args(job=job_id, devices=devices, most=most, skip=list(skip)),
             ).fetchall()
             chosen: list[int] = []
             total = 0.0
@@ -306,12 +346,40 @@ class QueueStore:
                 "UPDATE devpool_queue_tests SET state = 'claimed', job_id = %(job)s, "
                 "token = nextval('devpool_queue_token'), claims = claims + 1 "
                 "WHERE run_id = %(run)s AND position = ANY(%(chosen)s) "
-                "RETURNING test_id, token, estimate, position",
+                "RETURNING test_id, token, estimate, position, attempt, spent, earlier",
                 self._args(job=job_id, chosen=chosen),
             ).fetchall()
         rank = {position: i for i, position in enumerate(chosen)}
         claimed.sort(key=lambda row: rank[int(row[3])])
-        return [Claim(str(t), int(token), float(e)) for t, token, e, _ in claimed]
+        return [
+            Claim(str(t), int(token), float(e), int(n), (spent[0], spent[1], spent[2]), tuple(was))
+            for t, token, e, _, n, spent, was in claimed
+        ]
+
+    def move(
+        self, job_id: int, claim: Claim, attempt: int, spent: tuple[int, int, int], ended: Any
+    ) -> bool:
+        """Put a failed test's rerun back on the queue for another job, other hosts first: True
+        when one that can hold it is alive and the claim was still this job's, else False
+        (the rerun stays here). `ended`: the attempts so far, as the final report folds them."""
+        row = self.db.execute(
+            "UPDATE devpool_queue_tests t SET state = 'queued', job_id = NULL, token = NULL, "
+            "attempt = %(attempt)s, spent = %(spent)s, avoid_job = %(job)s, "
+            "avoid_host = (SELECT host FROM devpool_queue_jobs WHERE job_id = %(job)s), "
+            "earlier = %(ended)s::jsonb "
+            "WHERE run_id = %(run)s AND test_id = %(test)s AND state = 'claimed' "
+            "AND job_id = %(job)s AND token = %(token)s "
+            f"AND {_OTHER_JOB.format(other='o.job_id <> %(job)s')} RETURNING 1",
+            self._args(
+                job=job_id,
+                test=claim.test_id,
+                token=claim.token,
+                attempt=attempt,
+                spent=list(spent),
+                ended=json.dumps(ended, default=str),
+            ),
+        ).fetchone()
+        return row is not None
 
     def report(
         self,

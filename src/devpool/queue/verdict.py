@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from devpool.queue.store import JobRow, QueueStore, TestRow
+from devpool.report.junit import Attempt, add_attempt
 from devpool.report.record import RunRecord, apply_event
 from devpool.wording import counted
 
@@ -119,6 +120,16 @@ def jobs_line(jobs: Sequence[JobRow]) -> str:
     return f"queue: {counted(len(jobs), 'job')} joined: " + ("; ".join(parts) or "none")
 
 
+def _attempt(fields: Mapping[str, Any]) -> Attempt:
+    """An earlier attempt as the queue keeps it (queue/source.py), as JUnit folds it."""
+    return Attempt(
+        int(fields.get("attempt") or 1),
+        str(fields.get("outcome") or "failed"),
+        str(fields.get("message") or ""),
+        str(fields.get("text") or ""),
+    )
+
+
 def write_junit(path: Path, verdict: Verdict) -> None:
     """One JUnit file as pytest writes one: each test once, in collection order."""
     from _pytest.junitxml import mangle_test_address
@@ -142,6 +153,9 @@ def write_junit(path: Path, verdict: Verdict) -> None:
             time=f"{seconds:.3f}",
         )
         shown = job.shown if job is not None else "not run"
+        passed = shown in ("passed", "flaky", "xpassed", "skipped", "xfailed")
+        for attempt in _result(row).get("earlier") or ():  # the attempts that ran again
+            add_attempt(case, _attempt(attempt), passed)
         message = job.detail if job is not None else "the run ended before this test did"
         text = texts.get(row.test_id) or "\n".join(job.tail if job is not None else [])
         if shown in ("skipped", "xfailed"):

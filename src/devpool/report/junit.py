@@ -32,6 +32,15 @@ def _attempt_of(case: ET.Element) -> int:
     return 1
 
 
+def add_attempt(final: ET.Element, attempt: Attempt, passed: bool) -> None:
+    """An earlier attempt as a child of the test's final case: <flakyFailure>/<flakyError>
+    when the test passed in the end, <rerunFailure>/<rerunError> when it did not."""
+    kind = "Error" if attempt.outcome == "error" else "Failure"
+    tag = ("flaky" if passed else "rerun") + kind
+    child = ET.SubElement(final, tag, message=attempt.message[:500], type=attempt.outcome)
+    child.text = attempt.text
+
+
 def fold_attempts(
     path: Path,
     attempts: Mapping[tuple[str, str], Sequence[Attempt]],
@@ -58,12 +67,7 @@ def fold_attempts(
             for case in cases[:-1]:
                 suite.remove(case)
             for attempt in earlier:
-                kind = "Error" if attempt.outcome == "error" else "Failure"
-                tag = ("flaky" if passed else "rerun") + kind
-                child = ET.SubElement(
-                    final, tag, message=attempt.message[:500], type=attempt.outcome
-                )
-                child.text = attempt.text
+                add_attempt(final, attempt, passed)
                 folds += 1
         if rank:
             cases = suite.findall("testcase")

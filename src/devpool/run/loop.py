@@ -158,6 +158,8 @@ class Loop:
         self._account()
 
     def _admit(self, jobs: list[Job], now: float) -> None:
+        if self.source is not None:  # a queue's job: its progress counts what it claimed
+            self.session.testscollected += len(jobs)
         for job in jobs:
             job.queued_at = now
             self.attempts[job.id] = Attempt(job, job.attempt)
@@ -171,6 +173,7 @@ class Loop:
             if job.id in queued:
                 self.scheduler.queue.pop_job(job)
                 self.dropped.add(job.id)
+                self.session.testscollected -= 1
 
     def _busy(self) -> bool:
         queued = bool(len(self.scheduler.queue) or self.placing.delayed) and not self.stopped
@@ -477,6 +480,9 @@ class Loop:
             job.retries_failed += 1
         if attempt.started_wall > 0 and outcome is not Outcome.INFRA and not attempt.alone_next:
             job.own_failures += 1  # the test's own ending: a later pass is flaky
+        if self.source is not None and not attempt.alone_next and self.source.move(job):
+            self.dropped.add(job.id)  # it runs on in another job of the queue's run
+            return
         job.attempt += 1
         job.queued_at = time.monotonic()
         self.attempts[job.id] = Attempt(job, job.attempt, alone=attempt.alone_next)

@@ -27,3 +27,8 @@ class JobSource(Protocol):
     def due(self, now: float) -> float | None:
         """When the source wants to be asked again (None: whenever the loop wakes)."""
         ...
+
+    def move(self, job: Job) -> bool:
+        """A failed attempt is to run again: True when the source took the rerun to run
+        elsewhere (another job of the run), False when it runs again here."""
+        ...

@@ -401,10 +401,13 @@ class Controller:
         if self.settings.run_dir is None:
             devpool_dir(session.config.rootpath)  # with its .gitignore
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        # With --devpool-repeat, progress counts every repetition.
+        # With --devpool-repeat, progress counts every repetition; a queue's job counts the
+        # tests it claims, as it claims them (run/loop.py).
         session.testscollected = len(plan.jobs) + len(plan.unsatisfiable)
         source = self._join_queue(plan, backend) if self.settings.queue else None
         # A queue's job plans no test of its own: its record counts the tests it claimed.
+        if self.settings.queue:
+            session.testscollected = 0
         self._start_record(session, plan if source is None else Plan())
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
