@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from pg_server import Server
 
 from devpool.queue.store import QueueStore
+from pg_server import Server
 
 FAST = ("-p", "devpool.plugin", "-p", "no:hypothesispytest", "-p", "no:cacheprovider")
 FAST += ("-p", "no:randomly")
@@ -170,6 +170,10 @@ def test_three_jobs_share_one_run(postgres: Server, project: Path) -> None:
         assert code == (1 if name == failing_job else 0), outputs[name]
     assert "test_one[3]" in outputs[failing_job]
     assert "this job published its 15 tests" in "".join(outputs.values())
+    # each job's progress counts the tests it claimed: it ends at 100%, as a whole run does
+    for name, output in outputs.items():
+        shown = re.findall(r"\[ *(\d+)%\]", output)
+        assert shown[-1:] == (["100"] if name in sum(runs.values(), []) else []), output
     # the run's one verdict: each test once, in collection order, exit as pytest's
     junit = project / "junit.xml"
     verdict = subprocess.run(
@@ -496,3 +500,51 @@ def test_a_rerun_moves_to_another_job(postgres: Server, project: Path) -> None:
     (earlier,) = case.findall("flakyFailure")
     assert earlier.get("message", "").startswith("attempt 1 on "), earlier.attrib
     assert "the first attempt fails" in (earlier.text or ""), earlier.text
+
+
+CHAINED = """
+import os
+import time
+
+import pytest
+
+
+def ran(name):
+    with open({out!r} + "/" + name + ".runs", "a") as handle:
+        handle.write(os.environ["JOB"] + "\\n")
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_cpu(i):
+    ran(f"cpu{{i}}")
+    time.sleep(0.1)
+
+
+@pytest.mark.dependency()
+def test_make():
+    ran("make")
+
+
+@pytest.mark.dependency(depends=["test_make"])
+def test_use():
+    ran("use")
+
+
+@pytest.mark.dependency(depends=["test_use"])
+def test_use_again():
+    ran("use_again")
+"""
+
+
+def test_a_dependency_chain_runs_whole_in_one_job(postgres: Server, project: Path) -> None:
+    (project / "test_mix.py").write_text(CHAINED.format(out=str(project / "out")))
+    run = f"chain-{time.time_ns()}-{next(_runs)}"
+    plugin = ("-p", "pytest_dependency")
+    jobs = {name: start(project, name, 1, postgres.url, run, *plugin) for name in "ab"}
+    outputs = {name: proc.communicate(timeout=240)[0] for name, proc in jobs.items()}
+    assert {name: proc.returncode for name, proc in jobs.items()} == {"a": 0, "b": 0}, outputs
+    runs = ran_by(project)
+    assert all(len(who) == 1 for who in runs.values()), runs  # every test once
+    assert runs["make"] == runs["use"] == runs["use_again"], runs  # the chain in one job
+    rows = queue_rows(postgres.url, run)
+    assert {outcome for _, outcome in rows.values()} == {"passed"}, rows  # none skipped

@@ -9,12 +9,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from pg_server import Server
 
 from devpool.errors import DevpoolError
 from devpool.queue.connect import connect, failure_sentence
 from devpool.queue.heartbeat import Heartbeat
 from devpool.queue.store import QueuedTest, QueueStore
+from pg_server import Server
 
 _runs = itertools.count()
 
@@ -249,3 +249,21 @@ def test_a_rerun_stays_when_no_other_job_can_hold_it(store: QueueStore) -> None:
     assert not store.move(alone, claim, 2, (1, 0, 1), [])
     (row,) = store.tests()
     assert (row.state, row.job_id) == ("claimed", alone)
+
+
+def test_a_chain_is_claimed_whole_by_the_job_that_takes_its_first_test(
+    postgres: Server, store: QueueStore
+) -> None:
+    chain = [QueuedTest(f"t.py::step{i}", 0, "cpu", 1.0, "t.py::step0") for i in range(3)]
+    store.publish([QueuedTest("t.py::long", 0, "cpu", 9.0), *chain], "h")
+    first = store.join("h", 1, 0, "sim", 30)
+    second = store.join("h", 2, 0, "sim", 30)
+    # a batch of one test's worth: the longest test, and never a chain's later test alone
+    assert [c.test_id for c in store.claim(first, 0, 1.0)] == ["t.py::long"]
+    steps = store.claim(second, 0, 1.0)
+    assert [c.test_id for c in steps] == [f"t.py::step{i}" for i in range(3)]
+    assert store.claim(first, 0, 100) == []
+    # the first step ended; the second job was lost: the rest come back, claimable alone
+    assert store.report_many(second, [(steps[0], "passed", False, {})]) == []
+    assert store.leave(second) == 2
+    assert [c.test_id for c in store.claim(first, 0, 0.5)] == ["t.py::step1"]

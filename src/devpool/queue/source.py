@@ -89,6 +89,17 @@ def join_queue(
     return source
 
 
+def claimed_jobs(jobs: list[Job]) -> list[Job]:
+    """Jobs of one claim, each chain cut to its tests claimed together (a whole chain, but for
+    tests that ended under an earlier claim): the first of them leads, as plan/chains.py ties."""
+    here = {job.display for job in jobs}
+    for job in jobs:
+        if job.chain is not None:
+            kept = tuple(member for member in job.chain if member.display in here)
+            job.chain = kept if len(kept) > 1 else None
+    return jobs
+
+
 def work(estimate: float, devices: int) -> float:
     """Slot-seconds a test keeps busy: its estimate on each of its devices (a core without)."""
     return estimate * max(1, devices)
@@ -121,7 +132,8 @@ class QueueSource:
         for job in ordered:
             needed = max(job.devices_needed, asked.get(job.nodeid, 0))
             what = counted(needed, "device") if needed else "cpu"
-            tests.append(QueuedTest(job.display, needed, what, job.estimate))
+            chain = job.chain[0].display if job.chain else ""
+            tests.append(QueuedTest(job.display, needed, what, job.estimate, chain))
         try:
             self.published = self.store.publish(tests, host)
             self.job_id = self.store.join(host, os.getpid(), devices, platform, lease)
@@ -187,7 +199,7 @@ class QueueSource:
             left = self._db(lambda s: s.open_for(self.devices, skip=self.skip))
             self._open = left is None or left > 0
             self._wake = not self._open  # the loop ends now, not after its next tick
-        return [self.runnable[claim.test_id] for claim in claims or ()]
+        return claimed_jobs([self.runnable[claim.test_id] for claim in claims or ()])
 
     def _rejoin(self) -> None:
         """The lease was lost and its claims went back to the queue: the loop drops what it
@@ -209,6 +221,7 @@ class QueueSource:
 
     def _resume(self, claim: Claim) -> None:
         job = self.runnable[claim.test_id]
+        job.chain = None  # a rerun runs alone, as any rerun (run/loop.py)
         job.attempt = claim.attempt
         job.retries_failed, job.retries_infra, job.own_failures = claim.spent
         self.earlier[claim.test_id] = [dict(attempt) for attempt in claim.earlier]

@@ -65,11 +65,13 @@ ALTER TABLE devpool_queue_tests
 ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS avoid_job bigint;
 ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS avoid_host text;
 ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS earlier jsonb NOT NULL DEFAULT '[]';
+-- Tests tied by pytest-order or pytest-dependency: the first test's id, claimed with it.
+ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS chain text NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS devpool_queue_tests_state ON devpool_queue_tests (run_id, state);
 CREATE SEQUENCE IF NOT EXISTS devpool_queue_token;
 """
 SCHEMA_LOCK = 0x646576706F6F6C  # pg_advisory_xact_lock key: two jobs creating tables at once
-NEWEST_COLUMN = "earlier"  # a database without it was made by an older devpool: SCHEMA again
+NEWEST_COLUMN = "chain"  # a database without it was made by an older devpool: SCHEMA again
 SHOWN = 3  # node ids named in a sentence about a differing collection
 
 _LIVE = "NOT {j}.lost AND {j}.left_at IS NULL AND {j}.expires_at >= now()"
@@ -87,6 +89,10 @@ _ANOTHER_JOB = _OTHER_JOB.format(other="o.job_id <> t.avoid_job")
 _MAY_TAKE = f"""(t.avoid_job IS NULL
     OR t.avoid_host <> (SELECT host FROM devpool_queue_jobs WHERE job_id = %(job)s)
     OR (NOT {_OTHER_HOST} AND (t.avoid_job <> %(job)s OR NOT {_ANOTHER_JOB})))"""
+# A chain's later tests come with its first (one job runs the chain, in order); alone only
+# once its first is no longer queued (it ended, and these came back from a lost lease).
+_CHAIN_FREE = """(t.chain IN ('', t.test_id) OR NOT EXISTS (SELECT 1 FROM devpool_queue_tests h
+    WHERE h.run_id = t.run_id AND h.test_id = t.chain AND h.state = 'queued'))"""
 
 # Jobs whose lease ran out lose their claims, which go back to the queue untouched.
 _REAP = """
@@ -108,6 +114,7 @@ class QueuedTest:
     devices: int
     request: str  # the request in words, for sentences ("2 devices", "cpu")
     estimate: float
+    chain: str = ""  # the first test of its pytest-order/-dependency chain (plan/chains.py)
 
 
 @dataclass(frozen=True)
@@ -239,10 +246,10 @@ class QueueStore:
                 with self.db.cursor() as cursor:
                     cursor.executemany(
                         "INSERT INTO devpool_queue_tests "
-                        "(run_id, position, test_id, devices, request, estimate) "
-                        "VALUES (%s, %s, %s, %s, %s, %s)",
+                        "(run_id, position, test_id, devices, request, estimate, chain) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s)",
                         [
-                            (self.run_id, i, t.test_id, t.devices, t.request, t.estimate)
+                            (self.run_id, i, t.test_id, t.devices, t.request, t.estimate, t.chain)
                             for i, t in enumerate(tests)
                         ],
                     )
@@ -328,7 +335,7 @@ class QueueStore:
             rows = self.db.execute(
                 "SELECT position, estimate * greatest(devices, 1) FROM devpool_queue_tests t "
                 "WHERE run_id = %(run)s AND state = 'queued' AND devices <= %(devices)s "
-                f"AND NOT (test_id = ANY(%(skip)s)) AND {_MAY_TAKE} "
+                f"AND NOT (test_id = ANY(%(skip)s)) AND {_MAY_TAKE} AND {_CHAIN_FREE} "
                 "ORDER BY estimate * greatest(devices, 1) DESC, position "
                 "LIMIT %(most)s FOR UPDATE SKIP LOCKED",
                 self._args(job=job_id, devices=devices, most=most, skip=list(skip)),
@@ -342,6 +349,16 @@ class QueueStore:
                 total += float(cost)
             if not chosen:
                 return []
+            chosen += [  # the rest of the chains whose first test was chosen, in their order
+                int(row[0])
+                for row in self.db.execute(
+                    "SELECT position FROM devpool_queue_tests WHERE run_id = %(run)s "
+                    "AND state = 'queued' AND chain <> '' AND chain <> test_id AND chain IN "
+                    "(SELECT test_id FROM devpool_queue_tests WHERE run_id = %(run)s "
+                    "AND position = ANY(%(chosen)s)) ORDER BY position FOR UPDATE",
+                    self._args(chosen=chosen),
+                )
+            ]
             claimed = self.db.execute(
                 "UPDATE devpool_queue_tests SET state = 'claimed', job_id = %(job)s, "
                 "token = nextval('devpool_queue_token'), claims = claims + 1 "

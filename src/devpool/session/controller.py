@@ -28,7 +28,8 @@ from devpool.devices.probes import FatalPatterns
 from devpool.errors import DevpoolError
 from devpool.folders import devpool_dir
 from devpool.history import preload
-from devpool.history.durations import TestResult, default_history_path, pending_dir
+from devpool.history.durations import TestResult, default_history_path
+from devpool.history.place import HistorySpec, pending_place, preload_file
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
 from devpool.plan import chains, skips
@@ -94,7 +95,8 @@ class Controller:
         self.imported: dict[int, dict[str, None]] = {}  # kind → what its tests imported
         self.estimates: dict[str, float] = {}
         self.cpu_loads: dict[str, float] = {}  # device tests' cores kept busy, from history
-        self.history_path = settings.history or default_history_path(config.rootpath)
+        self.history_path: HistorySpec = settings.history or default_history_path(config.rootpath)
+        self.preload_file = preload_file(self.history_path, config.rootpath)
         self.shard = shards.parse_shard(settings.shard) if settings.shard else None
         self.releasable: list[str] = []
         self.items: dict[str, pytest.Item] = {}
@@ -223,7 +225,7 @@ class Controller:
             cost,
         )
         if self.imported:  # what each kind's template imports first next time
-            preload.write(preload.preload_path(self.history_path), self.imported)
+            preload.write(self.preload_file, self.imported)
         # Under `devpool run` the parent writes the step summary, also when this process dies.
         if self.github is not None and not os.environ.get("DEVPOOL_SUMMARY_BY_PARENT"):
             github.write_step_summary(read_record(self.record_path))
@@ -306,7 +308,7 @@ class Controller:
         except DevpoolError as exc:
             raise pytest.UsageError(str(exc)) from None
         self.estimates, self.cpu_loads = past_runs.read_estimates(
-            self.history_path, self.shard, self.quarantine_notes
+            self.history_path, self.shard, self.quarantine_notes, platform.name
         )
         if self.shard is not None:
             self._keep_shard(config, items)
@@ -338,7 +340,7 @@ class Controller:
                 self.emit,
                 lambda: self.items,
                 history=str(self.history_path),
-                pending=str(pending_dir(self.history_path) / f"{self.run_id}.jsonl"),
+                pending=pending_place(self.history_path, self.run_id),
             )
         )
         others = [item for item in items if item.nodeid not in chosen]
@@ -362,7 +364,7 @@ class Controller:
             self.listeners.append(self.github)
         default = self.settings.default_estimate
         planned = jobs.jobs_for(session.items, self.requests, self.settings, self.failed_before)
-        if self.settings.repeat == 1 and not self.settings.queue:  # queued tests run alone
+        if self.settings.repeat == 1:  # a queue claims a chain whole (queue/store.py)
             chains.tie(planned, self.items)
         if self.settings.backend == "local" and any(j.request.device_memory for j in planned):
             self.memory = memory.capacity_of(self.inventory, self.settings.memory_reserve)
@@ -403,11 +405,11 @@ class Controller:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # With --devpool-repeat, progress counts every repetition; a queue's job counts the
         # tests it claims, as it claims them (run/loop.py).
-        session.testscollected = len(plan.jobs) + len(plan.unsatisfiable)
-        source = self._join_queue(plan, backend) if self.settings.queue else None
-        # A queue's job plans no test of its own: its record counts the tests it claimed.
+        collected = session.testscollected = len(plan.jobs) + len(plan.unsatisfiable)
         if self.settings.queue:
             session.testscollected = 0
+        source = self._join_queue(plan, backend) if self.settings.queue else None
+        # A queue's job plans no test of its own: its record counts the tests it claimed.
         self._start_record(session, plan if source is None else Plan())
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
@@ -428,6 +430,8 @@ class Controller:
         finally:
             if source is not None:  # what it owes the queue, and what it did not run back
                 self.run_notes += source.close()
+                # a job that other jobs left nothing to exits 0, not "no tests collected"
+                session.testscollected = session.testscollected or collected
         if session.shouldfail:
             raise session.Failed(session.shouldfail)
         if session.shouldstop:
