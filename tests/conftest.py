@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from pg_server import Server, remove, server_bin, start_server
 
 pytest_plugins = ["pytester"]
 
@@ -63,3 +66,21 @@ def children() -> Iterator[list[subprocess.Popen[str]]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Server]:
+    """A real PostgreSQL server for the session (pg_server.py), for the queue's and the fleet
+    history's tests; each test uses run ids or a database of its own."""
+    if server_bin() is None:
+        why = "no PostgreSQL server binaries (initdb, pg_ctl) on PATH or in /usr/lib/postgresql"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why + ": .ci/run installs them", pytrace=False)
+        pytest.skip(why)
+    pytest.importorskip("psycopg", reason="psycopg is not installed (the [queue] extra)")
+    server = start_server()
+    try:
+        yield server
+    finally:
+        server.stop()
+        remove(server)

@@ -17,6 +17,7 @@ from devpool.devices.ports import DEFAULT_RANGE, overlap_error, parse_range
 from devpool.devices.resources import parse_resources
 from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError, check_keys, did_you_mean
+from devpool.history.place import HistorySpec, history_spec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -98,6 +99,10 @@ def _text(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError("a non-empty string")
     return value
+
+
+def _history(value: object) -> HistorySpec:
+    return history_spec(_text(value))
 
 
 def _fraction(value: object) -> float:
@@ -224,7 +229,11 @@ OPTIONS: tuple[Option, ...] = (
         negatable=True,
     ),
     Option(
-        "history", _text, "duration history, SQLite (default .devpool/history.sqlite)", path="FILE"
+        "history",
+        _history,
+        "duration history: a SQLite FILE (default .devpool/history.sqlite) or a PostgreSQL "
+        "URL, a fleet's history (postgresql://USER@HOST:PORT/DB)",
+        path="FILE",
     ),
     Option("default-estimate", _seconds, "seconds assumed for a test with no history (1.0)"),
     Option("shard", _text, "run only shard K of N (e.g. 2/4), split by estimated cost"),
@@ -401,7 +410,7 @@ class Settings:
     keep_runs: int = 20
     github: bool | None = None
     keep_artifacts: bool = False
-    history: Path | None = None
+    history: HistorySpec | None = None  # a file, or a PostgreSQL URL (history/place.py)
     default_estimate: float = 1.0
     shard: str | None = None
     shard_by_module: bool = False
@@ -536,7 +545,7 @@ def settings_from(
             values["resources"] = parse_resources(table["resources"], where)
         except ValueError as exc:
             raise DevpoolError(str(exc)) from None
-    for key in ("lock_dir", "run_dir", "run_record", "quarantine_file", "history"):
+    for key in ("lock_dir", "run_dir", "run_record", "quarantine_file"):
         if key in values:
             values[key] = Path(values[key]).expanduser()
     return Settings(**values)

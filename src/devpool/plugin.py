@@ -197,8 +197,10 @@ def _configure_controller(config: pytest.Config) -> None:
 
     if settings.run_dir is not None:
         writable_folder(settings.run_dir, "--devpool-run-dir")
-    if settings.history is not None and settings.history.is_dir():
-        raise DevpoolError(f"--devpool-history {settings.history} is a folder, not a file")
+    if settings.history is not None:
+        from devpool.history.place import check_history
+
+        check_history(settings.history)
     if settings.run_record is not None:
         if settings.run_record.is_dir():
             raise DevpoolError(

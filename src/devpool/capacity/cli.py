@@ -9,55 +9,74 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devpool.errors import DevpoolError
 from devpool.wording import counted
 
+if TYPE_CHECKING:
+    from devpool.history.place import HistorySpec
 
-def _history_path(args: argparse.Namespace) -> tuple[Path, bool]:
-    """The history file and whether the user named it (a named one must exist to be read)."""
+
+def _spec(text: str, option: str) -> HistorySpec:
+    from devpool.history.place import history_spec
+
+    try:
+        return history_spec(text, option)
+    except ValueError as exc:
+        raise DevpoolError(f"{option} must be {exc}, got {text!r}") from None
+
+
+def _history_path(args: argparse.Namespace) -> tuple[HistorySpec, bool]:
+    """The history (a file or a PostgreSQL URL) and whether the user named it (a named one
+    must exist to be read)."""
     from devpool.history.durations import default_history_path
 
     if args.history:
-        return Path(args.history), True
+        return _spec(args.history, "--history"), True
     return default_history_path(Path.cwd()), False
 
 
-def _estimates(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
-    """(latest p90, p90 before the latest run) per test; empty without a history file."""
-    from devpool.history.durations import History
+def _estimates(
+    args: argparse.Namespace, platform: str
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(latest p90, p90 before the latest run) per test, those measured on the platform
+    first; empty without a history."""
+    from devpool.history.place import history_found, open_history
 
-    path, named = _history_path(args)
-    if not path.exists():
+    spec, named = _history_path(args)
+    if not history_found(spec):
         if named:
-            raise DevpoolError(f"--history {path} does not exist")
+            raise DevpoolError(f"--history {spec} does not exist")
         return {}, {}
-    with History(path) as history:
-        return history.estimates(), history.previous_estimates()
+    with open_history(spec) as history:
+        return (
+            history.estimates(platform=platform),
+            history.previous_estimates(platform=platform),
+        )
 
 
 def _fixed(args: argparse.Namespace, platform: str, devices: int, tests: int) -> tuple[float, int]:
-    """Start-up and fixed costs of recent runs like this one (see History.fixed_cost)."""
-    from devpool.history.durations import History
+    """Start-up and fixed costs of recent runs like this one (see SqlHistory.fixed_cost)."""
+    from devpool.history.place import history_found, open_history
 
-    path, _ = _history_path(args)
-    if not path.exists():
+    spec, _ = _history_path(args)
+    if not history_found(spec):
         return 0.0, 0
-    with History(path) as history:
+    with open_history(spec) as history:
         return history.fixed_cost(platform, devices, tests)
 
 
 def _peaks(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
-    """(watched results, highest peak) per test; empty without a history file."""
-    from devpool.history.durations import History
+    """(watched results, highest peak) per test; empty without a history."""
+    from devpool.history.place import history_found, open_history
 
-    path, named = _history_path(args)
-    if not path.exists():
+    spec, named = _history_path(args)
+    if not history_found(spec):
         if named:
-            raise DevpoolError(f"--history {path} does not exist")
+            raise DevpoolError(f"--history {spec} does not exist")
         return {}
-    with History(path) as history:
+    with open_history(spec) as history:
         return history.peaks()
 
 
@@ -136,9 +155,10 @@ def _capacity(args: argparse.Namespace) -> int:
     classes = dict(capacity.parse_runner_class(text) for text in args.runner_class or ())
     default = _positive(str(args.default_estimate), "--default-estimate")
     factor = _positive(str(args.drift_factor), "--drift-factor")
-    estimates, previous = _estimates(args)
+    _history_path(args)  # a bad --history is said before the suite is collected
     seen = capacity.collect_suite(args.paths)
     platform, devices = _chosen_platform(args, seen)
+    estimates, previous = _estimates(args, platform)
     kind = seen.platforms[platform].kind
     capacity.apply_quarantine(seen.tests, seen.quarantine, platform, kind)
     rep = capacity.report(
@@ -174,9 +194,10 @@ def _shard(args: argparse.Namespace) -> int:
     budget = shards.parse_budget(args.budget) if args.budget is not None else None
     if args.runners is not None and args.runners < 1:
         raise DevpoolError(f"--runners must be 1 or more, got {args.runners}")
-    estimates, _ = _estimates(args)
+    _history_path(args)  # a bad --history is said before the suite is collected
     seen = capacity.collect_suite(args.paths)
     name, devices = _chosen_platform(args, seen)
+    estimates, _ = _estimates(args, name)
     # As a run does: tests whose platforms marker leaves this platform out are not sharded.
     admitted = {name, seen.platforms[name].kind}
     tests = [t for t in seen.tests if t.platforms is None or admitted & set(t.platforms)]
@@ -285,30 +306,31 @@ def shard_verify(args: argparse.Namespace) -> int:
 
 
 def _history_export(args: argparse.Namespace) -> int:
-    from devpool.history.durations import History
+    from devpool.history.place import history_found, open_history
 
-    path, _ = _history_path(args)
-    if not path.exists():
-        raise DevpoolError(f"there is no history at {path} to export")
-    with History(path) as history:
+    spec, _ = _history_path(args)
+    if not history_found(spec):
+        raise DevpoolError(f"there is no history at {spec} to export")
+    with open_history(spec, read_only=True) as history:
         rows = history.export(Path(args.out))
-    print(f"devpool: exported {rows} results from {path} to {args.out}")
+    print(f"devpool: exported {rows} results from {spec} to {args.out}")
     return 0
 
 
 def _history_merge(args: argparse.Namespace) -> int:
-    from devpool.history.durations import History, pending_dir
+    from devpool.history.place import open_history
 
-    path, _ = _history_path(args)
-    with History(path) as history:
-        if not args.sources:
-            added, files = history.merge_pending()
-            where = f"{len(files)} pending run files in {pending_dir(path)}"
-            print(f"devpool: merged {added} new results from {where} into {path}")
+    spec, _ = _history_path(args)
+    sources = [_spec(source, "SOURCE") for source in args.sources]
+    with open_history(spec) as history:
+        if not sources:
+            added, runs = history.merge_pending()
+            where = f"{len(runs)} {history.pending_where()}"
+            print(f"devpool: merged {added} new results from {where} into {spec}")
             return 0
-        for source in args.sources:
-            added = history.merge(Path(source))
-            print(f"devpool: merged {added} new results from {source} into {path}")
+        for source in sources:
+            added = history.merge(source)
+            print(f"devpool: merged {added} new results from {source} into {spec}")
     return 0
 
 
@@ -321,7 +343,10 @@ DEFAULT_ESTIMATE: dict[str, Any] = {
 
 def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
     """The capacity, shard and history commands, under the `devpool` parser."""
-    history_help = "duration history (default .devpool/history.sqlite here)"
+    history_help = (
+        "duration history: a file (default .devpool/history.sqlite here) or a PostgreSQL URL "
+        "(postgresql://USER@HOST:PORT/DB)"
+    )
     capacity = commands.add_parser(
         "capacity",
         help="count the suite's tests per device count and estimate their cost; runs nothing",
@@ -412,7 +437,10 @@ def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
     )
     merge = actions.add_parser("merge", help=what, description=what.capitalize() + ".")
     merge.add_argument(
-        "sources", nargs="*", metavar="SOURCE", help="an export or a history file to add"
+        "sources",
+        nargs="*",
+        metavar="SOURCE",
+        help="an export, a history file or a PostgreSQL history's URL to add",
     )
     merge.add_argument("--history", help=history_help)
     merge.set_defaults(func=_history_merge)

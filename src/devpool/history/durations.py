@@ -1,4 +1,5 @@
-"""Duration history: every test's outcome and duration per run, in SQLite under .devpool/.
+"""Duration history in SQLite, the default: every test's outcome and duration per run, in a
+file under .devpool/ (the queries are sql.py's, shared with a PostgreSQL history).
 
 Estimates are the p90 (nearest rank) of a test's most recent durations, counting only
 runs that ran the test to its end (passed, failed, flaky): a skip or a timeout says
@@ -25,114 +26,57 @@ shard folds them in before it reads its estimates (it needs no pinned snapshot).
 from __future__ import annotations
 
 import contextlib
-import json
-import math
-import os
 import sqlite3
-import statistics
-import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
 
 from devpool.errors import DevpoolError
 from devpool.folders import made
+from devpool.history.results import (
+    COUNTED_OUTCOMES,
+    EXPORT_FORMAT,
+    HISTORY_SCHEMA,
+    TestResult,
+    p90,
+    results_bound,
+    runner_class,
+    wall_bound,
+    write_export,
+)
+from devpool.history.sql import COLUMNS, CREATE_RESULTS, FIXED_WINDOW, SqlHistory
 
-HISTORY_SCHEMA = 3
-EXPORT_FORMAT = "devpool-history"
-COUNTED_OUTCOMES = ("passed", "failed", "flaky")
+__all__ = [  # what callers imported from here before results.py and sql.py were split off
+    "COUNTED_OUTCOMES",
+    "EXPORT_FORMAT",
+    "FIXED_WINDOW",
+    "HISTORY_SCHEMA",
+    "History",
+    "TestResult",
+    "default_history_path",
+    "p90",
+    "pending_dir",
+    "pending_files",
+    "results_bound",
+    "runner_class",
+    "wall_bound",
+    "write_export",
+    "write_pending",
+]
+
 # PRAGMA application_id: tells a devpool history from any other SQLite file ("dpol").
 _APPLICATION_ID = 0x64706F6C
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-
-_CREATE = """
-CREATE TABLE IF NOT EXISTS results (
-    nodeid TEXT NOT NULL,
-    outcome TEXT NOT NULL,
-    duration REAL NOT NULL,
-    platform TEXT NOT NULL,
-    device_count INTEGER NOT NULL,
-    runner_class TEXT NOT NULL,
-    time REAL NOT NULL,
-    run_id TEXT NOT NULL DEFAULT '',
-    memory_peak INTEGER,
-    cpu_load REAL,
-    UNIQUE (nodeid, run_id, time)
-);
-CREATE INDEX IF NOT EXISTS results_by_test ON results (nodeid, time);
-"""
-_COLUMNS = (
-    "nodeid, outcome, duration, platform, device_count, runner_class, time, run_id, "
-    "memory_peak, cpu_load"
-)
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_CREATE = CREATE_RESULTS.format(table="results", key="")
 # An older file (a read-only merge source) lacks the later columns: unknown, as NULL.
 _COLUMNS_OF = {
-    1: _COLUMNS.replace("memory_peak", "NULL").replace("cpu_load", "NULL"),
-    2: _COLUMNS.replace("cpu_load", "NULL"),
+    1: COLUMNS.replace("memory_peak", "NULL").replace("cpu_load", "NULL"),
+    2: COLUMNS.replace("cpu_load", "NULL"),
 }
-_INSERT = f"INSERT OR IGNORE INTO results ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _MIGRATIONS = {  # from version → next
     1: "ALTER TABLE results ADD COLUMN memory_peak INTEGER",
     2: "ALTER TABLE results ADD COLUMN cpu_load REAL",
 }
-_COUNTED = ", ".join(f"'{name}'" for name in COUNTED_OUTCOMES)
-
-# Each test's counted rows, newest first, numbered per test.
-_RANKED = f"""
-SELECT nodeid, duration, run_id, rowid AS r,
-       ROW_NUMBER() OVER (PARTITION BY nodeid ORDER BY time DESC, rowid DESC) AS rn
-FROM results WHERE outcome IN ({_COUNTED}) {{where}}
-"""
-_LATEST = f"SELECT nodeid, duration FROM ({_RANKED}) WHERE rn <= ?"
-# The same, leaving out each test's latest run (every row of its run id, or its newest row).
-_BEFORE_LATEST = f"""
-WITH ranked AS ({_RANKED}),
-latest AS (SELECT nodeid, run_id, r FROM ranked WHERE rn = 1),
-rest AS (
-    SELECT k.nodeid, k.duration, ROW_NUMBER() OVER (PARTITION BY k.nodeid ORDER BY k.rn) AS n
-    FROM ranked k JOIN latest l ON k.nodeid = l.nodeid
-    WHERE k.r != l.r AND (l.run_id = '' OR k.run_id != l.run_id)
-)
-SELECT nodeid, duration FROM rest WHERE n <= ?
-"""
-
-
-# What a run cost beyond its tests' own time: its wall against the bound its tests' durations
-# give (wall_bound), per platform and pool size. Start-up, collection, the gaps between
-# phases and the exit are in the difference; capacity and shard add its recent median.
-# Written beside `results` by runs that write the history itself (not by shard runs' pending
-# files); a history without the table (an older devpool's) has no fixed costs yet.
-_RUN_COSTS = """
-CREATE TABLE IF NOT EXISTS run_costs (
-    run_id TEXT NOT NULL,
-    platform TEXT NOT NULL,
-    devices INTEGER NOT NULL,
-    tests INTEGER NOT NULL,
-    wall REAL NOT NULL,
-    bound REAL NOT NULL,
-    time REAL NOT NULL
-)
-"""
-FIXED_WINDOW = 5  # runs whose fixed cost is taken, their median
-
-
-def wall_bound(device_seconds: float, cpu_seconds: float, longest: float, devices: int) -> float:
-    """The least wall a suite can take on one runner: its device-seconds (and CPU-seconds)
-    spread over the devices, or its longest test."""
-    slots = max(devices, 1)
-    return max(device_seconds / slots, cpu_seconds / slots, longest)
-
-
-def results_bound(results: Iterable[TestResult], devices: int) -> float:
-    """wall_bound of a run's results."""
-    device = cpu = longest = 0.0
-    for result in results:
-        device += result.duration * result.device_count
-        cpu += result.duration if result.device_count == 0 else 0.0
-        longest = max(longest, result.duration)
-    return wall_bound(device, cpu, longest, devices)
 
 
 def default_history_path(root: Path) -> Path:
@@ -151,59 +95,11 @@ def pending_files(history_path: Path) -> list[Path]:
     return sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
 
 
-def runner_class(platform: str, pool_size: int, environ: Mapping[str, str] = os.environ) -> str:
-    """The runner class a result is filed under: $DEVPOOL_RUNNER_CLASS or '<platform>-<pool>'."""
-    return environ.get("DEVPOOL_RUNNER_CLASS") or f"{platform}-{pool_size}"
-
-
-@dataclass(frozen=True)
-class TestResult:
-    """One test's end in one run, as the history keeps it."""
-
-    __test__ = False  # not a pytest test class, despite the name
-
-    nodeid: str
-    outcome: str
-    duration: float
-    platform: str
-    device_count: int
-    runner_class: str  # e.g. "sim-8", "cuda-8": $DEVPOOL_RUNNER_CLASS or f"{platform}-{pool size}"
-    time: float  # Unix seconds
-    run_id: str = ""
-    memory_peak: int | None = None  # bytes, the most on any one device; None: not watched
-    cpu_load: float | None = None  # cores kept busy or waiting, on average; None: unmeasured
-
-    def row(self) -> tuple[Any, ...]:
-        return (
-            self.nodeid,
-            self.outcome,
-            float(self.duration),
-            self.platform,
-            int(self.device_count),
-            self.runner_class,
-            float(self.time),
-            self.run_id,
-            None if self.memory_peak is None else int(self.memory_peak),
-            None if self.cpu_load is None else float(self.cpu_load),
-        )
-
-
-_FIELDS = {f.name: f.type for f in fields(TestResult)}
-
-
-def p90(durations: Iterable[float]) -> float | None:
-    """The nearest-rank 90th percentile, None for no durations."""
-    ordered = sorted(durations)
-    if not ordered:
-        return None
-    return ordered[max(math.ceil(0.9 * len(ordered)) - 1, 0)]
-
-
-def _p90_by_test(rows: Iterable[tuple[str, float]]) -> dict[str, float]:
-    grouped: dict[str, list[float]] = {}
-    for nodeid, duration in rows:
-        grouped.setdefault(nodeid, []).append(duration)
-    return {nodeid: p90(values) or 0.0 for nodeid, values in grouped.items()}
+def write_pending(history_path: Path, run_id: str, results: Iterable[TestResult]) -> Path:
+    """A shard run's results as a pending per-run file beside the history; returns its path."""
+    path = pending_dir(history_path) / f"{run_id}.jsonl"
+    write_export(path, results)
+    return path
 
 
 def _connect(path: Path, create: bool) -> sqlite3.Connection:
@@ -274,17 +170,18 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
 def _columns_of(conn: sqlite3.Connection) -> str:
     """The SELECT list for this file's schema (an older source lacks later columns)."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
-    return _COLUMNS_OF.get(version, _COLUMNS)
+    return _COLUMNS_OF.get(version, COLUMNS)
 
 
-class History:
-    """The duration history of one project: add results, ask estimates, move it as a file.
+class History(SqlHistory):
+    """The duration history in a SQLite file.
 
     ``read_only``: opened with SQLite's mode=ro, never created, migrated or written (what
     `devpool serve` reads)."""
 
     def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = Path(path)
+        self.where = str(self.path)
         self._conn = _connect(self.path, create=not read_only)
         if not read_only:
             # The newest rows first, without sorting the whole table: what a run's start reads
@@ -293,11 +190,12 @@ class History:
                 self._conn.execute("CREATE INDEX IF NOT EXISTS results_by_time ON results (time)")
         self._select = _columns_of(self._conn)
 
-    def __enter__(self) -> History:
-        return self
+    @property
+    def _errors(self) -> tuple[type[Exception], ...]:
+        return (sqlite3.Error,)
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _unreadable(self, exc: Exception) -> str:
+        return f"{self.path} is not a devpool history ({exc})"
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -309,122 +207,18 @@ class History:
             raise
         self._conn.execute("COMMIT")
 
-    def _query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[str, float]]:
-        try:
-            return [(str(n), float(d)) for n, d in self._conn.execute(sql, params)]
-        except sqlite3.Error as exc:
-            raise DevpoolError(f"{self.path} is not a devpool history ({exc})") from None
+    def _has_run_costs(self) -> bool:
+        sql = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'run_costs'"
+        return bool(self._rows(sql)[0][0])
 
-    def add(self, results: Iterable[TestResult]) -> None:
-        """Append results; a result already recorded (same test, run id and time) is kept once."""
-        try:
-            with self._transaction() as conn:
-                conn.executemany(_INSERT, (result.row() for result in results))
-        except sqlite3.Error as exc:  # locked past the timeout, disk full, read-only file
-            raise DevpoolError(f"cannot add to history {self.path}: {exc}") from None
+    def add_pending(self, run_id: str, results: Iterable[TestResult]) -> str:
+        """A per-run file beside the history (pending_dir)."""
+        return str(write_pending(self.path, run_id, results))
 
-    def estimate(self, nodeid: str, window: int = 20) -> float | None:
-        """p90 of the test's last `window` counted durations; None when it has none."""
-        rows = self._query(_LATEST.format(where="AND nodeid = ?"), (nodeid, window))
-        return p90(d for _, d in rows)
+    def pending_where(self) -> str:
+        return f"pending run files in {pending_dir(self.path)}"
 
-    def estimates(self, window: int = 20) -> dict[str, float]:
-        """estimate() of every test with history, in one query."""
-        return _p90_by_test(self._query(_LATEST.format(where=""), (window,)))
-
-    def previous(self, nodeid: str, window: int = 20) -> float | None:
-        """The estimate as it was before the test's latest run (to see drift); None without one."""
-        rows = self._query(_BEFORE_LATEST.format(where="AND nodeid = ?"), (nodeid, window))
-        return p90(d for _, d in rows)
-
-    def previous_estimates(self, window: int = 20) -> dict[str, float]:
-        """previous() of every test that has one, in one query."""
-        return _p90_by_test(self._query(_BEFORE_LATEST.format(where=""), (window,)))
-
-    def results(self) -> Iterator[TestResult]:
-        """Every stored result, oldest first."""
-        sql = f"SELECT {self._select} FROM results ORDER BY time, rowid"
-        for row in self._conn.execute(sql):
-            yield TestResult(*row)
-
-    def peaks(self, window: int = 20) -> dict[str, tuple[int, int]]:
-        """(results with a peak, highest peak in bytes) of each test's last `window` watched
-        results, any outcome: an overrun's peak is what the test really needs."""
-        if "memory_peak" not in self._select.split(", "):
-            return {}  # a read-only schema 1 copy has no peaks
-        sql = """
-        SELECT nodeid, count(*), max(memory_peak) FROM (
-            SELECT nodeid, memory_peak, ROW_NUMBER() OVER (
-                PARTITION BY nodeid ORDER BY time DESC, rowid DESC) AS rn
-            FROM results WHERE memory_peak IS NOT NULL
-        ) WHERE rn <= ? GROUP BY nodeid
-        """
-        try:
-            rows = self._conn.execute(sql, (window,)).fetchall()
-        except sqlite3.Error as exc:
-            raise DevpoolError(f"{self.path} is not a devpool history ({exc})") from None
-        return {str(n): (int(c), int(p)) for n, c, p in rows}
-
-    def cpu_loads(self, window: int = 20) -> dict[str, float]:
-        """The median CPU load (cores) of each device test's last `window` measured results
-        that ran to their end; tests never measured are absent."""
-        if "cpu_load" not in self._select.split(", "):
-            return {}  # a read-only copy of an older schema measured none
-        sql = f"""
-        SELECT nodeid, cpu_load FROM (
-            SELECT nodeid, cpu_load, ROW_NUMBER() OVER (
-                PARTITION BY nodeid ORDER BY time DESC, rowid DESC) AS rn
-            FROM results WHERE cpu_load IS NOT NULL AND outcome IN ({_COUNTED})
-        ) WHERE rn <= ?
-        """
-        grouped: dict[str, list[float]] = {}
-        try:
-            for nodeid, load in self._conn.execute(sql, (window,)):
-                grouped.setdefault(str(nodeid), []).append(float(load))
-        except sqlite3.Error as exc:
-            raise DevpoolError(f"{self.path} is not a devpool history ({exc})") from None
-        return {nodeid: statistics.median(loads) for nodeid, loads in grouped.items()}
-
-    def recent_outcomes(
-        self, nodeid: str, count: int, newer: Iterable[TestResult] = ()
-    ) -> list[str]:
-        """One test's last `count` outcomes, newest first (uses the per-test index).
-
-        `newer`: results not in this history (a shard run's pending ones), counted first.
-        """
-        ahead = sorted((r for r in newer if r.nodeid == nodeid), key=lambda r: -r.time)
-        sql = "SELECT outcome FROM results WHERE nodeid = ? ORDER BY time DESC, rowid DESC LIMIT ?"
-        stored = [row[0] for row in self._conn.execute(sql, (nodeid, count))]
-        return ([r.outcome for r in ahead] + stored)[:count]
-
-    def export(self, out: Path) -> int:
-        """Write every result as JSON lines after a header line; returns the rows written."""
-        return write_export(out, list(self.results()))
-
-    def merge(self, source: Path) -> int:
-        """Add the results of an export or another history file; returns the rows that were new."""
-        source = Path(source)
-        try:
-            with open(source, "rb") as file:
-                magic = file.read(len(_SQLITE_MAGIC))
-        except OSError as exc:
-            raise DevpoolError(f"cannot read {source}: {exc.strerror or exc}") from None
-        if magic == _SQLITE_MAGIC:
-            other = _connect(source, create=False)
-            try:
-                select = f"SELECT {_columns_of(other)} FROM results"
-                results = [TestResult(*row) for row in other.execute(select)]
-            except sqlite3.Error as exc:
-                raise DevpoolError(f"{source} is not a devpool history ({exc})") from None
-            finally:
-                other.close()
-        else:
-            results = list(_read_export(source))
-        before = self._conn.total_changes
-        self.add(results)
-        return self._conn.total_changes - before
-
-    def merge_pending(self) -> tuple[int, list[Path]]:
+    def merge_pending(self) -> tuple[int, Sequence[Path]]:
         """Fold in every pending per-run file, removing each once added: (new rows, files)."""
         added, merged = 0, []
         for path in pending_files(self.path):
@@ -434,142 +228,11 @@ class History:
             merged.append(path)
         return added, merged
 
-    def add_run_cost(
-        self, run_id: str, platform: str, devices: int, tests: int, wall: float, bound: float
-    ) -> None:
-        """What this run of `tests` tests took against their bound (see _RUN_COSTS)."""
-        with self._transaction() as conn:
-            conn.execute(_RUN_COSTS)
-            conn.execute(
-                "INSERT INTO run_costs VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (run_id, platform, devices, tests, wall, bound, time.time()),
-            )
-
-    def fixed_cost(self, platform: str, devices: int, tests: int) -> tuple[float, int]:
-        """The median of wall - bound over the latest runs on this platform and pool size of
-        about as many tests (half to twice: a single-test run's start-up says little of a
-        suite's), and how many runs it is of: (0.0, 0) when none was recorded."""
-        try:
-            rows = self._conn.execute(
-                "SELECT wall - bound FROM run_costs WHERE platform = ? AND devices = ? "
-                "AND tests * 2 >= ? AND tests <= ? * 2 ORDER BY time DESC LIMIT ?",
-                (platform, devices, tests, tests, FIXED_WINDOW),
-            ).fetchall()
-        except sqlite3.OperationalError:
-            return 0.0, 0  # no such table: an older devpool wrote this history
-        costs = sorted(max(0.0, float(r[0])) for r in rows)
-        if not costs:
-            return 0.0, 0
-        return statistics.median(costs), len(costs)
-
     def close(self) -> None:
         self._conn.close()
 
 
-def write_export(out: Path, rows: Iterable[TestResult]) -> int:
-    """Results as an export file (header line, then one JSON object a row); returns the rows.
-
-    Written to a temporary name and renamed, so a reader never sees half a file.
-    """
-    rows = list(rows)
-    header = {"format": EXPORT_FORMAT, "schema": HISTORY_SCHEMA, "rows": len(rows)}
-    partial = out.with_name(f".{out.name}.{os.getpid()}.part")
-    try:
-        made(out.parent)
-        with open(partial, "w", encoding="utf-8") as file:
-            file.write(json.dumps(header) + "\n")
-            for result in rows:
-                file.write(json.dumps(asdict(result), ensure_ascii=False) + "\n")
-        os.replace(partial, out)
-    except OSError as exc:
-        partial.unlink(missing_ok=True)
-        raise DevpoolError(f"cannot write history export {out}: {exc.strerror or exc}") from None
-    return len(rows)
-
-
-def write_pending(history_path: Path, run_id: str, results: Iterable[TestResult]) -> Path:
-    """A shard run's results as a pending per-run file beside the history; returns its path."""
-    path = pending_dir(history_path) / f"{run_id}.jsonl"
-    write_export(path, results)
-    return path
-
-
-def _read_export(source: Path) -> Iterator[TestResult]:
-    try:
-        text = source.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DevpoolError(f"cannot read {source} as a history export: {exc}") from None
-    lines = text.splitlines()
-    header = _json_object(lines[0]) if lines else None
-    if header is None or header.get("format") != EXPORT_FORMAT:
-        raise DevpoolError(
-            f"{source} is not a devpool history export (its first line is no "
-            f'{{"format": "{EXPORT_FORMAT}", ...}} header)'
-        )
-    schema = header.get("schema")
-    if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
-        raise DevpoolError(f"{source} is not a devpool history export (schema {schema!r})")
-    if schema > HISTORY_SCHEMA:
-        raise DevpoolError(
-            f"{source} was written by a newer devpool (schema {schema}); "
-            f"this one reads {HISTORY_SCHEMA}"
-        )
-    for number, line in enumerate(lines[1:], 2):
-        if not line.strip():
-            continue
-        result = _result(_json_object(line))
-        if result is None:
-            raise DevpoolError(
-                f"{source} line {number} is not a devpool history row "
-                f"(expected an object with {', '.join(_FIELDS)})"
-            )
-        yield result
-
-
-def _json_object(line: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _result(row: dict[str, Any] | None) -> TestResult | None:
-    if row is None:
-        return None
-    try:
-        nodeid, outcome, platform, runner, run_id = (
-            row["nodeid"],
-            row["outcome"],
-            row["platform"],
-            row["runner_class"],
-            row.get("run_id", ""),
-        )
-        duration, when, count = row["duration"], row["time"], row["device_count"]
-        peak = row.get("memory_peak")  # absent in schema 1 exports
-        load = row.get("cpu_load")  # absent before schema 3
-    except KeyError:
-        return None
-    texts_ok = all(isinstance(v, str) for v in (nodeid, outcome, platform, runner, run_id))
-    numbers_ok = all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in (duration, when)
-    )
-    count_ok = isinstance(count, int) and not isinstance(count, bool) and count >= 0
-    peak_ok = peak is None or (isinstance(peak, int) and not isinstance(peak, bool) and peak >= 0)
-    load_ok = load is None or (
-        isinstance(load, (int, float)) and not isinstance(load, bool) and load >= 0
-    )
-    if not (texts_ok and numbers_ok and count_ok and peak_ok and load_ok) or duration < 0:
-        return None
-    return TestResult(
-        nodeid,
-        outcome,
-        float(duration),
-        platform,
-        count,
-        runner,
-        float(when),
-        run_id,
-        peak,
-        None if load is None else float(load),
-    )
+def read_sqlite(source: Path) -> list[TestResult]:
+    """Every result of another history file (any schema this devpool reads)."""
+    with History(source, read_only=True) as other:
+        return list(other.results())

@@ -26,25 +26,26 @@ def check_url(url: str, option: str = "--devpool-queue") -> str:
     if scheme not in SCHEMES:
         raise DevpoolError(
             f"{option} must be a PostgreSQL URL (postgresql://USER@HOST:PORT/DB), "
-            f"got {scheme + '://' if scheme else 'no scheme in'} {_shown(url)!r}"
+            f"got {scheme + '://' if scheme else 'no scheme in'} {shown(url)!r}"
         )
     return url
 
 
-def _shown(url: str) -> str:
+def shown(url: str) -> str:
+    """The URL with its password hidden, for sentences."""
     parts = urlsplit(url)
     if parts.password:
         return url.replace(f":{parts.password}@", ":***@", 1)
     return url
 
 
-def driver() -> Any:
+def driver(option: str = "--devpool-queue") -> Any:
     """psycopg 3, or one sentence naming the extra that brings it."""
     try:
         import psycopg
     except ImportError:
         raise DevpoolError(
-            "--devpool-queue needs psycopg 3, which the [queue] extra installs: "
+            f"{option} needs psycopg 3, which the [queue] extra installs: "
             "pip install 'devpool[queue]'"
         ) from None
     return psycopg
@@ -53,7 +54,7 @@ def driver() -> Any:
 def connect(url: str, option: str = "--devpool-queue") -> psycopg.Connection[Any]:
     """An autocommit connection to the queue's database, or one sentence saying why not."""
     check_url(url, option)
-    module = driver()
+    module = driver(option)
     try:
         connection: psycopg.Connection[Any] = module.connect(
             url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
@@ -61,7 +62,7 @@ def connect(url: str, option: str = "--devpool-queue") -> psycopg.Connection[Any
     except module.OperationalError as exc:
         raise DevpoolError(failure_sentence(url, str(exc), option)) from None
     except module.ProgrammingError as exc:  # a URL psycopg cannot parse
-        raise DevpoolError(f"{option} {_shown(url)!r} is no valid PostgreSQL URL: {exc}") from None
+        raise DevpoolError(f"{option} {shown(url)!r} is no valid PostgreSQL URL: {exc}") from None
     return connection
 
 

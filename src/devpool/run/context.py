@@ -16,6 +16,7 @@ from devpool.devices.inventory import Inventory
 from devpool.devices.lockdir import LockDir
 from devpool.devices.probes import FatalPatterns, Probe
 from devpool.history.durations import TestResult
+from devpool.history.place import HistorySpec
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
 from devpool.report.junit import Attempt as JunitAttempt
@@ -30,7 +31,8 @@ class RunContext(Protocol):
     run_id: str
     host: str
     run_dir: Path
-    history_path: Path
+    history_path: HistorySpec  # a file, or a PostgreSQL URL
+    preload_file: Path  # what each kind's templates import first (history/preload.py)
     log_dir: Path
     artifacts_dir: Path
     items: dict[str, pytest.Item]

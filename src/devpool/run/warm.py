@@ -181,7 +181,7 @@ def templates_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
     """A fork server template's environment: its workers', and no device runtime started;
     where earlier runs' workers imported modules, the file that lists them (preload.py)."""
     env = device_env(ctx, devices)
-    listed = preload.preload_path(ctx.history_path)
+    listed = ctx.preload_file
     if ctx.settings.preload and listed.is_file():
         env[preload.PRELOAD_ENV] = str(listed)
     if ctx.inventory.platform.kind == "cuda":

@@ -10,12 +10,13 @@ from typing import Any
 
 from devpool.capacity.report import CollectedTest, report
 from devpool.errors import DevpoolError
-from devpool.history.durations import History, TestResult
+from devpool.history.durations import TestResult
+from devpool.history.place import HistorySpec, open_history
 from devpool.history.quarantine import Entry, entries_from_file, entries_from_table
 
 
-def _results(path: Path) -> list[TestResult]:
-    with History(path, read_only=True) as history:
+def _results(path: HistorySpec) -> list[TestResult]:
+    with open_history(path, read_only=True) as history:
         return list(history.results())
 
 
@@ -59,7 +60,7 @@ def capacity_rows(path: Path) -> list[dict[str, Any]]:
     latest: dict[tuple[str, str], TestResult] = {}
     for result in _results(path):
         latest[(result.platform, result.nodeid)] = result
-    with History(path, read_only=True) as history:
+    with open_history(path, read_only=True) as history:
         estimates = history.estimates()
     by_platform: dict[str, list[CollectedTest]] = defaultdict(list)
     pools: dict[str, int] = {}

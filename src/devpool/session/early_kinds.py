@@ -9,10 +9,12 @@ modules is replaced (run/pool.py), and a kind no test needs is closed.
 from __future__ import annotations
 
 import os
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from devpool.errors import DevpoolError
+from devpool.history.place import HistorySpec, history_found, open_history
 
 RECENT = 5000  # history rows read, the newest: enough to see the kinds of the latest runs
 
@@ -27,22 +29,22 @@ class EarlyKind:
 
 
 def early_kinds(
-    history: Path, platform: str, devices: int, rootpath: Path, args: Sequence[str], cwd: Path
+    history: HistorySpec,
+    platform: str,
+    devices: int,
+    rootpath: Path,
+    args: Sequence[str],
+    cwd: Path,
 ) -> list[EarlyKind]:
     """Kinds (CPU-only: size 0) the history's latest results of the selected paths needed,
     in the order the scheduler will start them (biggest single test first); [] when the
     history knows none of them."""
-    if not history.is_file():
+    if not history_found(history):
         return []
     try:
-        uri = history.resolve().as_uri() + "?mode=ro"
-        with sqlite3.connect(uri, uri=True, timeout=1.0) as conn:
-            rows = conn.execute(
-                "SELECT nodeid, device_count, duration FROM results WHERE platform = ? "
-                "ORDER BY time DESC LIMIT ?",
-                (platform, RECENT),
-            ).fetchall()
-    except sqlite3.Error:
+        with open_history(history, read_only=True) as opened:
+            rows = opened.recent(platform, RECENT)
+    except DevpoolError:
         return []  # an old or foreign file: the run says so itself when it reads it
     prefixes = _selected(args, cwd, rootpath)
     files: dict[int, set[str]] = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -17,14 +16,10 @@ import pytest
 from devpool.config import Settings
 from devpool.devices.inventory import Platform
 from devpool.errors import DevpoolError
-from devpool.history.durations import (
-    History,
-    TestResult,
-    pending_files,
-    results_bound,
-    write_pending,
-)
+from devpool.history.durations import TestResult, results_bound
+from devpool.history.place import HistorySpec, add_pending, history_found, open_history
 from devpool.history.quarantine import Entry, Quarantine, entries_from_file, entries_from_table
+from devpool.history.sql import SqlHistory
 from devpool.outcomes import Outcome
 
 RELEASE_AFTER = 5  # passes in a row after which a quarantined test is ready to release
@@ -38,22 +33,26 @@ class Estimates(NamedTuple):
 
 
 def read_estimates(
-    history_path: Path, shard: tuple[int, int] | None, notes: list[str]
+    history_path: HistorySpec,
+    shard: tuple[int, int] | None,
+    notes: list[str],
+    platform: str | None = None,
 ) -> Estimates:
-    """p90 durations and median CPU loads of earlier runs; a damaged history is a warning,
-    not a failed run.
+    """p90 durations and median CPU loads of earlier runs, those measured on `platform`
+    first; a damaged history is a warning, not a failed run.
 
-    Pending per-run files of shard runs are never read as estimates: a run that is
-    not a shard folds them into the history first; a shard splits from the history alone.
+    Pending results of shard runs are never read as estimates: a run that is not a shard
+    folds them into the history first; a shard splits from the history alone.
     """
-    fold = shard is None and bool(pending_files(history_path))
-    if not history_path.exists() and not fold:
+    if not history_found(history_path, pending=shard is None):
         return Estimates({}, {})
     try:
-        with History(history_path) as history:
-            if fold:
+        with open_history(history_path, read_only=shard is not None) as history:
+            if shard is None:
                 history.merge_pending()
-            return Estimates(history.estimates(), history.cpu_loads())
+            return Estimates(
+                history.estimates(platform=platform), history.cpu_loads(platform=platform)
+            )
     except DevpoolError as exc:
         notes.append(f"duration history not used: {exc}")
         return Estimates({}, {})
@@ -91,7 +90,7 @@ def match_quarantine(
 
 
 def write_results(
-    history_path: Path,
+    history_path: HistorySpec,
     results: list[TestResult],
     shard: tuple[int, int] | None,
     run_id: str,
@@ -99,7 +98,7 @@ def write_results(
     notes: list[str],
     cost: tuple[str, int, float] | None = None,
 ) -> list[str]:
-    """Add this run's durations to the history; a shard run writes a pending file instead.
+    """Add this run's durations to the history; a shard run's wait as pending results.
     The quarantined tests now ready to release.
 
     The other shards of a CI run split from the history as it was: a shard that
@@ -110,7 +109,7 @@ def write_results(
         return releasable
     try:
         if shard is None:
-            with History(history_path) as history:
+            with open_history(history_path) as history:
                 history.add(results)
                 if cost is not None:  # (platform, devices, wall): for capacity's fixed cost
                     platform, devices, wall = cost
@@ -119,11 +118,11 @@ def write_results(
                     history.add_run_cost(run_id, platform, devices, tests, wall, bound)
                 releasable = _ready_to_release(history, results, quarantined)
             return releasable
-        write_pending(history_path, run_id, results)
+        add_pending(history_path, run_id, results)
         names = sorted({r.nodeid for r in results if r.nodeid in quarantined})
-        if names and history_path.exists():
+        if names and history_found(history_path):
             passed = [Outcome.PASSED.value] * RELEASE_AFTER
-            with History(history_path) as history:
+            with open_history(history_path, read_only=True) as history:
                 releasable = [
                     n for n in names if history.recent_outcomes(n, RELEASE_AFTER, results) == passed
                 ]
@@ -133,7 +132,7 @@ def write_results(
 
 
 def _ready_to_release(
-    history: History, results: list[TestResult], quarantined: dict[str, Entry]
+    history: SqlHistory, results: list[TestResult], quarantined: dict[str, Entry]
 ) -> list[str]:
     """Quarantined tests that passed the last RELEASE_AFTER times they ran."""
     names = sorted({r.nodeid for r in results if r.nodeid in quarantined})

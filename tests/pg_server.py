@@ -1,4 +1,5 @@
-"""A throwaway PostgreSQL server for the queue's tests: its own folder, 127.0.0.1, a free port.
+"""A throwaway PostgreSQL server for the tests of the queue and of the fleet history (the
+`postgres` fixture, tests/conftest.py): its own folder, 127.0.0.1, a free port.
 
 initdb refuses root, so as root the server runs as the unprivileged `postgres` user. Only
 the server started here is stopped (pg_ctl stop on its own data folder)."""

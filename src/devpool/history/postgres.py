@@ -1,0 +1,124 @@
+"""Duration history in PostgreSQL: one fleet's history, shared by every runner that names it
+(`--devpool-history=postgresql://…`), so a new runner starts with the fleet's figures.
+
+Its tables live in their own schema, `devpool_history`, beside whatever else the database
+holds (the shared queue's tables): `results` and `run_costs` as in a SQLite history (the
+queries are sql.py's), `pending` for shard runs' results until they are folded in (estimates
+never read it; a file history keeps them in per-run files), and `meta` with the schema
+version. The first runner to open an empty database makes them, under an advisory lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from devpool.errors import DevpoolError
+from devpool.history.results import HISTORY_SCHEMA, TestResult
+from devpool.history.sql import COLUMNS, CREATE_RESULTS, CREATE_RUN_COSTS, SqlHistory
+from devpool.queue.connect import connect, driver, shown
+
+SCHEMA = "devpool_history"
+_LOCK = 0x64706F6C68  # pg_advisory_xact_lock key: two runners making the tables at once
+_KEY = "rowid BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n    "
+_CREATE = f"""
+CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+SET search_path TO {SCHEMA};
+{CREATE_RESULTS.format(table="results", key=_KEY)}
+{CREATE_RESULTS.format(table="pending", key=_KEY)}
+CREATE INDEX IF NOT EXISTS results_by_time ON results (time);
+CREATE INDEX IF NOT EXISTS pending_by_run ON pending (run_id);
+{CREATE_RUN_COSTS};
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema', '{HISTORY_SCHEMA}') ON CONFLICT DO NOTHING;
+"""
+# Pending rows of the runs named move to results in one statement: a run folded in twice
+# (two runners at once) adds its rows once.
+_FOLD = f"""
+WITH moved AS (DELETE FROM pending WHERE run_id = ANY(%s) RETURNING {COLUMNS})
+INSERT INTO results ({COLUMNS}) SELECT {COLUMNS} FROM moved ON CONFLICT DO NOTHING
+"""
+
+
+class PostgresHistory(SqlHistory):
+    """The duration history in a PostgreSQL database (a postgresql:// URL).
+
+    ``read_only``: its tables are never made; a database without them is refused."""
+
+    def __init__(self, url: str, read_only: bool = False, option: str = "--devpool-history"):
+        self.url = url
+        self.where = shown(url)
+        self._psycopg = driver(option)
+        self._conn = connect(url, option)
+        try:
+            if not read_only:
+                with self._transaction() as conn:
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+                    conn.execute(_CREATE)
+            self._conn.execute(f"SET search_path TO {SCHEMA}")
+            found = self._conn.execute(f"SELECT to_regclass('{SCHEMA}.meta')").fetchone()
+            if found is None or found[0] is None:
+                raise DevpoolError(f"{option} {self.where} holds no devpool history yet")
+            row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        except self._psycopg.Error as exc:
+            self._conn.close()
+            said = _said(exc)
+            raise DevpoolError(f"{option}: cannot open the history {self.where}: {said}") from None
+        except DevpoolError:
+            self._conn.close()
+            raise
+        version = int(row[0]) if row is not None else 0
+        if version > HISTORY_SCHEMA:
+            self._conn.close()
+            raise DevpoolError(
+                f"history {self.where} was written by a newer devpool (schema {version}); "
+                f"this one reads {HISTORY_SCHEMA}"
+            )
+
+    @property
+    def _errors(self) -> tuple[type[Exception], ...]:
+        return (self._psycopg.Error,)
+
+    def _unreadable(self, exc: Exception) -> str:
+        return f"cannot read history {self.where}: {_said(exc)}"
+
+    def _dialect(self, sql: str) -> str:
+        return sql.replace("?", "%s")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        with self._conn.transaction():
+            yield self._conn
+
+    def _has_run_costs(self) -> bool:
+        return True  # made with the other tables
+
+    def add_pending(self, run_id: str, results: Iterable[TestResult]) -> str:
+        """Rows of the `pending` table under the run's id."""
+        self._insert("pending", results)
+        return f"{self.where} (pending run {run_id})"
+
+    def pending_where(self) -> str:
+        return f"pending runs in {self.where}"
+
+    def merge_pending(self) -> tuple[int, Sequence[str]]:
+        """Move every pending run's rows into results: (new rows, the runs' ids)."""
+        runs = [str(r[0]) for r in self._rows("SELECT DISTINCT run_id FROM pending ORDER BY 1")]
+        if not runs:
+            return 0, []
+        try:
+            with self._transaction() as conn:
+                added = conn.execute(_FOLD, (runs,)).rowcount
+        except self._psycopg.Error as exc:
+            raise DevpoolError(f"cannot add to history {self.where}: {exc}") from None
+        return max(int(added), 0), runs
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _said(exc: Exception) -> str:
+    """The first line of what the server said (psycopg adds context lines)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
