@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
+from history_rows import T0, result
 
 from devpool.errors import DevpoolError
 from devpool.history.durations import (
     HISTORY_SCHEMA,
     History,
-    TestResult,
     default_history_path,
     p90,
     pending_dir,
@@ -21,19 +21,6 @@ from devpool.history.durations import (
     runner_class,
     write_pending,
 )
-
-T0 = 1_700_000_000.0
-
-
-def result(nodeid: str, duration: float, at: float, run_id: str = "", **kw: object) -> TestResult:
-    fields: dict[str, object] = {
-        "outcome": "passed",
-        "platform": "sim",
-        "device_count": 1,
-        "runner_class": "sim-8",
-    }
-    fields.update(kw)
-    return TestResult(nodeid, duration=duration, time=at, run_id=run_id, **fields)  # type: ignore[arg-type]
 
 
 @pytest.fixture

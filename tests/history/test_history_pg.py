@@ -15,29 +15,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from history_rows import T0, result
 
 from devpool.cli import main
 from devpool.errors import DevpoolError
-from devpool.history.durations import History, TestResult
+from devpool.history.durations import History
 from devpool.history.place import HistoryUrl, open_history
 from devpool.history.postgres import PostgresHistory
 from devpool.history.sql import SqlHistory
 from pg_server import Server
 
-T0 = 1_700_000_000.0
 DEVPOOL = "import sys; from devpool.cli import main; sys.exit(main(sys.argv[1:]))"
 FAST = ("-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:hypothesispytest")
-
-
-def result(nodeid: str, duration: float, at: float, run_id: str = "", **kw: object) -> TestResult:
-    fields: dict[str, object] = {
-        "outcome": "passed",
-        "platform": "sim",
-        "device_count": 1,
-        "runner_class": "sim-8",
-    }
-    fields.update(kw)
-    return TestResult(nodeid, duration=duration, time=at, run_id=run_id, **fields)  # type: ignore[arg-type]
 
 
 @pytest.fixture
