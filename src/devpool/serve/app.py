@@ -35,6 +35,7 @@ from starlette.routing import Route
 
 from devpool.serve import cluster, pages, views
 from devpool.serve.hosts import names_loopback
+from devpool.serve.queue_view import QueueWatch
 
 COOKIE = "devpool_serve_token"
 POLL_SECONDS = 0.5  # how often /events looks at the files' mtimes
@@ -57,6 +58,7 @@ class Sources:
     projects: list[views.Project]
     ray_addresses: list[str] = field(default_factory=list)  # --ray-address
     ray: cluster.RayWatch = field(default_factory=cluster.RayWatch)
+    queue: QueueWatch | None = None  # --devpool-queue
     index: views.RunIndex = field(init=False)
 
     def __post_init__(self) -> None:
@@ -100,7 +102,14 @@ class Sources:
             "recent": views.runs_view(summaries, live=False),
             "tests": self.tests(),
             "ray": cluster.ray_view(clusters, answers, live_runs["runs"]),
+            "queue": self.queue_view(),
         }
+
+    def queue_view(self) -> dict[str, Any]:
+        """The shared queue's runs (queue_view.py); none without --devpool-queue."""
+        if self.queue is None:
+            return {"schema": views.SCHEMA, "database": None, "run": None, "runs": []}
+        return self.queue.view()
 
     def clusters(self, live: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
         """The Ray clusters to show: --ray-address, the projects' tables, live runs'."""
@@ -169,8 +178,9 @@ class Sources:
         held = tuple((s.platform, s.device, s.held, s.holder, s.shares) for s in states)
         with self._lock:
             live = views.runs_view(self.index.summaries(), live=True)["runs"]
-        # Ray's answers come in the background: a node or actor that moved is a change too.
-        return (held, self.ray.signature(a for a, _ in self.clusters(live)))
+        # Ray's and the queue's answers come in the background: what moved there is a change.
+        queue = self.queue.signature() if self.queue is not None else ()
+        return (held, self.ray.signature(a for a, _ in self.clusters(live)), queue)
 
 
 def _mtime(path: Path) -> tuple[int, int] | None:
@@ -238,9 +248,10 @@ def build_app(
     folders: Sequence[Path],
     token: str | None = None,
     ray_addresses: Sequence[str] = (),
+    queue: QueueWatch | None = None,
 ) -> Starlette:
-    """The app over one lock folder, the given .devpool folders and Ray clusters."""
-    sources = Sources(lock_dir, views.projects_of(folders), list(ray_addresses))
+    """The app over one lock folder, the given .devpool folders, Ray clusters and queue."""
+    sources = Sources(lock_dir, views.projects_of(folders), list(ray_addresses), queue=queue)
 
     def partial(request: Request) -> bool:
         return request.headers.get("x-devpool-partial") == "1"
@@ -321,7 +332,7 @@ def build_app(
     routes = [
         Route("/", home),
         Route("/api/v1/overview", api("overview")),
-        *(Route(f"/api/v1/{n}", api(n)) for n in ("devices", "waiting", "tests", "ray")),
+        *(Route(f"/api/v1/{n}", api(n)) for n in ("devices", "waiting", "tests", "ray", "queue")),
         Route("/api/v1/runs/live", api("live")),
         Route("/api/v1/runs/recent", api("recent")),
         Route("/api/v1/runs/{project}/{run}", run_json),
@@ -338,6 +349,8 @@ def build_app(
         warming = threading.Thread(target=sources.overview, name="devpool-serve-warm", daemon=True)
         warming.start()
         yield
+        if queue is not None:
+            queue.close()
 
     return Starlette(
         routes=routes, middleware=[Middleware(TokenCheck, token=token)], lifespan=lifespan

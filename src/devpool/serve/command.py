@@ -13,6 +13,7 @@ from devpool.errors import DevpoolError
 from devpool.serve.hosts import is_loopback
 
 DEFAULT_PORT = 8470
+NEWEST_RUNS = 5  # serve/queue_view.py NEWEST, named here without importing psycopg
 TOKEN_ENV = "DEVPOOL_SERVE_TOKEN"
 
 
@@ -44,7 +45,8 @@ def _serve(args: argparse.Namespace) -> int:
     for folder in folders:
         if folder.exists() and not folder.is_dir():
             raise DevpoolError(f"{folder} is not a .devpool folder")
-    app = build_app(lock_dir, folders, token, args.ray_address)
+    queue = _queue_watch(args.queue, args.queue_run)
+    app = build_app(lock_dir, folders, token, args.ray_address, queue)
     listening = _listen(args.host, args.port)  # before the banner: a taken port says so
     where = f"http://{args.host}:{listening.getsockname()[1]}/"
     print(f"devpool serve: {where} (lock folder {lock_dir}; read only)", flush=True)
@@ -52,6 +54,28 @@ def _serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=1)
     uvicorn.Server(config).run(sockets=[listening])
     return 0
+
+
+def _queue_watch(url: str | None, run_id: str | None) -> Any:
+    """The queue to show, its URL checked now: one not PostgreSQL's, one psycopg cannot
+    parse, or no psycopg, is one sentence at start; a database that does not answer is a
+    line on the page (it may come back)."""
+    if url is None:
+        if run_id is not None:
+            raise DevpoolError("--devpool-queue-run names a run of --devpool-queue=URL: give both")
+        return None
+    from devpool.queue.connect import check_url, driver, where
+    from devpool.serve.queue_view import QueueWatch
+
+    check_url(url)
+    psycopg = driver()
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise DevpoolError(
+            f"--devpool-queue for {where(url)} is no valid PostgreSQL URL: {exc}"
+        ) from None
+    return QueueWatch(url, run_id or None)
 
 
 def _named_folder(path: Path, option: str, what: str) -> None:
@@ -118,6 +142,19 @@ def add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
         help="also show this Ray cluster: its dashboard URL (http://head:8265, read without "
         "loading Ray), a GCS address or auto; repeatable. Projects with backend = ray and "
         "live ray-backed runs show theirs anyway",
+    )
+    serve.add_argument(
+        "--devpool-queue",
+        dest="queue",
+        metavar="URL",
+        help="also show the runs of this shared queue (PostgreSQL URL, as for devpool queue "
+        "status): their jobs and what is still queued",
+    )
+    serve.add_argument(
+        "--devpool-queue-run",
+        dest="queue_run",
+        metavar="ID",
+        help=f"show this run of --devpool-queue (default: its newest {NEWEST_RUNS} runs)",
     )
     serve.add_argument(
         "folders",

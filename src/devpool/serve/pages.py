@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from devpool.devices.sizes import format_size
 from devpool.report.htmltext import breakable, escape
+from devpool.serve.queue_page import queue_section
 
 # Held is the normal state of a busy host: a calm blue, not an alarm red (red is for failures).
 STATE_COLORS = {"free": "#2e7d32", "held": "#1565c0", "shared": "#6a1b9a"}
@@ -113,7 +114,7 @@ def document(title: str, body: str, *, live: bool = True) -> str:
 
 
 def overview(data: Mapping[str, Any], now: float | None = None) -> str:
-    """The host page's content: devices, waiting, live runs, recent runs, tests."""
+    """The host page's content: devices, waiting, live runs, Ray, queue, recent, tests."""
     now = now or time.time()
     runs = {r["run"]: r for r in [*data["live"]["runs"], *data["recent"]["runs"]]}
     return "".join(
@@ -122,6 +123,7 @@ def overview(data: Mapping[str, Any], now: float | None = None) -> str:
             waiting_section(data["waiting"], runs, now),
             live_section(data["live"], now, {w["run"]: w for w in data["waiting"]["waiting"]}),
             ray_section(data["ray"], now),
+            queue_section(data.get("queue"), now),
             recent_section(data["recent"]),
             tests_section(data["tests"]),
         ]
