@@ -267,3 +267,18 @@ def test_a_chain_is_claimed_whole_by_the_job_that_takes_its_first_test(
     assert store.report_many(second, [(steps[0], "passed", False, {})]) == []
     assert store.leave(second) == 2
     assert [c.test_id for c in store.claim(first, 0, 0.5)] == ["t.py::step1"]
+
+
+def test_a_shuffled_collection_joins_a_chain_that_differs_does_not(
+    postgres: Server, store: QueueStore
+) -> None:
+    store.publish(suite(), "host-a")
+    other = QueueStore(postgres.url, store.run_id)
+    try:  # pytest-randomly orders each job's collection its own way: the same tests
+        assert other.publish(list(reversed(suite())), "host-b") is False
+        chained = [QueuedTest(t.test_id, t.devices, t.request, t.estimate, "t.py::cpu_a")
+                   for t in suite()]  # fmt: skip
+        with pytest.raises(DevpoolError, match="other pytest-order or pytest-dependency chains"):
+            other.publish(chained, "host-c")
+    finally:
+        other.close()

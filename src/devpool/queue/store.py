@@ -165,8 +165,10 @@ class TestRow:
 
 
 def fingerprint(tests: Sequence[QueuedTest]) -> str:
-    """What every job of a run must have collected alike: ids and device counts, in order."""
-    text = "\n".join(f"{t.test_id}\t{t.devices}" for t in tests)
+    """What every job of a run must have collected alike: ids, device counts and chains, in
+    any order (pytest-randomly shuffles each job's own way; the first job's order is the
+    run's)."""
+    text = "\n".join(sorted(f"{t.test_id}\t{t.devices}\t{t.chain}" for t in tests))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -193,7 +195,7 @@ def difference(
             named = ", ".join(ids[:SHOWN]) + (", …" if len(ids) > SHOWN else "")
             parts.append(what.format(counted(len(ids), "test")) + f" ({named})")
     if not parts:
-        parts.append("collected the same tests in another order")
+        parts.append("ties its tests into other pytest-order or pytest-dependency chains")
     return (
         f"this job's collection differs from queue run {run_id!r} as {by} published it: it "
         + "; ".join(parts)
