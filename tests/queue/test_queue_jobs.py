@@ -225,6 +225,18 @@ def test_a_killed_jobs_claims_go_to_another(postgres: Server, project: Path) -> 
     )
     # its exit code is the verdict of what it ran: test_one[3] fails wherever it runs
     assert survivor.returncode == (1 if "survivor" in runs["one3"] else 0), output
+    # one verdict: every test once in the merged JUnit, the lost job's included
+    junit = project / "junit.xml"
+    verdict = subprocess.run(
+        [sys.executable, "-c", DEVPOOL, "queue", "report", f"--devpool-queue={postgres.url}",
+         f"--devpool-queue-run={run}", f"--junitxml={junit}", "--wait=30"],
+        cwd=project, env=job_env("report"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert verdict.returncode == 1, verdict.stdout + verdict.stderr  # test_one[3] failed
+    cases = [(c.get("name"), c) for c in ET.parse(junit).getroot().iter("testcase")]
+    assert [name for name, _ in cases] == [t.split("::")[1] for t in rows]
+    (lost,) = [c for name, c in cases if name == f"test_cpu[{blocked[3:]}]"]
+    assert lost.find("failure") is None and lost.find("error") is None
 
 
 def test_differing_collection_and_missing_run_id(postgres: Server, project: Path) -> None:
