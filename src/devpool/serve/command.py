@@ -11,9 +11,9 @@ from typing import Any
 
 from devpool.errors import DevpoolError
 from devpool.serve.hosts import is_loopback
+from devpool.serve.queue_view import NEWEST, QueueWatch
 
 DEFAULT_PORT = 8470
-NEWEST_RUNS = 5  # serve/queue_view.py NEWEST, named here without importing psycopg
 TOKEN_ENV = "DEVPOOL_SERVE_TOKEN"
 
 
@@ -56,7 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _queue_watch(url: str | None, run_id: str | None) -> Any:
+def _queue_watch(url: str | None, run_id: str | None) -> QueueWatch | None:
     """The queue to show, its URL checked now: one not PostgreSQL's, one psycopg cannot
     parse, or no psycopg, is one sentence at start; a database that does not answer is a
     line on the page (it may come back)."""
@@ -64,18 +64,16 @@ def _queue_watch(url: str | None, run_id: str | None) -> Any:
         if run_id is not None:
             raise DevpoolError("--devpool-queue-run names a run of --devpool-queue=URL: give both")
         return None
-    from devpool.queue.connect import check_url, driver, where
-    from devpool.serve.queue_view import QueueWatch
+    from devpool.queue.connect import check_url, driver
 
-    check_url(url)
     psycopg = driver()
     try:
+        check_url(url)
         psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        raise DevpoolError(
-            f"--devpool-queue for {where(url)} is no valid PostgreSQL URL: {exc}"
-        ) from None
-    return QueueWatch(url, run_id or None)
+        return QueueWatch(url, run_id or None)  # names the database as host:port
+    except (ValueError, psycopg.ProgrammingError) as exc:
+        said = str(exc).strip().replace(url, "the URL")  # which may hold a password
+        raise DevpoolError(f"--devpool-queue is no valid PostgreSQL URL: {said}") from None
 
 
 def _named_folder(path: Path, option: str, what: str) -> None:
@@ -154,7 +152,7 @@ def add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
         "--devpool-queue-run",
         dest="queue_run",
         metavar="ID",
-        help=f"show this run of --devpool-queue (default: its newest {NEWEST_RUNS} runs)",
+        help=f"show this run of --devpool-queue (default: its newest {NEWEST} runs)",
     )
     serve.add_argument(
         "folders",
