@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,6 +205,30 @@ def _one_sentence(args: list[str], cwd: Path, *, no_psycopg: bool = False) -> st
     return lines[0]
 
 
+def _password_user(postgres: Server) -> str:
+    """A role that logs in with a password (the session's server trusts every other one)."""
+    import psycopg
+
+    user = "devpool_password"
+    hba = postgres.data / "pg_hba.conf"
+    rules = hba.read_text()
+    if user not in rules:
+        hba.write_text(f"host all {user} 127.0.0.1/32 scram-sha-256\n{rules}")
+    with psycopg.connect(postgres.url, autocommit=True) as admin:
+        admin.execute(f"DROP ROLE IF EXISTS {user}")
+        admin.execute(f"CREATE ROLE {user} LOGIN PASSWORD 'right'")
+        admin.execute("SELECT pg_reload_conf()")
+    wrong = postgres.url.replace("devpool@", f"{user}:wrong@")
+    deadline = time.monotonic() + 10  # the server reads its rules again soon after
+    while time.monotonic() < deadline:
+        try:
+            psycopg.connect(wrong).close()
+        except psycopg.OperationalError as exc:
+            if "password authentication failed" in str(exc):
+                return user
+    raise AssertionError("the server did not take the password rule")
+
+
 def test_bad_input_is_one_sentence_and_exit_4(tmp_path: Path, postgres: Server) -> None:
     from pg_server import free_port
 
@@ -212,10 +237,10 @@ def test_bad_input_is_one_sentence_and_exit_4(tmp_path: Path, postgres: Server) 
     said = _one_sentence(["history", "export", out, "--history", closed], tmp_path)
     assert "cannot reach PostgreSQL at 127.0.0.1:" in said
     said = _one_sentence(["history", "export", out, "--history", "mysql://u:p@db:3306/h"], tmp_path)
-    assert "--history must be a file or a PostgreSQL URL" in said
-    stranger = postgres.url.replace("devpool@", "nobody:wrong@")
-    said = _one_sentence(["capacity", "--history", stranger], tmp_path)
-    assert f"PostgreSQL at 127.0.0.1:{postgres.port}" in said and "nobody" in said
+    assert "--history must be a file or a PostgreSQL URL" in said and ":p@" not in said
+    wrong = postgres.url.replace("devpool@", f"{_password_user(postgres)}:wrong@")
+    said = _one_sentence(["capacity", "--history", wrong], tmp_path)
+    assert f"PostgreSQL at 127.0.0.1:{postgres.port} refused the credentials" in said
     assert "wrong" not in said  # never the password
     said = _one_sentence(["history", "merge", "--history", postgres.url], tmp_path, no_psycopg=True)
     assert "--history needs psycopg 3" in said and "devpool[queue]" in said

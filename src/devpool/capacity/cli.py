@@ -20,11 +20,12 @@ if TYPE_CHECKING:
 
 def _spec(text: str, option: str) -> HistorySpec:
     from devpool.history.place import history_spec
+    from devpool.queue.connect import shown
 
     try:
         return history_spec(text, option)
     except ValueError as exc:
-        raise DevpoolError(f"{option} must be {exc}, got {text!r}") from None
+        raise DevpoolError(f"{option} must be {exc}, got {shown(text)!r}") from None
 
 
 def _history_path(args: argparse.Namespace) -> tuple[HistorySpec, bool]:
