@@ -29,27 +29,6 @@ from serving import (
 )
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[Any]:
-    """A PostgreSQL server for the queue view's tests (tests/queue/pg_server.py), skipped
-    as the queue's own tests skip without one."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "queue"))
-    from pg_server import remove, server_bin, start_server
-
-    if server_bin() is None:
-        why = "no PostgreSQL server binaries (initdb, pg_ctl) on PATH or in /usr/lib/postgresql"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why + ": .ci/run installs them", pytrace=False)
-        pytest.skip(why)
-    pytest.importorskip("psycopg", reason="psycopg is not installed (the [queue] extra)")
-    server = start_server()
-    try:
-        yield server
-    finally:
-        server.stop()
-        remove(server)
-
-
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
     """A target project with the generated suite, a lock folder and a flags folder."""

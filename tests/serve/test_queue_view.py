@@ -37,7 +37,7 @@ def ending(test: str, outcome: str) -> dict[str, object]:
 def a_run(postgres: Any) -> QueueStore:
     """A run with a job that finished (2 devices: ran 2 tests, one failed) and a job killed
     while it held a claim (4 devices, a 0.3 s lease nobody renews)."""
-    store = QueueStore(postgres.url, f"71{next(_runs):04d}-1")  # a fresh database per session
+    store = QueueStore(postgres.url, f"71{next(_runs):04d}-1")  # as GitHub ids read
     store.publish(TESTS, "ci-a")
     finished = store.join("ci-a", 11, 2, "sim", 30)
     for claim in store.claim(finished, 2, 4.0):  # test_two, the longest it holds

@@ -2,7 +2,9 @@
 
 views.py reads what devpool already writes (lock folder, run records, history, quarantine)
 into plain data; pages.py renders it as HTML; app.py is the Starlette app (token, events,
-run files); command.py is the subcommand. Starlette and uvicorn come with `devpool[serve]`.
+run files); command.py is the subcommand. cluster.py and queue_view.py ask a Ray cluster
+and the shared queue's database in the background (queue_page.py renders the queue's
+section). Starlette and uvicorn come with `devpool[serve]`, psycopg with `devpool[queue]`.
 """
 
 from __future__ import annotations
