@@ -376,16 +376,18 @@ def test_a_test_skipped_on_a_small_host_runs_on_a_big_one(postgres: Server, proj
 @given(
     counts=st.tuples(st.integers(0, 6), st.integers(0, 4), st.integers(0, 2), st.integers(0, 2)),
     failing=st.sets(st.integers(0, 13), max_size=3),
+    flaky=st.sets(st.integers(0, 13), max_size=2),
     sizes=st.tuples(st.sampled_from([2, 4]), st.sampled_from([2, 4])),
     kill=st.sampled_from([None, 0, 1]),
     delay=st.floats(0.0, 0.5),
 )
 # a 4-device test with only 2-device jobs: unsatisfiable, no job killed
-@example(counts=(0, 0, 0, 1), failing=set(), sizes=(2, 2), kill=None, delay=0.0)
+@example(counts=(0, 0, 0, 1), failing=set(), flaky=set(), sizes=(2, 2), kill=None, delay=0.0)
 def test_random_suites_and_kills_give_one_verdict(
     postgres: Server,
     counts: tuple[int, int, int, int],
     failing: set[int],
+    flaky: set[int],
     sizes: tuple[int, int],
     kill: int | None,
     delay: float,
@@ -400,6 +402,7 @@ def test_random_suites_and_kills_give_one_verdict(
             for i in range(count):
                 name = f"test_d{size}_{i}"
                 fails = len(tests) in failing
+                once = len(tests) in flaky - failing  # fails its first attempt only
                 tests.append((name, size))
                 marker = f"@pytest.mark.device_count({size})\n" if size else ""
                 body.append(
@@ -407,12 +410,15 @@ def test_random_suites_and_kills_give_one_verdict(
                     f"    with open(OUT / '{name}', 'a') as f:\n"
                     "        f.write(os.environ['JOB'] + '\\n')\n"
                     f"    time.sleep(0.05)\n    assert {not fails}\n"
-                )
+                    + (f"    if {once} and not (OUT / '{name}.once').exists():\n"
+                       f"        (OUT / '{name}.once').touch()\n"
+                       "        assert False, 'its first attempt fails'\n")
+                )  # fmt: skip
         if not tests:
             return
         (root / "test_mix.py").write_text("\n".join(body) + "\n")
         run = f"random-{time.time_ns()}-{next(_runs)}"
-        lease = ("--devpool-queue-lease=1.5",)
+        lease = ("--devpool-queue-lease=1.5", "--devpool-reruns=1")
         jobs = [
             start(root, f"j{i}", size, postgres.url, run, *lease) for i, size in enumerate(sizes)
         ]
@@ -445,6 +451,8 @@ def test_random_suites_and_kills_give_one_verdict(
                 assert size > max(survivors)  # no job that lived could hold it
             elif tests.index((name, size)) in failing:
                 assert failure is not None, (name, verdict.stdout)
+                # the rerun ran too (moved or not), and the report folds the first attempt in
+                assert len(ran_by) >= 2 or kill is not None, (name, ran_by, outputs)
             else:
                 assert failure is None, (name, verdict.stdout, outputs)
                 assert ran_by, name
