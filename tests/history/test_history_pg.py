@@ -261,3 +261,15 @@ def test_a_run_refuses_an_unreachable_history(tmp_path: Path) -> None:
 def test_a_database_without_a_history_is_refused_read_only(url: str) -> None:
     with pytest.raises(DevpoolError, match="holds no devpool history yet"):
         open_history(HistoryUrl(url), read_only=True)
+
+
+def test_the_history_option_takes_a_file_or_a_postgresql_url() -> None:
+    from devpool.config import settings_from
+
+    fleet = "postgresql://ci:secret@db:5432/fleet"
+    assert settings_from({}, {"history": fleet}, "pyproject.toml").history == HistoryUrl(fleet)
+    assert str(HistoryUrl(fleet)) == "postgresql://ci:***@db:5432/fleet"
+    local = settings_from({"devpool_history": "~/h.sqlite"}, {}, "pyproject.toml").history
+    assert local == Path.home() / "h.sqlite"
+    with pytest.raises(DevpoolError, match="history must be a file or a PostgreSQL URL"):
+        settings_from({"devpool_history": "mysql://db/h"}, {}, "pyproject.toml")

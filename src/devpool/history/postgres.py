@@ -52,29 +52,35 @@ class PostgresHistory(SqlHistory):
         self._psycopg = driver(option)
         self._conn = connect(url, option)
         try:
-            if not read_only:
+            self._conn.execute(f"SET search_path TO {SCHEMA}")
+            version = self._version()
+            if version < HISTORY_SCHEMA and not read_only:
+                # Made once, under a lock: a fleet's runners open it at every run, and
+                # CREATE … IF NOT EXISTS would still lock the tables they write.
                 with self._transaction() as conn:
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
                     conn.execute(_CREATE)
-            self._conn.execute(f"SET search_path TO {SCHEMA}")
-            found = self._conn.execute(f"SELECT to_regclass('{SCHEMA}.meta')").fetchone()
-            if found is None or found[0] is None:
-                raise DevpoolError(f"{option} {self.where} holds no devpool history yet")
-            row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+                version = self._version()
         except self._psycopg.Error as exc:
             self._conn.close()
             said = _said(exc)
             raise DevpoolError(f"{option}: cannot open the history {self.where}: {said}") from None
-        except DevpoolError:
+        if version == 0:
             self._conn.close()
-            raise
-        version = int(row[0]) if row is not None else 0
+            raise DevpoolError(f"{option} {self.where} holds no devpool history yet")
         if version > HISTORY_SCHEMA:
             self._conn.close()
             raise DevpoolError(
                 f"history {self.where} was written by a newer devpool (schema {version}); "
                 f"this one reads {HISTORY_SCHEMA}"
             )
+
+    def _version(self) -> int:
+        """The schema of the history in this database; 0 where there is none yet."""
+        if self._conn.execute(f"SELECT to_regclass('{SCHEMA}.meta')").fetchone()[0] is None:
+            return 0
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        return int(row[0]) if row is not None else 0
 
     @property
     def _errors(self) -> tuple[type[Exception], ...]:
