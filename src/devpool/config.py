@@ -18,6 +18,7 @@ from devpool.devices.resources import parse_resources
 from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError, check_keys, did_you_mean
 from devpool.history.place import HistorySpec, history_spec
+from devpool.queue.connect import shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -532,7 +533,8 @@ def settings_from(
         try:
             values[option.name.replace("-", "_")] = option.convert(raw)
         except ValueError as exc:
-            raise DevpoolError(f"{source} must be {exc}, got {raw!r}") from None
+            given = shown(raw) if isinstance(raw, str) else raw  # a URL's password hidden
+            raise DevpoolError(f"{source} must be {exc}, got {given!r}") from None
     for key, name in (("quarantine", "quarantine"), ("fatal_patterns", "fatal-patterns")):
         if name in table:
             if not isinstance(table[name], dict):

@@ -273,3 +273,6 @@ def test_the_history_option_takes_a_file_or_a_postgresql_url() -> None:
     assert local == Path.home() / "h.sqlite"
     with pytest.raises(DevpoolError, match="history must be a file or a PostgreSQL URL"):
         settings_from({"devpool_history": "mysql://db/h"}, {}, "pyproject.toml")
+    with pytest.raises(DevpoolError) as refused:  # the sentence never shows a password
+        settings_from({}, {"history": "mysql://ci:secret@db/h"}, "pyproject.toml")
+    assert "secret" not in str(refused.value) and "mysql://ci:***@db/h" in str(refused.value)
