@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from devpool.database import shown
 from devpool.devices.inventory import Platform, load_platforms
 from devpool.devices.lockdir import default_lock_dir
 from devpool.devices.ports import DEFAULT_RANGE, overlap_error, parse_range
@@ -18,7 +19,6 @@ from devpool.devices.resources import parse_resources
 from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError, check_keys, did_you_mean
 from devpool.history.place import HistorySpec, history_spec
-from devpool.queue.connect import shown
 
 if sys.version_info >= (3, 11):
     import tomllib

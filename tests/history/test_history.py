@@ -21,6 +21,7 @@ from devpool.history.durations import (
     runner_class,
     write_pending,
 )
+from devpool.history.place import merge
 
 
 @pytest.fixture
@@ -121,8 +122,8 @@ def test_export_merge_round_trip(tmp_path: Path, history: History) -> None:
 
     with History(tmp_path / "other.sqlite") as other:
         other.add([result("t.py::t0", 0.5, T0, "r1"), result("t.py::new", 3.0, T0, "r0")])
-        assert other.merge(out) == 5  # t0 of r1 at T0 is already there
-        assert other.merge(out) == 0  # de-duplicated by (nodeid, run_id, time)
+        assert merge(other, out) == 5  # t0 of r1 at T0 is already there
+        assert merge(other, out) == 0  # de-duplicated by (nodeid, run_id, time)
         assert {r.nodeid for r in other.results()} == {f"t.py::t{i}" for i in range(6)} | {
             "t.py::new"
         }
@@ -134,7 +135,7 @@ def test_export_merge_round_trip(tmp_path: Path, history: History) -> None:
 def test_merge_reads_another_history_file(tmp_path: Path, history: History) -> None:
     with History(tmp_path / "runner2.sqlite") as runner2:
         runner2.add([result("t.py::a", 7.0, T0, "x"), result("t.py::b", 2.0, T0, "x")])
-    assert history.merge(tmp_path / "runner2.sqlite") == 2
+    assert merge(history, tmp_path / "runner2.sqlite") == 2
     assert history.estimate("t.py::a") == 7.0
 
 
@@ -174,7 +175,7 @@ def test_newer_export_is_refused(tmp_path: Path, history: History) -> None:
     with pytest.raises(
         DevpoolError, match=rf"schema {HISTORY_SCHEMA + 1}\); this one reads {HISTORY_SCHEMA}"
     ):
-        history.merge(export)
+        merge(history, export)
 
 
 @pytest.mark.parametrize(
@@ -191,13 +192,13 @@ def test_bad_export_is_one_sentence(
     export = tmp_path / "bad.jsonl"
     export.write_text(text)
     with pytest.raises(DevpoolError, match=message):
-        history.merge(export)
+        merge(history, export)
     assert list(history.results()) == []  # nothing half-merged
 
 
 def test_missing_merge_source_is_one_sentence(tmp_path: Path, history: History) -> None:
     with pytest.raises(DevpoolError, match="cannot read .*nope.jsonl"):
-        history.merge(tmp_path / "nope.jsonl")
+        merge(history, tmp_path / "nope.jsonl")
 
 
 def test_estimates_for_ten_thousand_tests_is_fast(history: History) -> None:

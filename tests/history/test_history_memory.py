@@ -11,6 +11,7 @@ import pytest
 
 from devpool.errors import DevpoolError
 from devpool.history.durations import HISTORY_SCHEMA, History, TestResult
+from devpool.history.place import merge
 
 T0 = 1_700_000_000.0
 GiB = 2**30
@@ -64,7 +65,7 @@ def test_schema_1_history_is_migrated_in_place_keeping_every_row(tmp_path: Path)
 def test_schema_1_history_file_merges_with_no_peaks(tmp_path: Path) -> None:
     source = old_history(tmp_path / "old.sqlite")
     with History(tmp_path / "new.sqlite") as history:
-        assert history.merge(source) == 3
+        assert merge(history, source) == 3
         assert {r.memory_peak for r in history.results()} == {None}
     conn = sqlite3.connect(source)  # read as a source, never rewritten
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
@@ -94,8 +95,8 @@ def test_export_and_merge_carry_peaks(tmp_path: Path) -> None:
     assert lines[0]["schema"] == HISTORY_SCHEMA
     assert [line["memory_peak"] for line in lines[1:]] == [5 * GiB, None]
     with History(tmp_path / "b.sqlite") as b, History(tmp_path / "c.sqlite") as c:
-        b.merge(out)
-        c.merge(tmp_path / "a.sqlite")
+        merge(b, out)
+        merge(c, tmp_path / "a.sqlite")
         assert list(b.results()) == rows
         assert list(c.results()) == rows
 
@@ -107,7 +108,7 @@ def test_schema_1_export_merges_with_no_peaks(tmp_path: Path) -> None:
     header = {"format": "devpool-history", "schema": 1, "rows": 1}
     export.write_text(json.dumps(header) + "\n" + json.dumps(row) + "\n")
     with History(tmp_path / "h.sqlite") as history:
-        assert history.merge(export) == 1
+        assert merge(history, export) == 1
         assert [r.memory_peak for r in history.results()] == [None]
 
 
@@ -119,7 +120,7 @@ def test_export_row_with_a_bad_peak_is_one_sentence(tmp_path: Path, bad: object)
     header = {"format": "devpool-history", "schema": HISTORY_SCHEMA, "rows": 1}
     export.write_text(json.dumps(header) + "\n" + json.dumps(row) + "\n")
     with History(tmp_path / "h.sqlite") as history, pytest.raises(DevpoolError, match="line 2"):
-        history.merge(export)
+        merge(history, export)
 
 
 def test_peaks_are_the_highest_of_each_tests_last_window_watched_results(tmp_path: Path) -> None:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from pg_server import Server
 
 from devpool.cli import main
 from devpool.queue.store import QueuedTest, QueueStore
+from pg_server import Server
+
+DEVPOOL = "import sys; from devpool.cli import main; sys.exit(main(sys.argv[1:]))"
 
 _runs = itertools.count()
 
@@ -172,3 +176,23 @@ def test_queue_and_run_from_the_project_table(
     assert main(["queue", "report", "--wait=0"]) == 0
     assert "all tests passed (exit code 0)" in capsys.readouterr().out
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("postgresql://ci:secret@db:5x/q", "Port could not be cast to integer value"),
+        ("postgresql://ci:secret@[db/q", "Invalid IPv6 URL"),
+    ],
+)
+def test_a_url_that_cannot_be_read_is_one_sentence(url: str, why: str, tmp_path: Path) -> None:
+    for command in ("status", "report"):
+        done = subprocess.run(
+            [sys.executable, "-c", DEVPOOL, "queue", command, f"--devpool-queue={url}",
+             "--devpool-queue-run=r"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        said = done.stdout + done.stderr
+        assert done.returncode == 4, said
+        assert len(said.strip().splitlines()) == 1 and why in said, said
+        assert "secret" not in said and "ci:***@" in said, said

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from devpool.database import connect, failure_sentence
 from devpool.errors import DevpoolError
-from devpool.queue.connect import connect, failure_sentence
 from devpool.queue.heartbeat import Heartbeat
 from devpool.queue.store import QueuedTest, QueueStore
 from pg_server import Server

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 
 def _spec(text: str, option: str) -> HistorySpec:
+    from devpool.database import shown
     from devpool.history.place import history_spec
-    from devpool.queue.connect import shown
 
     try:
         return history_spec(text, option)
@@ -319,7 +319,7 @@ def _history_export(args: argparse.Namespace) -> int:
 
 
 def _history_merge(args: argparse.Namespace) -> int:
-    from devpool.history.place import open_history
+    from devpool.history.place import merge, open_history
 
     spec, _ = _history_path(args)
     sources = [_spec(source, "SOURCE") for source in args.sources]
@@ -330,7 +330,7 @@ def _history_merge(args: argparse.Namespace) -> int:
             print(f"devpool: merged {added} new results from {where} into {spec}")
             return 0
         for source in sources:
-            added = history.merge(source)
+            added = merge(history, source)
             print(f"devpool: merged {added} new results from {source} into {spec}")
     return 0
 

@@ -39,6 +39,7 @@ from devpool.history.results import (
     HISTORY_SCHEMA,
     TestResult,
     p90,
+    read_export,
     results_bound,
     runner_class,
     wall_bound,
@@ -222,7 +223,7 @@ class History(SqlHistory):
         """Fold in every pending per-run file, removing each once added: (new rows, files)."""
         added, merged = 0, []
         for path in pending_files(self.path):
-            added += self.merge(path)
+            added += self.add(read_export(path))
             # Another run may have folded it in meanwhile: it is gone either way.
             path.unlink(missing_ok=True)
             merged.append(path)

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from devpool.database import SCHEMES, shown
 from devpool.errors import DevpoolError
-from devpool.queue.connect import SCHEMES, shown
 
 if TYPE_CHECKING:
     from devpool.history.results import TestResult
@@ -108,6 +108,12 @@ def preload_file(spec: HistorySpec, root: Path) -> Path:
     from devpool.history.preload import preload_path
 
     return preload_path(default_history_path(root) if isinstance(spec, HistoryUrl) else spec)
+
+
+def merge(history: SqlHistory, source: HistorySpec) -> int:
+    """Add to `history` the results of an export, a history file or a PostgreSQL history;
+    returns the rows that were new."""
+    return history.add(source_results(source))
 
 
 def source_results(source: HistorySpec) -> list[TestResult]:

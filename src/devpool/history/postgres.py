@@ -14,10 +14,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from devpool.database import connect, driver, shown
 from devpool.errors import DevpoolError
 from devpool.history.results import HISTORY_SCHEMA, TestResult
 from devpool.history.sql import COLUMNS, CREATE_RESULTS, CREATE_RUN_COSTS, SqlHistory
-from devpool.queue.connect import connect, driver, shown
 
 SCHEMA = "devpool_history"
 _LOCK = 0x64706F6C68  # pg_advisory_xact_lock key: two runners making the tables at once

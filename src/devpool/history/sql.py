@@ -265,13 +265,6 @@ class SqlHistory(ABC):
         """Write every result as JSON lines after a header line; returns the rows written."""
         return write_export(out, list(self.results()))
 
-    def merge(self, source: Path | Any) -> int:
-        """Add the results of an export, another history file or a PostgreSQL history
-        (place.HistoryUrl); returns the rows that were new."""
-        from devpool.history.place import source_results  # the sources are backends too
-
-        return self.add(source_results(source))
-
     def add_run_cost(
         self, run_id: str, platform: str, devices: int, tests: int, wall: float, bound: float
     ) -> None:

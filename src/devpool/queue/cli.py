@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from devpool.database import where
 from devpool.errors import DevpoolError
-from devpool.queue.connect import where
 from devpool.queue.source import run_id_from
 from devpool.queue.status import SCHEMA, run_status
 from devpool.queue.store import QueueStore

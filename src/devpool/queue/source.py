@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 import pytest
 
 from devpool.config import Settings
+from devpool.database import check_url, driver, where
 from devpool.devices.inventory import Inventory
 from devpool.errors import DevpoolError
 from devpool.plan.jobs import Job, Plan
-from devpool.queue.connect import check_url, driver, where
 from devpool.queue.heartbeat import Heartbeat
 from devpool.queue.store import Claim, QueuedTest, QueueStore
 from devpool.wording import counted

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from devpool.database import connect
 from devpool.errors import DevpoolError
-from devpool.queue.connect import connect
 from devpool.wording import counted
 
 SCHEMA = """

@@ -64,7 +64,7 @@ def _queue_watch(url: str | None, run_id: str | None) -> QueueWatch | None:
         if run_id is not None:
             raise DevpoolError("--devpool-queue-run names a run of --devpool-queue=URL: give both")
         return None
-    from devpool.queue.connect import check_url, driver
+    from devpool.database import check_url, driver
 
     psycopg = driver()
     try:

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from devpool.database import where
 from devpool.errors import DevpoolError
-from devpool.queue.connect import where
 from devpool.queue.status import SCHEMA, run_status
 from devpool.queue.store import QueueStore, TestRow
 

@@ -1,4 +1,6 @@
-"""Opening the queue's database: the URL checked, every way it fails said in one sentence."""
+"""PostgreSQL, shared by the queue (queue/) and the fleet's duration history (history/):
+its URLs checked and shown without their password, connections opened, and every way one
+fails said in one sentence."""
 
 from __future__ import annotations
 
@@ -16,14 +18,23 @@ SCHEMES = ("postgresql", "postgres")
 
 def where(url: str) -> str:
     """'host:port' of a queue URL, for sentences (never its password)."""
-    parts = urlsplit(url)
-    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}"
+    try:
+        parts = urlsplit(url)
+        return f"{parts.hostname or 'localhost'}:{parts.port or 5432}"
+    except ValueError:  # check_url refuses it first; said as given, without its password
+        return shown(url).partition("://")[2].rpartition("@")[2].partition("/")[0]
 
 
 def check_url(url: str, option: str = "--devpool-queue") -> str:
-    """The URL itself, or one sentence when it is not PostgreSQL's."""
-    scheme = urlsplit(url).scheme
-    if scheme not in SCHEMES:
+    """The URL itself, or one sentence when it is not PostgreSQL's or cannot be read (an
+    unclosed [, a port that is no number)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (urlsplit reads the port only when asked)
+    except ValueError as exc:
+        raise DevpoolError(f"{option} {shown(url)!r} is no valid PostgreSQL URL: {exc}") from None
+    if parts.scheme not in SCHEMES:
+        scheme = parts.scheme
         raise DevpoolError(
             f"{option} must be a PostgreSQL URL (postgresql://USER@HOST:PORT/DB), "
             f"got {scheme + '://' if scheme else 'no scheme in'} {shown(url)!r}"
@@ -32,10 +43,13 @@ def check_url(url: str, option: str = "--devpool-queue") -> str:
 
 
 def shown(url: str) -> str:
-    """The URL with its password hidden, for sentences."""
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@", 1)
+    """The URL with its password hidden, for sentences (even one urlsplit cannot read)."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = url.rpartition("@")[0].partition("://")[2].partition(":")[2] or None
+    if password:
+        return url.replace(f":{password}@", ":***@", 1)
     return url
 
 
