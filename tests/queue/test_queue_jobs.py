@@ -568,3 +568,132 @@ def test_a_dependency_chain_runs_whole_in_one_job(postgres: Server, project: Pat
     assert runs["make"] == runs["use"] == runs["use_again"], runs  # the chain in one job
     rows = queue_rows(postgres.url, run)
     assert {outcome for _, outcome in rows.values()} == {"passed"}, rows  # none skipped
+
+
+ORDERED = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+OUT = Path({out!r})
+
+
+def wait_for(name):
+    deadline = time.monotonic() + 60
+    while not (OUT / name).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.device_count(2)
+def test_busy():  # only job b holds 2 devices: it stays busy until job a was killed
+    (OUT / "busy.started").touch()
+    wait_for("a.killed")
+
+
+@pytest.mark.order(1)
+def test_first():
+    if not (OUT / "first.failed").exists():
+        (OUT / "first.failed").touch()
+        assert False, "the first attempt fails: its rerun moves to job b"
+
+
+@pytest.mark.order(2)
+def test_second():
+    if os.environ["JOB"] == "a":
+        (OUT / "second.started").touch()
+        wait_for("never")  # killed here
+
+
+@pytest.mark.order(3)
+def test_third():
+    pass
+"""
+
+
+def test_a_chain_whose_first_test_moved_runs_after_its_job_was_lost(
+    postgres: Server, project: Path
+) -> None:
+    """Job a holds the chain; its first test's rerun moves to job b; a is killed in the
+    second test. b then claims the rerun and the rest of the chain together, and runs all."""
+    run = f"chain-moved-{time.time_ns()}-{next(_runs)}"
+    (project / "test_mix.py").write_text(ORDERED.format(out=str(project / "out")))
+    # one test a batch (estimates of 100 s): b claims test_busy alone, a the chain
+    more = ("-p", "pytest_order", "--devpool-reruns=1", "--devpool-default-estimate=100")
+    more += ("--devpool-queue-lease=1.5",)
+    b = start(project, "b", 2, postgres.url, run, *more)
+    wait_for(project / "out" / "busy.started", b)
+    a = start(project, "a", 1, postgres.url, run, *more)
+    wait_for(project / "out" / "second.started", a)
+    os.killpg(a.pid, signal.SIGKILL)
+    a.wait(timeout=30)
+    time.sleep(2.5)  # past a's lease: b's next claim takes the rerun and the rest together
+    (project / "out" / "a.killed").touch()
+    try:
+        output = b.communicate(timeout=120)[0]
+    finally:  # a job that hangs is not left behind
+        if b.poll() is None:
+            os.killpg(b.pid, signal.SIGKILL)
+    assert b.returncode == 0, output
+    rows = queue_rows(postgres.url, run)
+    assert rows == {
+        "test_mix.py::test_busy": ("done", "passed"),
+        "test_mix.py::test_first": ("done", "flaky"),
+        "test_mix.py::test_second": ("done", "passed"),
+        "test_mix.py::test_third": ("done", "passed"),
+    }, output
+
+
+STALLED_CHAIN = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+OUT = Path({out!r})
+
+
+@pytest.mark.device_count(1)
+def test_block():
+    if os.environ["JOB"] == "stalled":
+        (OUT / "block.started").touch()
+        deadline = time.monotonic() + 60
+        while not (OUT / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.dependency()
+def test_c1():
+    (OUT / ("c1." + os.environ["JOB"])).touch()
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.dependency(depends=["test_c1"])
+def test_c2():
+    pass
+"""
+
+
+def test_a_lost_lease_drops_a_whole_unstarted_chain(postgres: Server, project: Path) -> None:
+    """The stalled job held the chain behind its blocked test on its one device: when its
+    lease is lost, the chain is dropped unrun, none of it said to be lost track of."""
+    (project / "test_mix.py").write_text(STALLED_CHAIN.format(out=str(project / "out")))
+    run = f"stall-chain-{time.time_ns()}-{next(_runs)}"
+    more = ("-p", "pytest_dependency", "--devpool-queue-lease=1.5")
+    stalled = start(project, "stalled", 1, postgres.url, run, *more)
+    wait_for(project / "out" / "block.started", stalled)
+    os.kill(stalled.pid, signal.SIGSTOP)
+    try:
+        other = start(project, "other", 1, postgres.url, run, *more)
+        other_output = other.communicate(timeout=120)[0]
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+    (project / "out" / "go").touch()
+    stalled_output = stalled.communicate(timeout=120)[0]
+    assert other.returncode == 0, other_output
+    assert (project / "out" / "c1.other").exists() and not (project / "out" / "c1.stalled").exists()
+    assert "infra" not in stalled_output and "lost track" not in stalled_output, stalled_output
+    assert stalled.returncode == 0, stalled_output

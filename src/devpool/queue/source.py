@@ -92,7 +92,7 @@ def join_queue(
 def claimed_jobs(jobs: list[Job]) -> list[Job]:
     """Jobs of one claim, each chain cut to its tests claimed together (a whole chain, but for
     tests that ended under an earlier claim): the first of them leads, as plan/chains.py ties."""
-    here = {job.display for job in jobs}
+    here = {job.display for job in jobs if job.chain is not None}  # a resumed rerun: alone
     for job in jobs:
         if job.chain is not None:
             kept = tuple(member for member in job.chain if member.display in here)

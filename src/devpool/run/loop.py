@@ -78,6 +78,7 @@ class Loop:
         self.health = DeviceHealth(ctx, self.say, local=backend.local_leases)
         self.attempts: dict[int, Attempt] = {}  # job id → its current attempt
         self.dropped: set[int] = set()  # jobs -x / --maxfail left unrun, as pytest does
+        self.claimed: set[int] = set()  # a queue's jobs counted in the progress once
         self.stopped = False
         self.live: progress.LiveProgress | None = None
         self.placing = Placing(
@@ -158,22 +159,27 @@ class Loop:
         self._account()
 
     def _admit(self, jobs: list[Job], now: float) -> None:
-        if self.source is not None:  # a queue's job: its progress counts what it claimed
-            self.session.testscollected += len(jobs)
         for job in jobs:
             job.queued_at = now
             self.attempts[job.id] = Attempt(job, job.attempt)
+            self.dropped.discard(job.id)  # a rerun this run moved away may come back
+            if self.source is not None and job.id not in self.claimed:
+                self.claimed.add(job.id)  # a queue's job: its progress counts what it claimed
+                self.session.testscollected += 1
             if job.chain is None or job.chain[0] is job:  # the rest go with their chain
                 self.scheduler.add(job)
 
     def _withdraw(self, jobs: list[Job]) -> None:
-        """Jobs the source took back: those not started stay unrun here, as -x leaves them."""
+        """Jobs the source took back: those not started stay unrun here, as -x leaves them
+        (a chain's later tests with its first)."""
         queued = {job.id for job in self.scheduler.queue} if jobs else set()
         for job in jobs:
             if job.id in queued:
                 self.scheduler.queue.pop_job(job)
-                self.dropped.add(job.id)
-                self.session.testscollected -= 1
+                for member in job.chain or (job,):
+                    self.dropped.add(member.id)
+                    self.claimed.discard(member.id)
+                    self.session.testscollected -= 1
 
     def _busy(self) -> bool:
         queued = bool(len(self.scheduler.queue) or self.placing.delayed) and not self.stopped
