@@ -4,6 +4,7 @@ fails said in one sentence."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
 
 CONNECT_TIMEOUT = 5  # seconds: an unreachable host is said in one sentence, not waited on
 SCHEMES = ("postgresql", "postgres")
+_PASSWORD_PARAMETER = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 
 
 def where(url: str) -> str:
@@ -43,14 +45,15 @@ def check_url(url: str, option: str = "--devpool-queue") -> str:
 
 
 def shown(url: str) -> str:
-    """The URL with its password hidden, for sentences (even one urlsplit cannot read)."""
+    """The URL with its password hidden, for sentences (even one urlsplit cannot read), in
+    its user part or as a password= parameter."""
     try:
         password = urlsplit(url).password
     except ValueError:
         password = url.rpartition("@")[0].partition("://")[2].partition(":")[2] or None
     if password:
-        return url.replace(f":{password}@", ":***@", 1)
-    return url
+        url = url.replace(f":{password}@", ":***@", 1)
+    return _PASSWORD_PARAMETER.sub(r"\1***", url)
 
 
 def driver(option: str = "--devpool-queue") -> Any:

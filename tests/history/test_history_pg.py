@@ -276,3 +276,15 @@ def test_the_history_option_takes_a_file_or_a_postgresql_url() -> None:
     with pytest.raises(DevpoolError) as refused:  # the sentence never shows a password
         settings_from({}, {"history": "mysql://ci:secret@db/h"}, "pyproject.toml")
     assert "secret" not in str(refused.value) and "mysql://ci:***@db/h" in str(refused.value)
+
+
+def test_a_literal_percent_reaches_postgresql_as_written(
+    both: tuple[SqlHistory, SqlHistory],
+) -> None:
+    """The shared queries are written with SQLite's ?: a literal % (a LIKE) must stay one."""
+    for history in both:
+        history.add(MIXED)
+        rows = history._rows(
+            "SELECT count(*) FROM results WHERE nodeid LIKE 't::%' AND 1 = ?", (1,)
+        )
+        assert rows == [(len(MIXED),)]

@@ -196,3 +196,12 @@ def test_a_url_that_cannot_be_read_is_one_sentence(url: str, why: str, tmp_path:
         assert done.returncode == 4, said
         assert len(said.strip().splitlines()) == 1 and why in said, said
         assert "secret" not in said and "ci:***@" in said, said
+
+
+def test_a_password_is_never_shown_wherever_the_url_holds_it() -> None:
+    from devpool.database import shown, where
+
+    for url in ("postgresql://ci:s3cret@db:5433/q", "postgresql://ci@db:5433/q?password=s3cret"):
+        assert "s3cret" not in shown(url) and "***" in shown(url)
+        assert where(url) == "db:5433"
+    assert shown("postgresql://ci@db/q?sslmode=require") == "postgresql://ci@db/q?sslmode=require"

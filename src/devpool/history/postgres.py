@@ -90,7 +90,9 @@ class PostgresHistory(SqlHistory):
         return f"cannot read history {self.where}: {_said(exc)}"
 
     def _dialect(self, sql: str) -> str:
-        return sql.replace("?", "%s")
+        """SQLite's ? placeholders as psycopg's %s; a literal % kept literal (%%). The shared
+        queries hold no literal ? (tests/history/test_history_pg.py checks them all)."""
+        return sql.replace("%", "%%").replace("?", "%s")
 
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
