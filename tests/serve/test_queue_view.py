@@ -36,7 +36,7 @@ def ending(test: str, outcome: str) -> dict[str, object]:
 
 def a_run(postgres: Any) -> QueueStore:
     """A run with a job that finished (2 devices: ran 2 tests, one failed) and a job killed
-    while it held a claim (4 devices, a 0.3 s lease nobody renews)."""
+    while it held a claim (4 devices, its lease run out)."""
     store = QueueStore(postgres.url, f"71{next(_runs):04d}-1")  # as GitHub ids read
     store.publish(TESTS, "ci-a")
     finished = store.join("ci-a", 11, 2, "sim", 30)
@@ -45,8 +45,13 @@ def a_run(postgres: Any) -> QueueStore:
     for claim in store.claim(finished, 2, 0.1):  # then test_cpu
         store.report(finished, claim, "failed", True, ending(claim.test_id, "failed"))
     store.leave(finished)
-    killed = store.join("ci-b", 12, 4, "sim", 0.3)
+    killed = store.join("ci-b", 12, 4, "sim", 30)
     assert [c.test_id for c in store.claim(killed, 4, 0.1)] == ["t.py::test_four"]
+    # killed: its lease runs out unrenewed (set so, as a slow machine cannot claim in time)
+    store.db.execute(
+        "UPDATE devpool_queue_jobs SET expires_at = now() - interval '1 second' WHERE job_id = %s",
+        (killed,),
+    )
     wait_for(store.lapsed, "the killed job's lease to run out", 10)
     return store
 
@@ -196,3 +201,23 @@ def test_the_page_shows_the_queue_and_follows_it(
     page.locator("#queue").screenshot(path=str(tmp_path / "queue.png"))
     keep_for_docs(tmp_path / "queue.png", "host-page-queue.png")  # docs/host-page.md
     store.close()
+
+
+def test_a_database_no_job_reached_is_a_line_and_no_table_is_made(
+    postgres: Any, serve: Callable[..., Server]
+) -> None:
+    import psycopg
+
+    name = f"empty_{time.time_ns()}"
+    with psycopg.connect(postgres.url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    url = postgres.url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        server = serve(f"--devpool-queue={url}")
+        view = wait_for(answered(server), "the queue view's first answer", 20)
+        assert "no devpool queue at" in view["problem"], view
+        with psycopg.connect(url) as db:
+            assert db.execute("SELECT to_regclass('devpool_queue_tests')").fetchone() == (None,)
+    finally:
+        with psycopg.connect(postgres.url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from devpool.database import connect
+from devpool.database import connect, where
 from devpool.errors import DevpoolError
 from devpool.wording import counted
 
@@ -206,10 +206,22 @@ def difference(
 class QueueStore:
     """One connection to the queue's database, for one run."""
 
-    def __init__(self, url: str, run_id: str, option: str = "--devpool-queue") -> None:
+    def __init__(
+        self, url: str, run_id: str, option: str = "--devpool-queue", read_only: bool = False
+    ) -> None:
+        """read_only: never makes or alters the tables (the host page); DevpoolError when
+        the database has no queue yet."""
         self.url = url
         self.run_id = run_id
         self.db = connect(url, option)
+        if read_only:
+            made = self.db.execute("SELECT to_regclass('devpool_queue_tests')").fetchone()
+            if made is None or made[0] is None:
+                self.db.close()
+                raise DevpoolError(
+                    f"no devpool queue at {where(url)} yet: no job of a run has reached it"
+                )
+            return
         ready = self.db.execute(
             "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
             "AND table_name = 'devpool_queue_tests' AND column_name = %s",

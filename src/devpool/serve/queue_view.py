@@ -116,7 +116,7 @@ class QueueWatch:
 
     def _read(self) -> list[dict[str, Any]]:
         if self._store is None:
-            self._store = QueueStore(self.url, self.run_id or "", "--devpool-queue")
+            self._store = QueueStore(self.url, self.run_id or "", read_only=True)
         store = self._store
         if self.run_id is None:
             runs: list[tuple[str, float | None]] = list(store.newest_runs(NEWEST))
