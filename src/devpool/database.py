@@ -14,6 +14,16 @@ if TYPE_CHECKING:
     import psycopg
 
 CONNECT_TIMEOUT = 5  # seconds: an unreachable host is said in one sentence, not waited on
+# A server cut off by the network (not restarted: that closes the connection) must not hold a
+# query, a heartbeat or the host page's question forever: the connection fails within about
+# 20 s, under the lease's default of 30 s (libpq's keepalive and TCP user timeout).
+ALIVE = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 20_000,  # ms: data sent and not acknowledged
+}
 SCHEMES = ("postgresql", "postgres")
 _PASSWORD_PARAMETER = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 
@@ -74,7 +84,7 @@ def connect(url: str, option: str = "--devpool-queue") -> psycopg.Connection[Any
     module = driver(option)
     try:
         connection: psycopg.Connection[Any] = module.connect(
-            url, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+            url, autocommit=True, connect_timeout=CONNECT_TIMEOUT, **ALIVE
         )
     except module.OperationalError as exc:
         raise DevpoolError(failure_sentence(url, str(exc), option)) from None
