@@ -288,3 +288,42 @@ def test_a_literal_percent_reaches_postgresql_as_written(
             "SELECT count(*) FROM results WHERE nodeid LIKE 't::%' AND 1 = ?", (1,)
         )
         assert rows == [(len(MIXED),)]
+
+
+def test_the_shards_of_one_ci_run_split_alike_while_the_fleet_writes(
+    tmp_path: Path, url: str
+) -> None:
+    """Shard 2 starts after other runners changed the fleet's history: on GitHub Actions it
+    still splits from what shard 1 read (same run and attempt), so no test runs twice or
+    never; a shard outside such a run splits from the history as it is then."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = []\n")
+    (project / "test_suite.py").write_text(SUITE)
+    slow, fast0 = "test_suite.py::test_slow", "test_suite.py::test_fast[0]"
+    with PostgresHistory(url) as history:
+        history.add([result(slow, 5.0, T0), result(fast0, 0.1, T0)])
+
+    def split(k: int, github: bool) -> list[list[str]]:
+        record = project / f"shard-{k}-{github}.jsonl"
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "DEVPOOL_"))}
+        if github:
+            environ.update(GITHUB_RUN_ID="4242", GITHUB_RUN_ATTEMPT="1")
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", *FAST, "--devices=sim:0-1",
+             f"--devpool-history={url}", f"--devpool-lock-dir={project / 'locks'}",
+             f"--devpool-shard={k}/2", f"--devpool-run-record={record}"],
+            cwd=project, env=environ, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        events = map(json.loads, record.read_text().splitlines())
+        (shard,) = [e for e in events if e["type"] == "shard"]
+        return sorted(sorted(part) for part in shard["split"])
+
+    first = split(1, github=True)
+    assert [slow] in first  # the slow test alone
+    with PostgresHistory(url) as history:  # meanwhile the fleet learns otherwise
+        history.add([result(slow, 0.01, T0 + i) for i in range(1, 30)])
+        history.add([result(fast0, 5.0, T0 + i) for i in range(1, 30)])
+    assert split(2, github=True) == first
+    assert split(2, github=False) != first  # the history did change: unpinned, it splits anew

@@ -10,7 +10,8 @@ version. The first runner to open an empty database makes them, under an advisor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,6 +32,9 @@ CREATE INDEX IF NOT EXISTS results_by_time ON results (time);
 CREATE INDEX IF NOT EXISTS pending_by_run ON pending (run_id);
 {CREATE_RUN_COSTS};
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS shard_splits (
+    split TEXT PRIMARY KEY, estimates TEXT NOT NULL, made TIMESTAMPTZ NOT NULL DEFAULT now()
+);
 INSERT INTO meta VALUES ('schema', '{HISTORY_SCHEMA}') ON CONFLICT DO NOTHING;
 """
 # Pending rows of the runs named move to results in one statement: a run folded in twice
@@ -121,6 +125,24 @@ class PostgresHistory(SqlHistory):
         except self._psycopg.Error as exc:
             raise DevpoolError(f"cannot add to history {self.where}: {exc}") from None
         return max(int(added), 0), runs
+
+    def pinned(self, split: str, estimates: Mapping[str, Any]) -> dict[str, Any]:
+        """The estimates the first shard of `split` read (these, when it is the first): the
+        fleet's runs change this history while a CI run's shards start, and shards that
+        split from different figures would run a test twice, or never."""
+        try:
+            with self._transaction() as conn:
+                conn.execute(
+                    "INSERT INTO shard_splits (split, estimates) VALUES (%s, %s) "
+                    "ON CONFLICT DO NOTHING",
+                    (split, json.dumps(estimates)),
+                )
+                row = conn.execute(
+                    "SELECT estimates FROM shard_splits WHERE split = %s", (split,)
+                ).fetchone()
+        except self._psycopg.Error as exc:
+            raise DevpoolError(self._unreadable(exc)) from None
+        return dict(json.loads(row[0]))
 
     def close(self) -> None:
         self._conn.close()

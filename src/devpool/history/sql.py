@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -264,6 +264,12 @@ class SqlHistory(ABC):
     def export(self, out: Path) -> int:
         """Write every result as JSON lines after a header line; returns the rows written."""
         return write_export(out, list(self.results()))
+
+    def pinned(self, split: str, estimates: Mapping[str, Any]) -> dict[str, Any]:
+        """The estimates the shards of one CI run split from (`split` names it): these. A
+        file history is each runner's own copy, unchanged while the shards start; a shared
+        database pins the first shard's (postgres.py)."""
+        return dict(estimates)
 
     def add_run_cost(
         self, run_id: str, platform: str, devices: int, tests: int, wall: float, bound: float

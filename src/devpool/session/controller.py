@@ -307,8 +307,9 @@ class Controller:
             )
         except DevpoolError as exc:
             raise pytest.UsageError(str(exc)) from None
+        split = past_runs.shard_split(self.shard, (item.nodeid for item in keep), os.environ)
         self.estimates, self.cpu_loads = past_runs.read_estimates(
-            self.history_path, self.shard, self.quarantine_notes, platform.name
+            self.history_path, self.shard, self.quarantine_notes, platform.name, split
         )
         if self.shard is not None:
             self._keep_shard(config, items)

@@ -8,7 +8,9 @@ quarantined tests that passed often enough to be released.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 import pytest
@@ -37,12 +39,14 @@ def read_estimates(
     shard: tuple[int, int] | None,
     notes: list[str],
     platform: str | None = None,
+    split: str | None = None,
 ) -> Estimates:
     """p90 durations and median CPU loads of earlier runs, those measured on `platform`
     first; a damaged history is a warning, not a failed run.
 
     Pending results of shard runs are never read as estimates: a run that is not a shard
-    folds them into the history first; a shard splits from the history alone.
+    folds them into the history first; a shard splits from the history alone, and with
+    `split` (shard_split) from the figures the first shard of its CI run read.
     """
     if not history_found(history_path, pending=shard is None):
         return Estimates({}, {})
@@ -50,12 +54,29 @@ def read_estimates(
         with open_history(history_path, read_only=shard is not None) as history:
             if shard is None:
                 history.merge_pending()
-            return Estimates(
+            found = Estimates(
                 history.estimates(platform=platform), history.cpu_loads(platform=platform)
             )
+            if shard is not None and split is not None:
+                pinned = history.pinned(split, found._asdict())
+                found = Estimates(pinned["durations"], pinned["cpu_loads"])
+            return found
     except DevpoolError as exc:
         notes.append(f"duration history not used: {exc}")
         return Estimates({}, {})
+
+
+def shard_split(
+    shard: tuple[int, int] | None, nodeids: Iterable[str], environ: Mapping[str, str]
+) -> str | None:
+    """What names one CI run's shards of one suite: the GitHub Actions run and attempt, the
+    shard count and the collected tests; None elsewhere (each shard reads the history as
+    it finds it)."""
+    run, attempt = environ.get("GITHUB_RUN_ID"), environ.get("GITHUB_RUN_ATTEMPT")
+    if shard is None or not (run and attempt):
+        return None
+    tests = hashlib.sha256("\n".join(sorted(nodeids)).encode("utf-8")).hexdigest()[:16]
+    return f"{run}-{attempt}/{shard[1]}/{tests}"
 
 
 def match_quarantine(
