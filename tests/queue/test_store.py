@@ -282,3 +282,17 @@ def test_a_shuffled_collection_joins_a_chain_that_differs_does_not(
             other.publish(chained, "host-c")
     finally:
         other.close()
+
+
+def test_a_moved_rerun_nobody_takes_comes_back_after_a_lease(store: QueueStore) -> None:
+    store.publish([QueuedTest("t.py::flaky", 1, "1 device", 1.0)], "h1")
+    failed_on = store.join("h1", 1, 1, "sim", 30)
+    store.join("h2", 2, 1, "sim", 30)  # alive, but it never claims (its plan skips the test)
+    (claim,) = store.claim(failed_on, devices=1, seconds=10)
+    assert store.move(failed_on, claim, 2, (1, 0, 1), [])
+    assert store.claim(failed_on, devices=1, seconds=10) == []
+    store.db.execute(  # a lease of the job that asks (30 s) has passed since the move
+        "UPDATE devpool_queue_tests SET moved_at = now() - interval '31 seconds' WHERE run_id = %s",
+        (store.run_id,),
+    )
+    assert [c.test_id for c in store.claim(failed_on, devices=1, seconds=10)] == ["t.py::flaky"]

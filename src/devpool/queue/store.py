@@ -67,11 +67,12 @@ ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS avoid_host text;
 ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS earlier jsonb NOT NULL DEFAULT '[]';
 -- Tests tied by pytest-order or pytest-dependency: the first test's id, claimed with it.
 ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS chain text NOT NULL DEFAULT '';
+ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS moved_at timestamptz;
 CREATE INDEX IF NOT EXISTS devpool_queue_tests_state ON devpool_queue_tests (run_id, state);
 CREATE SEQUENCE IF NOT EXISTS devpool_queue_token;
 """
 SCHEMA_LOCK = 0x646576706F6F6C  # pg_advisory_xact_lock key: two jobs creating tables at once
-NEWEST_COLUMN = "chain"  # a database without it was made by an older devpool: SCHEMA again
+NEWEST_COLUMN = "moved_at"  # a database without it was made by an older devpool: SCHEMA again
 SHOWN = 3  # node ids named in a sentence about a differing collection
 
 _LIVE = "NOT {j}.lost AND {j}.left_at IS NULL AND {j}.expires_at >= now()"
@@ -83,11 +84,14 @@ _OTHER_JOB = (
     + " AND o.devices >= t.devices AND {other})"
 )
 # A moved rerun goes to a job on another host first, then to another job on its host, and
-# back to the job it failed on only when no other can hold it.
+# back to the job it failed on only when no other can hold it, or when a lease has passed
+# since the move and none took it (the others may never claim it: memory, shape, a stall).
 _OTHER_HOST = _OTHER_JOB.format(other="o.host <> t.avoid_host")
 _ANOTHER_JOB = _OTHER_JOB.format(other="o.job_id <> t.avoid_job")
 _MAY_TAKE = f"""(t.avoid_job IS NULL
     OR t.avoid_host <> (SELECT host FROM devpool_queue_jobs WHERE job_id = %(job)s)
+    OR t.moved_at < now() - (SELECT make_interval(secs => lease_seconds)
+        FROM devpool_queue_jobs WHERE job_id = %(job)s)
     OR (NOT {_OTHER_HOST} AND (t.avoid_job <> %(job)s OR NOT {_ANOTHER_JOB})))"""
 # A chain's later tests come with its first (one job runs the chain, in order); alone only
 # once its first is no longer queued (it ended, and these came back from a lost lease).
@@ -394,7 +398,7 @@ class QueueStore:
             "UPDATE devpool_queue_tests t SET state = 'queued', job_id = NULL, token = NULL, "
             "attempt = %(attempt)s, spent = %(spent)s, avoid_job = %(job)s, "
             "avoid_host = (SELECT host FROM devpool_queue_jobs WHERE job_id = %(job)s), "
-            "earlier = %(ended)s::jsonb "
+            "earlier = %(ended)s::jsonb, moved_at = now() "
             "WHERE run_id = %(run)s AND test_id = %(test)s AND state = 'claimed' "
             "AND job_id = %(job)s AND token = %(token)s "
             f"AND {_OTHER_JOB.format(other='o.job_id <> %(job)s')} RETURNING 1",
