@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from devpool.history.durations import History, TestResult
 from devpool.queue.store import QueueStore
 from pg_server import Server
 
@@ -682,7 +683,14 @@ def test_a_lost_lease_drops_a_whole_unstarted_chain(postgres: Server, project: P
     lease is lost, the chain is dropped unrun, none of it said to be lost track of."""
     (project / "test_mix.py").write_text(STALLED_CHAIN.format(out=str(project / "out")))
     run = f"stall-chain-{time.time_ns()}-{next(_runs)}"
-    more = ("-p", "pytest_dependency", "--devpool-queue-lease=1.5")
+    # the blocking test the longest: it runs first, and the chain (claimed with it) waits
+    history = project / "history.sqlite"
+    with History(history) as past:
+        past.add(
+            TestResult(f"test_mix.py::{name}", "passed", seconds, "sim", 1, "sim-1", time.time())
+            for name, seconds in (("test_block", 3.0), ("test_c1", 0.5), ("test_c2", 0.5))
+        )
+    more = ("-p", "pytest_dependency", "--devpool-queue-lease=1.5", f"--devpool-history={history}")
     stalled = start(project, "stalled", 1, postgres.url, run, *more)
     wait_for(project / "out" / "block.started", stalled)
     os.kill(stalled.pid, signal.SIGSTOP)
