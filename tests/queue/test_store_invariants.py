@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from pg_server import Server
 
 from devpool.queue.store import Claim, QueuedTest, QueueStore
+from pg_server import Server
 
 _runs = itertools.count()
 SIZES = st.sampled_from([0, 1, 2, 4, 8])
