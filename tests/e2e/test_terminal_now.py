@@ -151,8 +151,14 @@ def test_quick(i):
     pass
 
 
+@pytest.fixture
+def slow_teardown():
+    yield
+    time.sleep(1.5)  # its call has passed; the test is not done until this ends
+
+
 @pytest.mark.device_count(1)
-def test_slow():
+def test_slow(slow_teardown):
     time.sleep(2.6)
 """
 
@@ -215,8 +221,14 @@ def test_known():
     assert False
 
 
+@pytest.fixture
+def slow_teardown():
+    yield
+    time.sleep(1.5)  # its call has passed; the test is not done until this ends
+
+
 @pytest.mark.device_count(1)
-def test_slow():
+def test_slow(slow_teardown):
     time.sleep(2.6)
 """
 
@@ -250,6 +262,12 @@ def test_the_live_line_puts_its_counts_first_in_pytest_s_words(tmp_path: Path) -
     outcomes = {part for part in words.group(1).split(", ") if "deselected" not in part}
     outcomes = {part for part in outcomes if not re.fullmatch(r"\d+ warnings?", part)}
     assert set(counts.group(1).split(", ")) == outcomes, (while_slow, words.group(1))
+    # the counts move with done, when a test ends: never a call passed before its teardown
+    for line in statuses:
+        done = re.match(r"devpool: done (\d+)(?: \(([^)]*)\))?", line)
+        assert done, line
+        told = sum(int(part.split()[0]) for part in (done.group(2) or "").split(", ") if part)
+        assert told == int(done.group(1)), statuses
 
 
 PRINTS = """

@@ -81,6 +81,7 @@ class Attempt:
     started_wall: float = 0.0  # time.time() at the start, for the record
     output_from: int = 0  # the worker log's size when it started: its own output follows
     phases: list[pytest.TestReport] = field(default_factory=list)
+    told: list[str] = field(default_factory=list)  # its reports' closing-line words, until it ends
     failed: bool = False  # a phase report failed
     retry: bool = False  # this attempt failed and its job runs again
     outcome: Outcome | None = None

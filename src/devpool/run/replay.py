@@ -119,7 +119,7 @@ class Replay:
         status = self.hook.pytest_report_teststatus(report=report, config=self.session.config)
         if status and status[0]:
             report.devpool_counted = str(status[0])  # type: ignore[attr-defined]
-            self.counted[str(status[0])] = self.counted.get(str(status[0]), 0) + 1
+            attempt.told.append(str(status[0]))  # counted when it ends, with done (_record)
 
     def _judge(self, report: pytest.TestReport, attempt: Attempt) -> None:
         """Rerun or flaky, decided before pytest sees the report, so it counts it right."""
@@ -263,6 +263,9 @@ class Replay:
         lines = tail(log) if log is not None else []
         where = self.where(devices) if devices or not job.devices_needed else "not started"
         artifacts = self._artifacts(job, attempt.number, outcome, retried)
+        for word in attempt.told:  # the live line's counts move with its done, at once
+            self.counted[word] = self.counted.get(word, 0) + 1
+        attempt.told.clear()
         if not retried:
             self.ended[outcome.value] = self.ended.get(outcome.value, 0) + 1
             if ctx.settings.repeat > 1:
