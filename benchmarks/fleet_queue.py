@@ -9,7 +9,8 @@ devpool's own Scheduler (Backfill) on a simulated clock; what differs is how tes
 - queue: each job claims as queue/source.py and queue/store.py do: the longest tests its
   devices can hold (device-seconds first), in batches of BATCH_SECONDS per slot when what
   it holds falls under LOW_SECONDS per slot, the batch sized by how its tests ran against
-  their estimates so far;
+  their estimates so far, and both no more than its part of the queued work it could hold
+  (store.guided: 1/(TAIL x live jobs)), so batches shrink as the run drains;
 - static shards: `devpool shard` splits each class's tests (its own size; CPU tests go to the
   1-device class) into JOBS shards from the same wrong estimates, as fleet.py does.
 
@@ -43,6 +44,7 @@ from devpool.plan.markers import Request  # noqa: E402
 from devpool.plan.policies import Backfill  # noqa: E402
 from devpool.plan.scheduler import Scheduler  # noqa: E402
 from devpool.queue.source import BATCH_SECONDS, LOW_SECONDS, work  # noqa: E402
+from devpool.queue.store import TAIL, guided  # noqa: E402
 
 LEASE = 30.0  # --devpool-queue-lease's default
 
@@ -77,6 +79,10 @@ class Queue:
     def put(self, job: Job) -> None:
         key = (work(job.estimate, job.devices_needed), -job.id, job)
         bisect.insort(self.by_size.setdefault(job.devices_needed, []), key, key=lambda t: t[:2])
+
+    def work_for(self, devices: int) -> float:
+        """The queued work a job of `devices` devices could hold (store.claim's sum)."""
+        return sum(t[0] for size, lst in self.by_size.items() if size <= devices for t in lst)
 
     def claim(self, devices: int, seconds: float) -> list[Job]:
         taken: list[Job] = []
@@ -126,8 +132,11 @@ def simulate_queue(
             scale = runner.scale()
             slots = max(1, runner.devices)
             held = scale * sum(work(j.estimate, j.devices_needed) for j in runner.held.values())
-            if held < slots * LOW_SECONDS:
-                for job in queue.claim(runner.devices, (slots * BATCH_SECONDS - held) / scale):
+            live = sum(1 for r in runners if r.alive)
+            share = guided(float("inf"), queue.work_for(runner.devices), live)
+            if not runner.held or held < min(slots * LOW_SECONDS, scale * share):
+                seconds = guided((slots * BATCH_SECONDS - held) / scale, share * TAIL, live)
+                for job in queue.claim(runner.devices, seconds):
                     runner.held[job.id] = job
                     runner.scheduler.add(job)
             for placement in runner.scheduler.schedule(now):

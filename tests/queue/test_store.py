@@ -296,3 +296,14 @@ def test_a_moved_rerun_nobody_takes_comes_back_after_a_lease(store: QueueStore) 
         (store.run_id,),
     )
     assert [c.test_id for c in store.claim(failed_on, devices=1, seconds=10)] == ["t.py::flaky"]
+
+
+def test_guided_claims_shrink_as_the_run_drains(store: QueueStore) -> None:
+    store.publish([QueuedTest(f"t.py::t{i:02d}", 0, "cpu", 1.0) for i in range(40)], "h")
+    jobs = [store.join("h", pid, 0, "sim", 30) for pid in (1, 2)]
+    sizes = []
+    while claims := store.claim(jobs[len(sizes) % 2], 0, seconds=100, guide=True):
+        sizes.append(len(claims))
+    # each claim a quarter of what is left (1 / (TAIL x 2 live jobs)), one test at the end
+    assert sizes[:4] == [10, 8, 6, 4] and sizes[-3:] == [1, 1, 1] and sum(sizes) == 40
+    assert store.claim(jobs[0], 0, seconds=100) == []

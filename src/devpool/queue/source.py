@@ -149,6 +149,7 @@ class QueueSource:
         self.skip = [t.test_id for t in tests if t.test_id not in self.runnable]
         self.claims: dict[str, Claim] = {}  # display id → claim not reported yet
         self.held = 0.0  # the work of those claims, in the estimates' slot-seconds
+        self.share = float("inf")  # the most it should hold now (store.guided)
         self.outbox: list[tuple[Claim, str, bool, dict[str, Any]]] = []
         self.texts: dict[str, list[str]] = {}  # display id → failure text, for the JUnit file
         # display id → its attempts that ran again (here, or on the jobs it moved from), as the
@@ -183,11 +184,17 @@ class QueueSource:
                 return []
         scale = self.scale()
         held = scale * self.held
-        if held >= self.slots * LOW_SECONDS or (self._dry and now - self._looked < POLL):
+        # enough held: LOW_SECONDS a slot, less as the run drains (its part of what is left)
+        low = min(self.slots * LOW_SECONDS, scale * self.share)
+        if (self.claims and held >= low) or (self._dry and now - self._looked < POLL):
             return []
         self._looked = now
         seconds = (self.slots * BATCH_SECONDS - held) / scale  # in the estimates' seconds
-        claims = self._db(lambda s: s.claim(self.job_id, self.devices, seconds, skip=self.skip))
+        claims = self._db(
+            lambda s: s.claim(self.job_id, self.devices, seconds, skip=self.skip, guide=True)
+        )
+        if self.store is not None:
+            self.share = self.store.share
         self._dry = not claims
         for claim in claims or ():
             self.claims[claim.test_id] = claim

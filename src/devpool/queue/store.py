@@ -74,6 +74,15 @@ CREATE SEQUENCE IF NOT EXISTS devpool_queue_token;
 SCHEMA_LOCK = 0x646576706F6F6C  # pg_advisory_xact_lock key: two jobs creating tables at once
 NEWEST_COLUMN = "moved_at"  # a database without it was made by an older devpool: SCHEMA again
 SHOWN = 3  # node ids named in a sentence about a differing collection
+TAIL = 2.0  # a claim takes at most 1/(TAIL x live jobs) of the queued work it could hold
+
+
+def guided(seconds: float, queued: float, live: int) -> float:
+    """A claim's work: what the job asks, but no more than its part of what is left, so
+    that batches shrink as the run drains and the jobs end together (guided self-
+    scheduling); at least one test is claimed all the same."""
+    return min(seconds, queued / (TAIL * max(1, live)))
+
 
 _LIVE = "NOT {j}.lost AND {j}.left_at IS NULL AND {j}.expires_at >= now()"
 # A live job of the run, other than the one a rerun moved off (or on another host), that
@@ -217,6 +226,7 @@ class QueueStore:
         the database has no queue yet."""
         self.url = url
         self.run_id = run_id
+        self.share = float("inf")  # the work a job may hold, as its last claim left it
         self.db = connect(url, option)
         if read_only:
             made = self.db.execute("SELECT to_regclass('devpool_queue_tests')").fetchone()
@@ -333,11 +343,13 @@ class QueueStore:
         seconds: float,
         skip: Sequence[str] = (),
         most: int = 500,
+        guide: bool = False,
     ) -> list[Claim]:
         """Claim the longest queued tests this job's devices can hold (device-seconds first),
-        until their work (estimate × devices) adds up to `seconds`, at least one test; none
-        of `skip`, and no rerun another job should take first (_MAY_TAKE). [] when none is
-        queued or the job's lease was lost."""
+        until their work (estimate × devices) adds up to `seconds` (`guide`: no more than
+        its part of what is left, see guided), at least one test; none of `skip`, and no
+        rerun another job should take first (_MAY_TAKE). [] when none is queued or the
+        job's lease was lost."""
         self.reap()
         with self.db.transaction():
             alive = self.db.execute(
@@ -347,6 +359,15 @@ class QueueStore:
             ).fetchone()
             if alive is None:
                 return []
+            queued, live = self.db.execute(
+                "SELECT (SELECT coalesce(sum(estimate * greatest(devices, 1)), 0) "
+                "FROM devpool_queue_tests WHERE run_id = %(run)s AND state = 'queued' "
+                "AND devices <= %(devices)s), (SELECT count(*) FROM devpool_queue_jobs j "
+                f"WHERE j.run_id = %(run)s AND {_LIVE.format(j='j')})",
+                self._args(devices=devices),
+            ).fetchone() or (0.0, 1)
+            if guide:
+                seconds = guided(seconds, float(queued), int(live))
             rows = self.db.execute(
                 "SELECT position, estimate * greatest(devices, 1) FROM devpool_queue_tests t "
                 "WHERE run_id = %(run)s AND state = 'queued' AND devices <= %(devices)s "
@@ -362,6 +383,8 @@ class QueueStore:
                     break
                 chosen.append(int(position))
                 total += float(cost)
+            # what is left for this job's next claim to be measured against (source.py)
+            self.share = guided(float("inf"), float(queued) - total, int(live))
             if not chosen:
                 return []
             chosen += [  # the rest of the chains whose first test was chosen, in their order
