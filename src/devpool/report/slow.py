@@ -29,6 +29,16 @@ class SlowTests:
         self._running: dict[tuple[int, int], _Running] = {}
 
     def event(self, event_type: str, fields: Mapping[str, Any]) -> None:
+        if event_type == "report" and (
+            fields.get("when") == "call" or fields.get("outcome") != "passed"
+        ):
+            # its result is on the terminal (a letter): nothing more is said of it while its
+            # teardown runs, as pytest would say nothing (a line after the run's last letter
+            # would make pytest write its percentage again on a line of its own)
+            nodeid = fields.get("nodeid")
+            for key in [k for k, r in self._running.items() if r.nodeid == nodeid]:
+                del self._running[key]
+            return
         if event_type != "attempt":
             return
         key = (int(fields.get("job", -1)), int(fields.get("attempt", 0)))
