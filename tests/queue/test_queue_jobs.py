@@ -126,6 +126,17 @@ def job_env(name: str) -> dict[str, str]:
     return env
 
 
+def report(
+    url: str, run: str, cwd: Path, junit: Path, wait: int = 30
+) -> subprocess.CompletedProcess[str]:
+    """`devpool queue report` of the run, its JUnit file written to `junit`."""
+    return subprocess.run(
+        [sys.executable, "-c", DEVPOOL, "queue", "report", f"--devpool-queue={url}",
+         f"--devpool-queue-run={run}", f"--junitxml={junit}", f"--wait={wait}"],
+        cwd=cwd, env=job_env("report"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
 def ran_by(root: Path) -> dict[str, list[str]]:
     """test name → the jobs that ran it, in order."""
     return {p.stem: p.read_text().split() for p in sorted((root / "out").glob("*.runs"))}
@@ -177,11 +188,7 @@ def test_three_jobs_share_one_run(postgres: Server, project: Path) -> None:
         assert shown[-1:] == (["100"] if name in sum(runs.values(), []) else []), output
     # the run's one verdict: each test once, in collection order, exit as pytest's
     junit = project / "junit.xml"
-    verdict = subprocess.run(
-        [sys.executable, "-c", DEVPOOL, "queue", "report", f"--devpool-queue={postgres.url}",
-         f"--devpool-queue-run={run}", f"--junitxml={junit}", "--wait=30"],
-        cwd=project, env=job_env("report"), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    verdict = report(postgres.url, run, project, junit, wait=30)
     assert verdict.returncode == 1, verdict.stdout + verdict.stderr
     assert "1 test did not pass: 1 failed (exit code 1)" in verdict.stdout
     assert "14 passed, 1 failed" in verdict.stdout
@@ -228,11 +235,7 @@ def test_a_killed_jobs_claims_go_to_another(postgres: Server, project: Path) -> 
     assert survivor.returncode == (1 if "survivor" in runs["one3"] else 0), output
     # one verdict: every test once in the merged JUnit, the lost job's included
     junit = project / "junit.xml"
-    verdict = subprocess.run(
-        [sys.executable, "-c", DEVPOOL, "queue", "report", f"--devpool-queue={postgres.url}",
-         f"--devpool-queue-run={run}", f"--junitxml={junit}", "--wait=30"],
-        cwd=project, env=job_env("report"), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    verdict = report(postgres.url, run, project, junit, wait=30)
     assert verdict.returncode == 1, verdict.stdout + verdict.stderr  # test_one[3] failed
     cases = [(c.get("name"), c) for c in ET.parse(junit).getroot().iter("testcase")]
     assert [name for name, _ in cases] == [t.split("::")[1] for t in rows]
@@ -433,11 +436,7 @@ def test_random_suites_and_kills_give_one_verdict(
                 os.killpg(jobs[kill].pid, signal.SIGKILL)
         outputs = [job.communicate(timeout=240)[0] for job in jobs]
         junit = root / "junit.xml"
-        verdict = subprocess.run(
-            [sys.executable, "-c", DEVPOOL, "queue", "report", f"--devpool-queue={postgres.url}",
-             f"--devpool-queue-run={run}", f"--junitxml={junit}", "--wait=60"],
-            cwd=root, env=job_env("report"), capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        verdict = report(postgres.url, run, root, junit, wait=60)
         cases = list(ET.parse(junit).getroot().iter("testcase"))
         assert [c.get("name") for c in cases] == [name for name, _ in tests], (
             verdict.stdout,
@@ -509,11 +508,7 @@ def test_a_rerun_moves_to_another_job(postgres: Server, project: Path) -> None:
     assert "1 flaky" in outputs[ran[1]], outputs[ran[1]]
     assert queue_rows(postgres.url, run)["test_mix.py::test_flaky"] == ("done", "flaky")
     junit = project / "junit.xml"
-    verdict = subprocess.run(
-        [sys.executable, "-c", DEVPOOL, "queue", "report", f"--devpool-queue={postgres.url}",
-         f"--devpool-queue-run={run}", f"--junitxml={junit}", "--wait=30"],
-        cwd=project, env=job_env("report"), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    verdict = report(postgres.url, run, project, junit, wait=30)
     assert verdict.returncode == 0, verdict.stdout + verdict.stderr
     (case,) = [
         c for c in ET.parse(junit).getroot().iter("testcase") if c.get("name") == "test_flaky"
