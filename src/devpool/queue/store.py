@@ -359,14 +359,14 @@ class QueueStore:
             ).fetchone()
             if alive is None:
                 return []
-            queued, live = self.db.execute(
-                "SELECT (SELECT coalesce(sum(estimate * greatest(devices, 1)), 0) "
-                "FROM devpool_queue_tests WHERE run_id = %(run)s AND state = 'queued' "
-                "AND devices <= %(devices)s), (SELECT count(*) FROM devpool_queue_jobs j "
-                f"WHERE j.run_id = %(run)s AND {_LIVE.format(j='j')})",
-                self._args(devices=devices),
-            ).fetchone() or (0.0, 1)
-            if guide:
+            if guide:  # the queued work it could hold, and the live jobs to share it
+                queued, live = self.db.execute(
+                    "SELECT (SELECT coalesce(sum(estimate * greatest(devices, 1)), 0) "
+                    "FROM devpool_queue_tests WHERE run_id = %(run)s AND state = 'queued' "
+                    "AND devices <= %(devices)s), (SELECT count(*) FROM devpool_queue_jobs j "
+                    f"WHERE j.run_id = %(run)s AND {_LIVE.format(j='j')})",
+                    self._args(devices=devices),
+                ).fetchone() or (0.0, 1)
                 seconds = guided(seconds, float(queued), int(live))
             rows = self.db.execute(
                 "SELECT position, estimate * greatest(devices, 1) FROM devpool_queue_tests t "
@@ -383,8 +383,8 @@ class QueueStore:
                     break
                 chosen.append(int(position))
                 total += float(cost)
-            # what is left for this job's next claim to be measured against (source.py)
-            self.share = guided(float("inf"), float(queued) - total, int(live))
+            if guide:  # what is left, for this job's next claim to be measured against
+                self.share = guided(float("inf"), float(queued) - total, int(live))
             if not chosen:
                 return []
             chosen += [  # the rest of the chains whose first test was chosen, in their order
