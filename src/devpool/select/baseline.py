@@ -315,7 +315,12 @@ class Builder:
                 libs = tables["libs"]
                 entry["libs"] = [
                     libs.setdefault(
-                        (path, *(stamp or (None, None)), lib_hashes.get(path)), len(libs)
+                        (
+                            library_name(self.root, path),
+                            *(stamp or (None, None)),
+                            lib_hashes.get(path),
+                        ),
+                        len(libs),
                     )
                     for path, stamp in sorted(test["libs"].items())
                 ]
@@ -328,6 +333,19 @@ class Builder:
     def library_paths(self) -> set[str]:
         """Every shared library any test had mapped."""
         return {path for test in self.tests.values() for path in test.get("libs", {})}
+
+
+def library_name(root: Path, path: str) -> str:
+    """How a baseline names a library: relative to the rootdir when it lies inside it (a
+    project's own build, a virtual environment in the checkout), so that a baseline recorded
+    in one checkout reads the same library in another; else its absolute path."""
+    base = str(root) + os.sep
+    return path[len(base) :].replace(os.sep, "/") if path.startswith(base) else path
+
+
+def library_path(root: Path, name: str) -> str:
+    """The file a baseline's library name means under this rootdir (library_name's inverse)."""
+    return name if os.path.isabs(name) else str(root / name)
 
 
 def library_hashes(store: Path, paths: Iterable[str]) -> dict[str, str | None]:

@@ -24,6 +24,7 @@ from devpool.select.baseline import (
     changed_since,
     compatibility_inputs,
     git,
+    library_path,
     load_generation,
 )
 from devpool.select.fingerprints import BlockCache, file_hash, library_stamp
@@ -179,7 +180,8 @@ def _classify(
         if may_differ(rel) and file_hash(root / rel) != digest
     }
     changed_libs = set()
-    for index, (path, size, mtime, digest) in enumerate(libs):
+    for index, (name, size, mtime, digest) in enumerate(libs):
+        path = library_path(root, name)  # one inside the checkout: under this rootdir
         stamp = library_stamp(path)
         if stamp == (size, mtime):
             continue
@@ -248,7 +250,7 @@ def _accounted(
     """Whether a changed file is one that fingerprints, globs or compatibility inputs cover."""
     if rel in known or rel in manifest.get("compat", {}):
         return True
-    return matches(rel, sorted(globs)) or str(root / rel) in libraries
+    return matches(rel, sorted(globs)) or rel in libraries or str(root / rel) in libraries
 
 
 def _why_selected(
