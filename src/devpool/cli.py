@@ -145,7 +145,11 @@ def _report(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from devpool.session.runner import run_pytest
 
-    return run_pytest(args.pytest_args, Path(args.run_record) if args.run_record else None)
+    return run_pytest(
+        args.pytest_args,
+        Path(args.run_record) if args.run_record else None,
+        Path(args.log) if args.log else None,
+    )
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -280,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run pytest, then write the record, step summary and exit code even if it died",
     )
     run.add_argument("--run-record", help="where the record goes (default .devpool/runs/…)")
+    run.add_argument(
+        "--log",
+        metavar="FILE",
+        help="also write everything printed to FILE as it is printed (no `| tee`, whose "
+        "exit status hides pytest's without pipefail)",
+    )
     run.add_argument(
         "pytest_args",
         nargs=argparse.REMAINDER,
