@@ -46,7 +46,10 @@ _TEXT_VALUES = {
     "queue-run": "ID",
 }
 # Settings fields whose default is computed on the host that runs.
-_COMPUTED = {"cpu_slots": "the host's cores", "lock_dir": "`$TMPDIR/devpool-locks`"}
+_COMPUTED = {
+    "cpu_slots": "the host's cores",
+    "lock_dir": "`/run/lock/devpool`, else `/dev/shm/devpool`, else `/tmp/devpool-locks`",
+}
 
 
 def value_of(option: Option) -> str:
@@ -185,7 +188,7 @@ def commands_reference() -> str:
     try:
         parts = []
         for name, parser in _parsers():
-            text = parser.format_help().replace(str(default_lock_dir()), "$TMPDIR/devpool-locks")
+            text = parser.format_help().replace(str(default_lock_dir()), "/run/lock/devpool")
             parts.append(f"## `{name}`\n\n```text\n{text.rstrip()}\n```\n")
         return "\n".join(parts)
     finally:

@@ -6,7 +6,7 @@ import os
 import signal
 import stat
 import subprocess
-import tempfile
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +15,7 @@ import pytest
 
 from child_processes import read_line, spawn
 from devpool.devices.leases import Blocked, Holder, Lease, describe_blockers
-from devpool.devices.lockdir import LockDir, LockState, default_lock_dir
+from devpool.devices.lockdir import FALLBACK_LOCK_DIR, LockDir, LockState, default_lock_dir
 from devpool.errors import DevpoolError
 
 CHILD_ACQUIRES = """
@@ -303,8 +303,37 @@ def test_unusable_platform_name_is_refused(lock_dir: Path) -> None:
         LockDir(lock_dir).lock_path("../sim", 0)
 
 
-def test_default_lock_dir_is_under_tempdir() -> None:
-    assert default_lock_dir() == Path(tempfile.gettempdir()) / "devpool-locks"
+def test_default_lock_dir_is_one_per_host_whatever_tmpdir(tmp_path: Path) -> None:
+    """Two runs with different TMPDIRs (two runner services) choose the same folder."""
+    code = "from devpool.devices.lockdir import default_lock_dir; print(default_lock_dir())"
+    chosen = set()
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        env = dict(os.environ, TMPDIR=str(tmp_path / name))
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        chosen.add(done.stdout.strip())
+    assert len(chosen) == 1, chosen
+    assert not chosen.pop().startswith(str(tmp_path))
+
+
+def test_default_lock_dir_takes_the_first_folder_every_user_may_write(tmp_path: Path) -> None:
+    private, shared = tmp_path / "private", tmp_path / "shared"
+    private.mkdir(mode=0o755)
+    shared.mkdir()
+    shared.chmod(0o1777)
+    # A folder only some users may write would split runs by user: it is passed over.
+    candidates = (private / "devpool", shared / "devpool")
+    assert default_lock_dir(candidates) == shared / "devpool"
+    # One that exists, open to all (as LockDir makes it), is taken even in a closed parent.
+    (private / "devpool").mkdir()
+    (private / "devpool").chmod(0o1777)
+    assert default_lock_dir(candidates) == private / "devpool"
+    # None usable: the fixed fallback, never $TMPDIR.
+    assert default_lock_dir((tmp_path / "missing" / "devpool",)) == FALLBACK_LOCK_DIR
+    assert Path("/tmp/devpool-locks") == FALLBACK_LOCK_DIR
 
 
 # --- Holder and messages -------------------------------------------------------------------

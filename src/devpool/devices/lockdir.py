@@ -10,7 +10,6 @@ import contextlib
 import fcntl
 import os
 import stat
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +36,42 @@ from devpool.errors import DevpoolError
 _FOLDER_MODE = 0o1777
 
 
-def default_lock_dir() -> Path:
-    """The lock folder shared by every devpool run on this host."""
-    return Path(tempfile.gettempdir()) / "devpool-locks"
+# Host-wide folders, first that every user may write wins; never $TMPDIR, which two runner
+# services on one host often set apart (and systemd's PrivateTmp gives each its own /tmp).
+HOST_FOLDERS = (Path("/run/lock/devpool"), Path("/dev/shm/devpool"))
+FALLBACK_LOCK_DIR = Path("/tmp/devpool-locks")
+
+
+def default_lock_dir(candidates: Sequence[Path] = HOST_FOLDERS) -> Path:
+    """The lock folder shared by every devpool run on this host, whatever its environment:
+    the first candidate that every user may write (so every run chooses alike, whoever runs
+    it), else /tmp/devpool-locks."""
+    for folder in candidates:
+        if _open_to_all(folder) or (not _exists(folder) and _open_to_all(folder.parent)):
+            return folder
+    return FALLBACK_LOCK_DIR
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except OSError:
+        return False
+    return True
+
+
+def _open_to_all(folder: Path) -> bool:
+    """A real folder every user may create files in (as /tmp: mode 1777), and so may we."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    everyone = stat.S_IWOTH | stat.S_IXOTH
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and info.st_mode & everyone == everyone
+        and os.access(folder, os.W_OK | os.X_OK)
+    )
 
 
 @dataclass(frozen=True)
