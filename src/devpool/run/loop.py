@@ -36,7 +36,7 @@ from devpool.run.placing import Placing
 from devpool.run.pool import Slot, WorkerPool
 from devpool.run.replay import Replay
 from devpool.run.source import JobSource
-from devpool.worker import protocol
+from devpool.run.warned import WorkerWarnings
 from devpool.worker.capture import crash_output
 
 TICK = 1.0  # longest sleep of the event loop when nothing is due
@@ -74,6 +74,7 @@ class Loop:
         self.backend = backend
         self.pool = WorkerPool(ctx, backend, plan)
         self.replay = Replay(ctx, session)
+        self.warned = WorkerWarnings(session.config, ctx.items)
         self.foreign = Foreign(ctx, self.say)
         self.health = DeviceHealth(ctx, self.say, local=backend.local_leases)
         self.attempts: dict[int, Attempt] = {}  # job id → its current attempt
@@ -152,6 +153,7 @@ class Loop:
             self.placing.leave()
             self.health.close()
             self.pool.shutdown()
+            self.warned.finish()
             # Back in the collector's sight before plugins' summaries run: frozen objects
             # are no referrers to gc.get_referrers, and e.g. hypothesis's register_random
             # (trio's, at hypothesis's import in its terminal summary) would then warn.
@@ -305,15 +307,7 @@ class Loop:
         attempt = slot.current
         if attempt is not None and attempt.nodeid == nodeid:
             nodeid = attempt.display
-        location = message.get("location")
-        self.hook.pytest_warning_recorded.call_historic(
-            kwargs={
-                "warning_message": protocol.warning_from(message),
-                "when": "runtest",
-                "nodeid": nodeid,
-                "location": tuple(location) if location else None,
-            }
-        )
+        self.warned.tell(nodeid, message)
 
     def _renamed(self, message: dict[str, Any]) -> None:
         """Said once per test: a worker's parametrize id differed, matched by place."""

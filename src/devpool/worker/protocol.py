@@ -14,7 +14,9 @@ worker → controller:  {"ev": "ready", "pid": 123, "collected": 40}
                           place under another parametrize id; its events use the
                           controller's id)
                       {"ev": "warning", "nodeid", "location", "message", "category",
-                       "filename", "lineno", "line"}  (a warning a test raised)
+                       "filename", "lineno", "line", "once"?}  (a warning a test raised;
+                          once: the import or wider fixture setup that raised it, which
+                          plain pytest shows once: worker/warned.py)
                       {"ev": "output", "pid": 123, "data": <base64 pickle>}  (its
                           plugins' config.workeroutput, at its session's end)
                       {"ev": "done", "job": 7, "skipped": [node ids not run],

@@ -20,7 +20,7 @@ from devpool import compat
 from devpool.devices import memory
 from devpool.devices.probes import report_text
 from devpool.history import preload
-from devpool.worker import capture, cpu_load, native_threads, protocol, worklist
+from devpool.worker import capture, cpu_load, native_threads, protocol, warned, worklist
 from devpool.worker import template as forkserver
 
 # Options that select or stop tests belong to the controller alone: the worker must be
@@ -130,6 +130,8 @@ class WorkerSession:
         # ran more (an OpenMP pool started at import): that module may be left out of it.
         self.tasks = native_threads.thread_count() if self.template is not None else 1
         self.culprit: str | None = None
+        self.once = warned.OnceWarnings()  # warnings plain pytest shows once per run
+        config.pluginmanager.register(self.once, "devpool-once-warnings")
 
     def _exit_forked(self) -> None:
         """A forked worker ends here, once pytest and the plugins are done: the atexit
@@ -419,6 +421,9 @@ class WorkerSession:
             return
         self.warned = True  # what this test imports is not preloaded (history/preload.py)
         message = protocol.warning_message(warning_message)
+        once = self.once.once_of(warning_message)
+        if once is not None:
+            message["once"] = once  # the controller keeps one of them, as plain pytest shows
         nodeid = self.renamed.get(nodeid, nodeid)
         self.send({"ev": "warning", "nodeid": nodeid, "location": location, **message})
 

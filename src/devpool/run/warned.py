@@ -1,0 +1,78 @@
+"""The warnings workers send, told to pytest as plain pytest would have recorded them.
+
+A test's own warnings are told as they come. One that plain pytest shows once for the run
+(a module's import raised it, or a wider fixture's setup: worker/warned.py) is held: each
+worker that imported the module or set up the fixture raised it again. At the run's end one
+of each is told, under the first test in collection order that raised it, and the run's
+warnings are put in collection order, the order plain pytest's summary lists them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from devpool.worker import protocol
+
+
+class WorkerWarnings:
+    """Tells pytest the warnings the workers raised (pytest_warning_recorded)."""
+
+    def __init__(self, config: pytest.Config, collected: Iterable[str]) -> None:
+        self.config = config
+        self.places = {nodeid: place for place, nodeid in enumerate(collected)}
+        self.received = 0  # warnings received so far: a test's keep the order it raised them
+        self.held: dict[str, tuple[tuple[int, int], str, dict[str, Any]]] = {}  # once → first
+        self.told: dict[int, tuple[int, int]] = {}  # id of the terminal's entry → its order
+        self.start: int | None = None  # where the run's warnings begin in the terminal's list
+
+    def tell(self, nodeid: str, message: dict[str, Any]) -> None:
+        """One warning of a test (told under nodeid: a --devpool-repeat turn's own)."""
+        self.received += 1
+        order = (self.places.get(str(message.get("nodeid")), len(self.places)), self.received)
+        once = message.get("once")
+        if once:
+            # Not by where it points: an import's warning names its first importer's line.
+            key = f"{once}\0{message.get('category')}\0{message.get('message')}"
+            first = self.held.get(key)
+            if first is None or order < first[0]:
+                self.held[key] = (order, nodeid, message)
+            return
+        self._record(nodeid, order, message)
+
+    def _record(self, nodeid: str, order: tuple[int, int], message: dict[str, Any]) -> None:
+        shown = self._list()
+        if self.start is None:
+            self.start = len(shown)
+        before = len(shown)
+        location = message.get("location")
+        self.config.hook.pytest_warning_recorded.call_historic(
+            kwargs={
+                "warning_message": protocol.warning_from(message),
+                "when": "runtest",
+                "nodeid": nodeid,
+                "location": tuple(location) if location else None,
+            }
+        )
+        for entry in shown[before:]:
+            self.told[id(entry)] = order
+
+    def _list(self) -> list[Any]:
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        stats = getattr(terminal, "stats", None)
+        return stats.setdefault("warnings", []) if isinstance(stats, dict) else []
+
+    def finish(self) -> None:
+        """The held warnings, one of each, then the run's warnings in collection order."""
+        for order, nodeid, message in sorted(self.held.values(), key=lambda held: held[0]):
+            self._record(nodeid, order, message)
+        self.held = {}
+        if self.start is None:
+            return
+        shown = self._list()
+        last = (len(self.places) + 1, 0)  # what was not told here keeps its place after
+        run = shown[self.start :]
+        run.sort(key=lambda entry: self.told.get(id(entry), last))
+        shown[self.start :] = run
