@@ -1,7 +1,7 @@
 """`devpool select`: what a run with --devpool-select on would run, and why; export/import.
 
     devpool select [--base REV] [--explain] [-m EXPR] [-k EXPR] [PATH ...]
-    devpool select export ARCHIVE [-m EXPR] [-k EXPR] [PATH ...]
+    devpool select export ARCHIVE [-m EXPR] [-k EXPR] [PATH ...]   (none: every bucket)
     devpool select import ARCHIVE
 
 The bucket (PATHs, -m, -k) must be spelled as the pytest command line that recorded it.
@@ -18,11 +18,12 @@ from devpool.capacity.cli import also_usage
 from devpool.config import check_tables, read_table
 from devpool.errors import DevpoolError
 from devpool.project import find_pyproject
+from devpool.select.archive import bucket_words, import_archive, write_archive
 from devpool.select.baseline import (
     BaselineProblem,
     Bucket,
+    Store,
     bucket_of,
-    export_generation,
     identity,
 )
 from devpool.select.diff import Current, select
@@ -95,13 +96,46 @@ def _select(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     cwd = Path.cwd()
     root, _ = _project(cwd)
-    bucket = _bucket(args, root, cwd)
-    generation = store_for(root).latest(bucket.id)
-    if generation is None:
-        raise DevpoolError(f"no baseline for the bucket {' '.join(bucket.paths)} to export")
-    export_generation(generation, Path(args.archive))
-    print(f"devpool select: exported baseline {generation.name} to {args.archive}")
+    store = store_for(root)
+    newest = _newest_of_every_bucket(store)
+    if args.paths or args.markexpr or args.keyword:
+        bucket = _bucket(args, root, cwd)
+        generation = store.latest(bucket.id)
+        if generation is None:
+            raise DevpoolError(
+                f"no baseline for the bucket {' '.join(bucket.paths)} to export"
+                + _buckets_that_exist(newest)
+            )
+        chosen = [generation]
+    else:  # no bucket named: every bucket's newest, whatever command line recorded it
+        if not newest:
+            raise DevpoolError(
+                f"no baseline to export in {store.path}: a run with --devpool-select=record "
+                "writes one"
+            )
+        chosen = newest
+    write_archive(chosen, Path(args.archive))
+    for generation in chosen:
+        print(
+            f"devpool select: exported baseline {generation.name} "
+            f"({bucket_words(generation)}) to {args.archive}"
+        )
     return 0
+
+
+def _newest_of_every_bucket(store: Store) -> list[Path]:
+    if not store.path.is_dir():
+        return []
+    newest = (store.latest(folder.name) for folder in sorted(store.path.iterdir()))
+    return [generation for generation in newest if generation is not None]
+
+
+def _buckets_that_exist(newest: list[Path]) -> str:
+    if not newest:
+        return "; there is no baseline here yet"
+    return "; baselines exist for the buckets: " + ", ".join(
+        sorted(bucket_words(generation) for generation in newest)
+    )
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -109,19 +143,20 @@ def _import(args: argparse.Namespace) -> int:
     if not Path(args.archive).is_file():
         raise DevpoolError(f"{args.archive}: no such file to import")
     try:
-        folder = store_for(root).import_generation(Path(args.archive))
+        folders = import_archive(store_for(root), Path(args.archive))
     except BaselineProblem as exc:
         raise DevpoolError(str(exc)) from None
-    print(f"devpool select: imported baseline {folder.name}")
+    for folder in folders:
+        print(f"devpool select: imported baseline {folder.name}")
     return 0
 
 
-def _bucket_arguments(parser: argparse.ArgumentParser) -> None:
+def _bucket_arguments(
+    parser: argparse.ArgumentParser, default: str = "testpaths, as pytest's"
+) -> None:
     parser.add_argument("-m", dest="markexpr", default="", help="the run's -m expression")
     parser.add_argument("-k", dest="keyword", default="", help="the run's -k expression")
-    parser.add_argument(
-        "paths", nargs="*", help="the run's test paths (default: testpaths, as pytest's)"
-    )
+    parser.add_argument("paths", nargs="*", help=f"the run's test paths (default: {default})")
 
 
 def add_select_command(commands: Any) -> None:
@@ -142,20 +177,13 @@ def build_transfer_parser(parser_class: type[argparse.ArgumentParser], verb: str
     """`devpool select export|import ARCHIVE` (their own parsers: select takes paths)."""
     what = {
         "export": "Write the newest baseline generation of the run's bucket (paths, -m, -k) "
-        "to ARCHIVE.",
-        "import": "Add the baseline generation in ARCHIVE to this project's baselines.",
-        "merge": "Publish the baseline of a recording split into shards, once every shard's "
-        "part is there.",
+        "to ARCHIVE; with none of them, the newest of every bucket.",
+        "import": "Add the baseline generations in ARCHIVE to this project's baselines.",
     }
     parser = parser_class(prog=f"devpool select {verb}", description=what.get(verb))
-    if verb == "merge":
-        from devpool.select.shards import add_merge_arguments
-
-        add_merge_arguments(parser)
-        return parser
-    parser.add_argument("archive", help="the .tar.gz file of one generation")
+    parser.add_argument("archive", help="the .tar.gz file of the generations")
     if verb == "export":
-        _bucket_arguments(parser)
+        _bucket_arguments(parser, "every bucket")
         parser.set_defaults(func=_export)
     else:
         parser.set_defaults(func=_import)
