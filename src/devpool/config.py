@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from devpool.database import shown
+from devpool.devices.cores import usable_cores
 from devpool.devices.inventory import Platform, load_platforms
 from devpool.devices.lockdir import default_lock_dir
 from devpool.devices.ports import DEFAULT_RANGE, overlap_error, parse_range
@@ -153,7 +154,8 @@ OPTIONS: tuple[Option, ...] = (
         "cpu-slots",
         _positive_int,
         "cores the tests may keep busy: a CPU-only test takes one, a CPU-bound device test "
-        "its load (default: cores)",
+        "its load, a cpus(n) test n (default: the cores this process may use, by affinity and "
+        "cgroup quota)",
     ),
     Option(
         "lock-dir", _text, "folder of per-device lock files shared by runs on this host", path="DIR"
@@ -383,7 +385,7 @@ class Settings:
     platforms: Mapping[str, Platform]
     profile: str | None = None
     max_parallel: int | None = None
-    cpu_slots: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cpu_slots: int = field(default_factory=lambda: usable_cores().count)
     lock_dir: Path = field(default_factory=default_lock_dir)
     lease_timeout: float = 600.0
     test_timeout: float | None = None

@@ -43,6 +43,15 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hooks)
 
 
+def _worker_of_a_selecting_run(args: list[str]) -> bool:
+    """A worker whose controller selects: it pins its mode with --devpool-select (workers.py)."""
+
+    def given(name: str) -> bool:
+        return any(a == name or a.startswith(name + "=") for a in args)
+
+    return given("--devpool-worker") and given("--devpool-select")
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_load_initial_conftests(
     early_config: pytest.Config, parser: pytest.Parser, args: list[str]
@@ -50,12 +59,13 @@ def pytest_load_initial_conftests(
     """In a worker, pytest's fd capture writes to files beside the worker log (see capture).
 
     pytest starts that capture here, before pytest_configure; tryfirst puts us around it."""
-    from devpool.select.record import start_early
-
     wrong = unknown_option(args)
     if wrong is not None:
         raise pytest.UsageError(wrong)
-    start_early(early_config, args)  # a record run's worker watches imports from here on
+    if _worker_of_a_selecting_run(args):
+        from devpool.select.record import start_early
+
+        start_early(early_config, args)  # a record run's worker watches imports from here on
     base = capture.worker_base(args, os.environ)
     if base is None:
         if is_controller(early_config, args):
@@ -137,15 +147,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", DEPENDS_ON_MARKER)
     worker_spec = config.getoption("devpool_worker")
     if worker_spec:
-        from devpool.select.record import register_worker
         from devpool.worker.session import WorkerSession
+        from devpool.worker.threads import apply_budget
+
+        apply_budget()  # pools a fork of the controller loaded before this budget was set
 
         config.pluginmanager.register(WorkerSession(config, worker_spec), "devpool-worker")
         try:
             table = read_table(_pyproject(config))
         except DevpoolError:
             table = {}  # the controller said so already
-        register_worker(config, config.getoption("devpool_select"), table)
+        select = config.getoption("devpool_select")
+        if select is not None:  # a selecting controller pins its mode for every worker
+            from devpool.select.record import register_worker
+
+            register_worker(config, select, table)
         _register_rules(config, table, str(_pyproject(config)), warn=False)
         return
     try:
@@ -227,9 +243,10 @@ def _configure_controller(config: pytest.Config) -> None:
         Controller(config, settings, inventory, lock_dir), "devpool-controller"
     )
     config.pluginmanager.register(FinishGuard(), "devpool-finish-guard")
-    from devpool.select.session import register_controller
+    if settings.select != "off":  # selection's modules load only for a run that selects
+        from devpool.select.session import register_controller
 
-    register_controller(config, settings, read_table(pyproject), str(pyproject))
+        register_controller(config, settings, read_table(pyproject), str(pyproject))
     # Registered after selection's plugin: its trylast collection hook runs first, so the
     # selection reads the devices the rules give too.
     config.pluginmanager.register(RuleMarkers(rules), "devpool-rules")

@@ -74,12 +74,12 @@ class Job:
     @property
     def cpu_needed(self) -> int:
         """CPU slots (cores) the job holds while it runs: a CPU-only ranks(n) test one per
-        rank."""
+        rank, a cpus(n) test n (per rank)."""
+        asked = self.request.cpus_total  # cpus(n): n per process
         if self.devices_needed:
-            return self.cpu_cores
-        if self.request.cpu_ranks:  # at most every slot (the controller caps cpu_cores)
-            return self.cpu_cores or self.request.cpu_ranks
-        return 1
+            return max(self.cpu_cores, asked)
+        # A CPU ranks(n) test: at most every slot (the controller caps cpu_cores).
+        return max(self.cpu_cores or self.request.cpu_ranks or 1, asked)
 
     @property
     def shape(self) -> int:
@@ -134,12 +134,16 @@ def unsatisfiable_reason(
     backend: str,
     memory: Mapping[int, int] | None = None,
     resources: Mapping[str, int] | None = None,
+    cpu_slots: int | None = None,
 ) -> str | None:
     """Why a request can never be met by this session, or None when it can.
 
     memory: what each device may hand out to device_memory requests (after the reserve).
     resources: the capacity of each named host resource ([tool.devpool.resources]).
+    cpu_slots: the run's CPU slots, which a cpus(n) request may not exceed.
     """
+    if cpu_slots is not None and request.cpus_total > cpu_slots:
+        return cpus_reason(request, cpu_slots)
     for name, count in request.resources:
         capacity = (resources or {}).get(name, 0)
         if count > capacity:
@@ -180,6 +184,16 @@ def unsatisfiable_reason(
     return None
 
 
+def cpus_reason(request: Request, cpu_slots: int) -> str:
+    """Why a cpus(n) request cannot run: more cores than the run's CPU slots."""
+    each = f" ({request.ranks} ranks × {request.cpus})" if request.ranks else ""
+    return (
+        f"@pytest.mark.cpus({request.cpus}) needs {request.cpus_total} cores{each}; this run has "
+        f"{counted(cpu_slots, 'CPU slot')} (the cores this process may use, or "
+        "--devpool-cpu-slots)"
+    )
+
+
 def build_plan(
     jobs: Sequence[Job],
     inventory: Inventory,
@@ -188,6 +202,7 @@ def build_plan(
     memory: Mapping[int, int] | None = None,
     resources: Mapping[str, int] | None = None,
     keep_master_port: bool = False,
+    cpu_slots: int | None = None,
 ) -> Plan:
     """Split jobs into runnable (sorted by priority) and unsatisfiable ones.
 
@@ -208,7 +223,7 @@ def build_plan(
                     f"{inventory.platform.name} devices is unknown (set memory under "
                     f"[tool.devpool.platforms]{nvml})"
                 )
-        reason = unsatisfiable_reason(job.request, inventory, backend, memory, resources)
+        reason = unsatisfiable_reason(job.request, inventory, backend, memory, resources, cpu_slots)
         if reason is None:
             plan.jobs.append(job)
         else:

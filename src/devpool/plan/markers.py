@@ -25,6 +25,7 @@ MARKERS = {
     "device_exclusive": "device_exclusive: whole devices, even where device-memory is the default.",
     "ports": "ports(n): n TCP ports leased on the host for this test (DEVPOOL_PORTS).",
     "resources": "resources(name=k): k units of each named [tool.devpool.resources] resource.",
+    "cpus": "cpus(n): the test keeps n cores busy: it holds n CPU slots and gets n threads.",
 }
 
 
@@ -54,11 +55,19 @@ class Request:
     # ranks(n): the test runs as n processes, one per rank; 0: an ordinary test.
     ranks: int = 0
     devices_per_rank: int = 1  # ranks(n, devices_per_rank=k): device_count is n × k
+    # cpus(n): cores the test keeps busy (each rank's, for ranks(n)): n CPU slots and a
+    # thread budget of n; 0: one slot for a CPU test, and the run's share of threads.
+    cpus: int = 0
 
     @property
     def cpu_ranks(self) -> int:
         """CPU slots a CPU-only distributed test takes: one per rank (0: not one)."""
         return self.ranks if self.ranks and self.device_count == 0 else 0
+
+    @property
+    def cpus_total(self) -> int:
+        """Cores a cpus(n) test holds: n for each of its processes (0: not asked)."""
+        return self.cpus * max(1, self.ranks)
 
     @property
     def ports_needed(self) -> int:
@@ -97,6 +106,8 @@ class Request:
         if self.ports:
             parts.append(f"{self.ports} port{'s' if self.ports != 1 else ''}")
         parts.extend(f"{name}={count}" for name, count in self.resources)
+        if self.cpus:
+            parts.append(f"{self.cpus} cpu{'s' if self.cpus != 1 else ''}")
         return ", ".join(parts)
 
 
@@ -221,6 +232,7 @@ VALUE_MARKERS = (
     "timeout",
     "ports",
     "ranks",
+    "cpus",
 )
 
 
@@ -294,6 +306,9 @@ def request_for(
     wanted: tuple[tuple[str, int], ...] = ()
     if (mark := item.get_closest_marker("resources")) is not None:
         wanted = _resources(nodeid, mark, resources or {})
+    cpus = 0
+    if (mark := item.get_closest_marker("cpus")) is not None:
+        cpus = _whole_number(nodeid, mark.name, mark.args, mark.kwargs, 1)
     ranks, per_rank = 0, 1
     if (mark := item.get_closest_marker("ranks")) is not None:
         ranks, per_rank = _ranks(nodeid, mark)
@@ -330,6 +345,7 @@ def request_for(
         resources=wanted,
         ranks=ranks,
         devices_per_rank=per_rank,
+        cpus=cpus,
     )
     if not request.ports_needed and "devpool_ports" in getattr(item, "fixturenames", ()):
         raise DevpoolError(

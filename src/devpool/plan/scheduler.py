@@ -27,6 +27,11 @@ class IdleWorker:
     devices: tuple[int, ...]
     memory: int | None = None  # the bytes per device its lease holds; None: whole devices
     shape: int = 0  # a rank group's ranks (Job.shape): it runs jobs of its own shape only
+    cpus: int = 0  # its thread budget's cpus(n) (0: the run's share): jobs that ask the same
+
+    def runs(self, job: Job) -> bool:
+        """Whether the job may run here: a rank group of its shape, threads it asked for."""
+        return self.shape == job.shape and self.cpus == job.request.cpus
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ class Pool:
                 # Its own lease already holds the memory: the device need only be usable.
                 usable = all(self.room(d, retiring=True) >= memory for d in worker.devices)
                 same = worker.memory == memory and len(worker.devices) == k
-                same = same and worker.shape == job.shape
+                same = same and worker.runs(job)
                 if same and usable and avoid.isdisjoint(worker.devices):
                     self.idle.remove(worker)
                     self._use(worker.devices, memory)
@@ -193,7 +198,7 @@ class Pool:
         if not isolate:
             for worker in self.idle:
                 whole = worker.memory is None
-                fits = len(worker.devices) == k and worker.shape == job.shape
+                fits = len(worker.devices) == k and worker.runs(job)
                 if whole and fits and self.free.issuperset(worker.devices):
                     return Placement(job, worker.devices, reuse=worker.key)
         warm = {d for w in self.idle if self.free.issuperset(w.devices) for d in w.devices}
@@ -223,7 +228,7 @@ class Pool:
         retire = []
         for worker in self.idle:
             if set(worker.devices) & set(chosen):
-                same = worker.devices == chosen and worker.shape == job.shape
+                same = worker.devices == chosen and worker.runs(job)
                 if same and not isolate and worker.memory is None:
                     return Placement(job, chosen, reuse=worker.key)
                 if not self.free.issuperset(worker.devices):

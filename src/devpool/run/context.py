@@ -20,6 +20,7 @@ from devpool.history.place import HistorySpec
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
 from devpool.report.junit import Attempt as JunitAttempt
+from devpool.run.threads import ThreadBudget
 
 
 class RunContext(Protocol):
@@ -40,6 +41,7 @@ class RunContext(Protocol):
     fatal: FatalPatterns
     quarantined: dict[str, Entry]
     memory: dict[int, int]  # bytes each device hands out to device_memory tests ({}: none)
+    threads: ThreadBudget  # each test process's share of the cores (OMP_NUM_THREADS, ...)
 
     # Findings, for the summary at the end of the run.
     repeats: dict[str, list[tuple[Outcome, str]]]

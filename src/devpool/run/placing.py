@@ -171,6 +171,7 @@ class Placing:
                     s.worker.devices,
                     s.worker.lease.amount if s.worker.lease else None,
                     s.shape,
+                    s.cpus,
                 )
                 for s in self.pool.idle.values()
             ]
@@ -346,6 +347,8 @@ class Placing:
             if module and following.location[0] != head.location[0]:
                 break
             if following.shape != head.shape:  # a rank group runs its own shape only
+                break
+            if following.cpu_needed != head.cpu_needed:  # the head's slots, its threads
                 break
             if following.memory_needed != head.memory_needed:  # a worker's lease is of one kind
                 break

@@ -54,6 +54,7 @@ class Slot:
     startup: float | None = None  # seconds from spawn to ready, until its first test took it
     leased: float | None = None  # when its lease was taken (monotonic), until its first test
     shape: int = 0  # a rank group's ranks (Job.shape): it runs jobs of that shape only
+    cpus: int = 0  # the cpus(n) its threads were sized for (0: the run's share)
 
     @property
     def key(self) -> int:
@@ -133,6 +134,7 @@ class WorkerPool:
             limit += self.ctx.settings.lease_timeout
         slot = Slot(worker, ready_by=now + limit, memory_file=memory_file, spawned=now)
         slot.shape = job.shape
+        slot.cpus = job.request.cpus
         slot.leased = now if lease is not None and lease.devices else None
         self.slots[worker.key] = slot
         return slot
@@ -231,6 +233,8 @@ class WorkerPool:
             # A process that runs one job, or one module's jobs, imports that module alone.
             modules = self._one_module(job) or modules
         env = device_env(self.ctx, devices)
+        if job.request.cpus:
+            env.update(self.ctx.threads.env(job.request.cpus))
         if modules is not None:
             env["DEVPOOL_COLLECT_ONLY"] = str(modules)
         return env

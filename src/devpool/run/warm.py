@@ -95,7 +95,7 @@ class Warm:
         starting = sum(1 for state in states.values() if state == "starting")
         started = False
         for size, state in states.items():
-            if starting >= max(1, os.cpu_count() or 1):
+            if starting >= self.ctx.threads.cores.count:
                 break
             if state is None:
                 backend.prepare(template_kind(size), self.template_env(size))
@@ -206,4 +206,5 @@ def device_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
         env[platform.visible_env] = ids
     if platform.kind == "cuda":
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # ids are nvidia-smi's order
+    env.update(ctx.threads.env())  # OMP_NUM_THREADS and its kin: the process's share
     return env

@@ -13,15 +13,15 @@ import time
 from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
 from devpool.backends import Backend
 from devpool.backends.local import LocalBackend
-from devpool.capacity import shards
 from devpool.config import Settings
 from devpool.devices import memory, probes
+from devpool.devices.cores import usable_cores
 from devpool.devices.inventory import Inventory
 from devpool.devices.lockdir import LockDir
 from devpool.devices.probes import FatalPatterns
@@ -33,9 +33,8 @@ from devpool.history.place import HistorySpec, pending_place, preload_file
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
 from devpool.plan import chains, skips
-from devpool.plan.jobs import Plan, build_plan, cpu_slots_of
+from devpool.plan.jobs import Plan, build_plan, cpu_slots_of, cpus_reason
 from devpool.plan.markers import Request, request_for
-from devpool.queue.source import QueueSource, join_queue
 from devpool.report import github, progress
 from devpool.report.github import GitHubLog
 from devpool.report.junit import Attempt
@@ -44,9 +43,21 @@ from devpool.report.slow import SlowTests
 from devpool.report.summary import summarize
 from devpool.report.terminal import lend_endings, take_back, write_apart
 from devpool.run.loop import Loop
+from devpool.run.threads import ThreadBudget
 from devpool.session import jobs, past_runs, summary, workers
 from devpool.session.plain_collection import PlainCollection
 from devpool.session.run_folder import prune_runs, run_id
+
+if TYPE_CHECKING:
+    from devpool.queue.source import QueueSource
+
+
+def _parse_shard(text: str) -> tuple[int, int]:
+    # Imported here, as the queue's modules are: a run that neither shards nor queues loads
+    # neither (the fixed cost of a run, issue 45).
+    from devpool.capacity import shards
+
+    return shards.parse_shard(text)
 
 
 class Listener(Protocol):
@@ -97,12 +108,15 @@ class Controller:
         self.cpu_loads: dict[str, float] = {}  # device tests' cores kept busy, from history
         self.history_path: HistorySpec = settings.history or default_history_path(config.rootpath)
         self.preload_file = preload_file(self.history_path, config.rootpath)
-        self.shard = shards.parse_shard(settings.shard) if settings.shard else None
+        self.shard = _parse_shard(settings.shard) if settings.shard else None
         self.releasable: list[str] = []
         self.items: dict[str, pytest.Item] = {}
         self.loop_ran = False  # the loop froze, then unfroze, the collector's objects
         devices = len(inventory.devices)
         self.max_parallel = settings.max_parallel or max(devices, settings.cpu_slots)
+        self.threads = ThreadBudget.of(
+            usable_cores(), self.max_parallel, settings.cpu_slots, devices, os.environ
+        )
         self.host = host_name()
         self.record_path = settings.run_record or self.run_dir / "record.jsonl"
         self.record: RecordWriter | None = None
@@ -246,6 +260,7 @@ class Controller:
             f"devpool: {self.inventory.describe()} from {self.inventory.source}; "
             f"max-parallel {self.max_parallel}, cpu slots {self.settings.cpu_slots}",
             f"devpool: lock dir {self.lock_dir.path}; logs {self.log_dir}",
+            *self.threads.header(),
         ]
         capture = self.config.getoption("capture", None)
         if capture in ("no", "tee-sys"):
@@ -285,6 +300,12 @@ class Controller:
                 )
             except DevpoolError as exc:
                 raise pytest.UsageError(str(exc)) from None
+            over = request.cpus_total > self.settings.cpu_slots
+            if over and not self.settings.skip_unsatisfiable:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: {cpus_reason(request, self.settings.cpu_slots)}; lower "
+                    "it, or pass --devpool-skip-unsatisfiable to skip such tests"
+                )
             self.asked[item.nodeid] = request.device_count * request.nodes  # for a queue
             request = skips.beyond_pool(item, request, len(self.inventory.devices))
             if request.platforms is not None and not (
@@ -317,6 +338,8 @@ class Controller:
 
     def _keep_shard(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         """--devpool-shard K/N: keep the tests of shard K, split by estimated device-seconds."""
+        from devpool.capacity import shards
+
         assert self.shard is not None
         k, n = self.shard
         default = self.settings.default_estimate
@@ -377,6 +400,7 @@ class Controller:
             memory=self.memory,
             resources=self.settings.resources,
             keep_master_port=self.settings.keep_master_port,
+            cpu_slots=self.settings.cpu_slots,
         )
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         for note in plan.notes:
@@ -442,6 +466,8 @@ class Controller:
     def _join_queue(self, plan: Plan, backend: Backend) -> QueueSource:
         """--devpool-queue: publish or check the run's tests, join it; the plan's jobs then come
         from this job's claims, and tests no job can hold are the queue's to end."""
+        from devpool.queue.source import join_queue
+
         try:
             source = join_queue(
                 self.settings, plan, self.inventory, self.host, self.max_parallel, self.asked

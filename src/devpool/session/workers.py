@@ -6,7 +6,6 @@ final selection, and the fork server's template that collects while this process
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,17 @@ from devpool.config import Settings
 from devpool.devices.inventory import Inventory
 from devpool.folders import devpool_dir
 from devpool.run.warm import template_kind, templates_env
-from devpool.select import session as select_session
 from devpool.session.early_kinds import early_kinds
 from devpool.worker import template as forkserver
 from devpool.worker import worklist
+
+
+def _select_options(config: pytest.Config) -> list[str]:
+    if not config.pluginmanager.has_plugin("devpool-select"):
+        return []  # a run that does not select never loads selection's modules
+    from devpool.select import session as select_session
+
+    return select_session.worker_options(config)
 
 
 def worker_setup(config: pytest.Config) -> tuple[list[str], dict[str, str]]:
@@ -33,7 +39,7 @@ def worker_setup(config: pytest.Config) -> tuple[list[str], dict[str, str]]:
     args = [
         *worklist.worker_args(config),
         *compat.worker_options(config),
-        *select_session.worker_options(config),
+        *_select_options(config),
     ]
     return args, compat.worker_env(config)
 
@@ -75,7 +81,7 @@ def early_backend(
         backend.start_zygote(config.stash.get(zygote.UNSET, None))
     if not guessed or 0 in {kind.size for kind in guessed}:
         backend.prepare(template_kind(0), templates_env(ctx, ()))
-    room = len(guessed) if backend.zygote else max(1, (os.cpu_count() or 1) - 1)
+    room = len(guessed) if backend.zygote else max(1, ctx.threads.cores.count - 1)
     for kind in [k for k in guessed if k.size > 0][:room]:
         env = templates_env(ctx, tuple(ctx.inventory.devices[: kind.size]))
         modules = log_dir.parent / "collect" / f"early-{kind.size}.txt"

@@ -297,10 +297,11 @@ def become_worker(config: pytest.Config, fork: Fork, template_log: Path | None) 
 
     The template's output went to the template's log, through pytest's fd capture (whose
     files the template and every child would share) and faulthandler's copy of stderr."""
-    from devpool.worker import capture
+    from devpool.worker import capture, threads
 
     os.environ.clear()
     os.environ.update(fork.env)
+    threads.apply_budget()  # its template's pools were sized to the template's budget
     capman: Any = config.pluginmanager.getplugin("capturemanager")
     capturing = capman is not None and capman._global_capturing is not None  # noqa: SLF001
     state = capman._global_capturing._state if capturing else None  # noqa: SLF001

@@ -1,0 +1,53 @@
+"""Resize the thread pools a process loaded before its thread budget was set.
+
+A fresh worker reads OMP_NUM_THREADS and its kin when its libraries load. A template forked
+from the zygote, and a worker forked from a template, loaded them earlier (the controller's
+conftest imported torch; the template preloaded numpy) under another budget: for them the
+pools are resized at run time, torch's with `torch.set_num_threads`, the BLAS and OpenMP
+libraries' with threadpoolctl. Setting a size starts no thread: a template stays forkable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any
+
+BUDGET_ENV = "DEVPOOL_THREADS"  # run/threads.py sets it beside OMP_NUM_THREADS and its kin
+
+
+def _count(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() and int(value) >= 1 else None
+
+
+def apply_budget() -> None:
+    """Size the pools of libraries loaded already to this process's variables: the user's
+    where they set one, else devpool's budget. Nothing when no budget was given."""
+    budget = _count(BUDGET_ENV)
+    if budget is None:
+        return
+    openmp = _count("OMP_NUM_THREADS") or budget
+    blas = _count("OPENBLAS_NUM_THREADS") or _count("MKL_NUM_THREADS") or openmp
+    torch: Any = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        try:
+            if torch.get_num_threads() != openmp:
+                torch.set_num_threads(openmp)
+        except Exception:  # noqa: BLE001 - a broken or stub torch: its tests will say so
+            pass
+    if not _loaded_native_pools():
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # an optional resize: the variables still reach new processes
+        return
+    with contextlib.suppress(Exception):  # a library threadpoolctl cannot drive: leave it
+        threadpool_limits(limits={"openmp": openmp, "blas": blas})
+
+
+def _loaded_native_pools() -> bool:
+    """Whether a module that ships a BLAS or OpenMP pool is loaded (else threadpoolctl's
+    scan of every shared library would be wasted on a plain suite)."""
+    return any(name in sys.modules for name in ("numpy", "scipy", "torch", "sklearn"))
