@@ -327,7 +327,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     command = next((a for a in argv if not a.startswith("-")), None)
     if command == "select":
         at = argv.index("select")
-        if argv[at + 1 : at + 2] in (["export"], ["import"]):
+        if argv[at + 1 : at + 2] in (["export"], ["import"], ["merge"]):
             transfer = build_transfer_parser(_Parser, argv[at + 1])
             parsed: argparse.Namespace = transfer.parse_args(argv[:at] + argv[at + 2 :])
             return parsed

@@ -11,10 +11,11 @@ from typing import Any
 
 from devpool.database import where
 from devpool.errors import DevpoolError
+from devpool.queue.selection import selection_line
 from devpool.queue.source import run_id_from
 from devpool.queue.status import SCHEMA, run_status
 from devpool.queue.store import QueueStore
-from devpool.queue.verdict import jobs_line, outcome_of, wait_for_end, write_junit
+from devpool.queue.verdict import NO_TESTS, jobs_line, outcome_of, wait_for_end, write_junit
 from devpool.report.github import write_step_summary
 from devpool.report.jsonout import render_json
 from devpool.report.markdown import render_markdown
@@ -116,15 +117,19 @@ def queue_report(args: argparse.Namespace) -> int:
     try:
         rows = wait_for_end(store, args.wait)
         verdict = outcome_of(run_id, rows, store.jobs())
+        selected, kept_none = selection_line(store.db, run_id) or ("", False)
     finally:
         store.close()
     record = verdict.record
     if args.format == "json":
         sys.stdout.write(render_json(record))
     elif args.format == "markdown":
-        sys.stdout.write(render_markdown(record))
+        sys.stdout.write(render_markdown(record) + (f"\n{selected}\n" if selected else ""))
     else:
         sys.stdout.write(render_text(record) + jobs_line(verdict.jobs) + "\n")
+        sys.stdout.write(f"{selected}\n" if selected else "")
+    if kept_none and verdict.exitstatus == NO_TESTS:
+        return 0  # nothing a change can affect is not "no tests collected": CI stays green
     if args.junitxml:
         write_junit(Path(args.junitxml), verdict)
     write_step_summary(record)

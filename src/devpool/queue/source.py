@@ -171,6 +171,9 @@ class QueueSource:
         self.failure = ""  # why this job stopped taking tests, when the database went away
         self.closed = False
         self.joined = ""  # the line the terminal shows once this job joined
+        # run before outcomes are reported: what must reach the database first (a recording's
+        # dependencies, select/fleet.py)
+        self.before_flush: list[Callable[[], None]] = []
 
     # ---- what the loop asks ----------------------------------------------------------------
 
@@ -363,6 +366,8 @@ class QueueSource:
         """Report the outcomes waiting, in one round trip; those refused are remembered."""
         self._flushed = time.monotonic()
         if self.outbox:
+            for first in self.before_flush:
+                first()
             waiting = self.outbox
             refused = self._db(lambda s: s.report_many(self.job_id, waiting))
             if refused is not None:  # else they wait for the database to come back

@@ -93,6 +93,16 @@ def identity(key_packages: Iterable[str]) -> dict[str, Any]:
     }
 
 
+def identity_key(
+    bucket_id: str, platform: str | None, pool: int | None, ident: Mapping[str, Any]
+) -> str:
+    """What a database store finds a generation by: its bucket, platform, runtime shape (the
+    pool's size) and identity (Python, key packages, drivers and toolkits). Generations
+    recorded on 8-device and on 1-device runners live side by side, each read by its own."""
+    text = json.dumps([bucket_id, platform, pool, ident], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 # Version files of drivers and toolkits, read without starting any tool (nvidia-smi can
 # hang on a sick host); the first one found of each kind counts.
 VERSION_FILES = {
@@ -412,6 +422,23 @@ class Store:
             p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
         )
         return folder / names[-1] if names else None
+
+    def newest(
+        self, bucket_id: str, key: str, pin: str | None = None
+    ) -> tuple[str, bytes, bytes] | None:
+        """The newest generation of a bucket: (id, manifest, database bytes); None when it
+        has none. A folder holds one project's baselines: the identity is checked on reading."""
+        generation = self.latest(bucket_id)
+        if generation is None:
+            return None
+        try:
+            return (
+                generation.name,
+                (generation / MANIFEST).read_bytes(),
+                (generation / DATABASE).read_bytes(),
+            )
+        except OSError as exc:
+            raise BaselineProblem(f"baseline {generation.name} cannot be read: {exc}") from None
 
     def import_generation(self, archive: Path) -> Path:
         """Read an exported generation into the store, checked first; returns its folder."""

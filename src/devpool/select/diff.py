@@ -14,18 +14,18 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from devpool import __version__
 from devpool.select.baseline import (
     BaselineProblem,
     Bucket,
-    Store,
     changed_since,
+    check_generation,
     compatibility_inputs,
     git,
+    identity_key,
     library_path,
-    load_generation,
 )
 from devpool.select.fingerprints import BlockCache, file_hash, library_stamp
 from devpool.select.options import SelectOptions, matches
@@ -76,22 +76,40 @@ class Current:
     platform: str | None = None  # None: not known (the devpool select command)
     inifile: str | None = None
     devices: Mapping[str, int] | None = None  # node id → device count of the collected tests
+    pool: int | None = None  # the devices this runner has (a database store's identity key)
+    pin: str | None = None  # a queue run: its jobs select from the generation its first chose
 
 
-def select(store: Store, current: Current, now: float | None = None) -> Selection:
+class BaselineStore(Protocol):
+    """Where generations are found: a project's folder (baseline.Store) or a fleet's
+    PostgreSQL (store_pg.PgStore)."""
+
+    def newest(
+        self, bucket_id: str, key: str, pin: str | None = None
+    ) -> tuple[str, bytes, bytes] | None: ...
+
+    def write(self, manifest: dict[str, Any], database: Mapping[str, Any]) -> Path | str | None: ...
+
+
+def select(store: BaselineStore, current: Current, now: float | None = None) -> Selection:
     """Validate the bucket's newest baseline and classify the change; never raises for it."""
-    generation = store.latest(current.bucket.id)
-    if generation is None:
+    key = identity_key(current.bucket.id, current.platform, current.pool, current.identity)
+    try:
+        found = store.newest(current.bucket.id, key, current.pin)
+    except BaselineProblem as exc:
+        return Selection(full_reason=str(exc))
+    if found is None:
         return Selection(
             full_reason="no baseline for this bucket (record one with --devpool-select record)"
         )
+    name = found[0]
     try:
-        manifest, database = load_generation(generation)
+        manifest, database = check_generation(found[1], found[2], f"baseline {name}")
         age = (time.time() if now is None else now) - float(manifest.get("created", 0))
         _validate(manifest, current, age)
         selection = _classify(manifest, database, current)
     except BaselineProblem as exc:
-        return Selection(full_reason=str(exc), generation=generation.name)
+        return Selection(full_reason=str(exc), generation=name)
     selection.generation, selection.age_s = manifest["generation"], age
     return selection
 

@@ -32,8 +32,9 @@ from devpool.select.baseline import (
     library_hashes,
     source_state,
 )
-from devpool.select.diff import Current, Selection, select
+from devpool.select.diff import BaselineStore, Current, Selection, select
 from devpool.select.fingerprints import project_rel
+from devpool.select.fleet import JobPart
 from devpool.select.options import SelectOptions
 from devpool.select.policy import auto_mode
 from devpool.select.record import DEPS_ATTR
@@ -45,6 +46,39 @@ _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 def store_for(root: Path) -> Store:
     """The project's baseline store: <rootdir>/.devpool/select."""
     return Store(devpool_dir(root) / "select")
+
+
+def store_of(settings: Settings, root: Path) -> BaselineStore:
+    """Where this run's baselines live: beside a fleet's history in PostgreSQL
+    (--devpool-history=postgresql://…), else in the project's .devpool/select."""
+    from devpool.history.place import HistoryUrl
+
+    if isinstance(settings.history, HistoryUrl):
+        from devpool.select.store_pg import PgStore
+
+        return PgStore(settings.history.url, settings.history.option)
+    return store_for(root)
+
+
+def recording_run(settings: Settings, mode: str) -> str | None:
+    """The run a job belongs to where selection spans jobs: the queue's run (a queue's jobs
+    select alike; they record one baseline), or the shards' CI run (--devpool-queue-run,
+    else GitHub's run and attempt; "shards" for files); None for a run of its own."""
+    from devpool.history.place import HistoryUrl
+    from devpool.queue.source import run_id_from
+
+    if settings.queue is not None:
+        return run_id_from(settings.queue_run, os.environ)
+    if settings.shard is None or mode != "record":
+        return None
+    if settings.queue_run or not isinstance(settings.history, HistoryUrl):
+        return settings.queue_run or "shards"
+    if os.environ.get("GITHUB_RUN_ID") and os.environ.get("GITHUB_RUN_ATTEMPT"):
+        return run_id_from(None, os.environ)
+    raise DevpoolError(
+        "--devpool-select record with --devpool-shard sends each shard's part to the "
+        "database: set --devpool-queue-run=ID, the same in every shard of the CI run"
+    )
 
 
 def own_folders(root: Path, settings: Settings, run_dir: Path) -> tuple[str, ...]:
@@ -76,9 +110,13 @@ class SelectSession:
         if self.mode == "auto":
             self.mode, self.policy = auto_mode(options.full_on, os.environ, config.rootpath)
         self.root = config.rootpath
-        self.store = store_for(self.root)
+        self.store = store_of(settings, self.root)
         self.selection: Selection | None = None
         self.builder = Builder(self.root, own_folders(self.root, settings, controller.run_dir))
+        # A recording spread over jobs (queue, shards): this job's part, and the run's name.
+        self.run = recording_run(settings, self.mode)
+        self.part = JobPart(self.root, self.builder, store_for(self.root).path)
+        self.published_note = ""
         self.warming: threading.Thread | None = None
         self.outcomes: dict[str, str] = {}  # display id → worst phase outcome so far
         self.misses: list[str] = []
@@ -132,8 +170,14 @@ class SelectSession:
             platform=self.controller.inventory.platform.name,
             inifile=self._inifile(),
             devices=self._devices(items),
+            pool=len(self.controller.inventory.devices),
+            pin=self.run if self.settings.queue else None,
         )
         self.selection = select(self.store, current)
+        if self.settings.queue and self.run is not None:
+            from devpool.select.queued import tell_queue
+
+            tell_queue(self.settings.queue, self.run, self.selection, self.mode)
         if self.mode != "on" or self.selection.full_reason is not None:
             return
         keep = [item for item in items if item.nodeid in self.selection.selected]
@@ -159,6 +203,10 @@ class SelectSession:
         """The run record's select line, right after its session_start line."""
         if event_type != "session_start":
             return
+        source = self.config.pluginmanager.get_plugin("devpool-queue")
+        if self.mode == "record" and source is not None:
+            # each test's dependencies reach the database before its outcome reaches the queue
+            source.before_flush.append(self._send_part)
         if self.selection is not None:
             fields = self.selection.as_event()
             self.controller.emit("select", mode=self.mode, policy=self.policy, **fields)
@@ -209,10 +257,21 @@ class SelectSession:
             self.controller.emit("select_misses", misses=list(self.misses))
         if self.warming is not None:
             self.warming.join()
-        if self.mode != "record" or not self.builder.tests:
+        if self.mode != "record" or not (self.builder.tests or self.settings.queue):
             return
         try:
-            self.written = self._write().name
+            if self.settings.queue and self.run is not None:
+                self.written = self._publish_queue_run(self.run)
+            elif self.settings.shard is not None:
+                from devpool.select.shards import write_part
+
+                shard = self.controller.shard  # (index, count), parsed by the controller
+                self.published_note = write_part(
+                    self.store, self.run, shard, self._manifest(), self.part
+                )
+            else:
+                written = self.store.write(self._manifest(), self._database())
+                self.written = written.name if isinstance(written, Path) else written
         except (OSError, DevpoolError) as exc:
             self.write_error = f"baseline not written: {exc}"
         if self.controller.record is not None:
@@ -223,14 +282,14 @@ class SelectSession:
                 tests=len(self.builder.tests),
             )
 
-    def _write(self) -> Path:
+    def _manifest(self) -> dict[str, Any]:
         bucket = self._bucket()
         commit, dirty = source_state(self.root)
         counts: dict[str, int] = {}
         for request in self.controller.requests.values():
             key = str(request.device_count)
             counts[key] = counts.get(key, 0) + 1
-        manifest = {
+        return {
             "schema": SCHEMA,
             "devpool": __version__,
             "platform": self.controller.inventory.platform.name,
@@ -245,8 +304,31 @@ class SelectSession:
             "commit": commit,
             "dirty": dirty,
         }
-        hashes = library_hashes(self.store.path, self.builder.library_paths())
-        return self.store.write(manifest, self.builder.database(hashes))
+
+    def _database(self) -> dict[str, Any]:
+        hashes = library_hashes(store_for(self.root).path, self.builder.library_paths())
+        return self.builder.database(hashes)
+
+    def _send_part(self) -> None:
+        """This job's tests recorded since the last send, to the run's part in the database."""
+        from devpool.select.store_pg import PgStore
+
+        if isinstance(self.store, PgStore) and self.run is not None:
+            self.part.send(self.store, self.run)
+
+    def _publish_queue_run(self, run: str) -> str | None:
+        """Send what is left; the job that finds the queue run complete publishes it."""
+        from devpool.select.queued import publish_when_complete
+        from devpool.select.store_pg import PgStore
+
+        assert isinstance(self.store, PgStore) and self.settings.queue is not None
+        self._send_part()
+        if self.part.error:
+            raise DevpoolError(self.part.error)
+        name, self.published_note = publish_when_complete(
+            self.store, self.settings.queue, run, self.root, self._manifest()
+        )
+        return name
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         write = terminalreporter.write_line
@@ -265,6 +347,8 @@ class SelectSession:
                 f"devpool select: recorded baseline {self.written} "
                 f"({len(self.builder.tests)} tests)"
             )
+        if self.published_note:
+            write(f"devpool select: {self.published_note}")
         if self.write_error:
             write(f"devpool select: WARNING: {self.write_error}", red=True)
 
@@ -284,8 +368,13 @@ def register_controller(
 
     if settings.select == "off":
         return
-    if settings.select == "record" and settings.shard is not None:
-        raise DevpoolError("--devpool-select record does not combine with --devpool-shard yet")
     controller = config.pluginmanager.get_plugin("devpool-controller")
     session = SelectSession(config, settings, select_options(table, where), controller)
+    from devpool.history.place import HistoryUrl
+
+    if session.mode == "record" and settings.queue and not isinstance(settings.history, HistoryUrl):
+        raise DevpoolError(
+            "--devpool-select record with --devpool-queue keeps the baseline beside the fleet's "
+            "history: set --devpool-history=postgresql://… (the database every job reaches)"
+        )
     config.pluginmanager.register(session, "devpool-select")

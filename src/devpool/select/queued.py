@@ -1,0 +1,59 @@
+"""Selective runs under the queue (--devpool-queue): what a selecting run tells the queue,
+and the one publication of a baseline its jobs recorded together (fleet.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from devpool.errors import DevpoolError
+from devpool.queue.selection import note_selection
+from devpool.queue.store import QueueStore
+from devpool.select.diff import Selection
+from devpool.select.fleet import database_of, missing
+from devpool.select.store_pg import PgStore
+
+
+def tell_queue(url: str, run: str, selection: Selection, mode: str) -> str:
+    """Note the run's selection beside the queue for its report; '' or why not."""
+    total = len(selection.selected) + len(selection.deselected)
+    return note_selection(
+        url,
+        run,
+        mode,
+        len(selection.selected),
+        total,
+        selection.full_reason or "",
+        selection.generation,
+    )
+
+
+def publish_when_complete(
+    store: PgStore, queue_url: str, run: str, root: Path, manifest: dict[str, Any]
+) -> tuple[str | None, str]:
+    """The generation of a queue run whose every test ended, published by the job that finds
+    it so (once: the others find it published); (its id or None, a note for the terminal).
+    DevpoolError when it cannot be published: tests without dependencies, a database away."""
+    queue = QueueStore(queue_url, run)
+    try:
+        rows = queue.tests()
+    finally:
+        queue.close()
+    waiting = [row for row in rows if row.state != "done"]
+    if waiting:
+        return None, (
+            f"this job's tests sent to queue run {run!r}; the job that ends it last publishes "
+            f"the baseline ({len(waiting)} of its tests still running or queued)"
+        )
+    # Tests no job could hold never ran: they are new to the next selection, as at home.
+    required = [row.test_id for row in rows if not (row.result or {}).get("unsatisfiable")]
+    entries = store.parts(run)
+    why = missing(required, entries)
+    if why:
+        raise DevpoolError(f"queue run {run!r} not published: {why}")
+    database = database_of(root, {test: entries[test] for test in required})
+    name = store.write(manifest, database, run=run)
+    if name is None:
+        return None, f"queue run {run!r}'s baseline was published by another of its jobs"
+    return name, f"published queue run {run!r}'s baseline {name} ({len(required)} tests)"

@@ -1,0 +1,254 @@
+"""Baselines in the fleet's PostgreSQL (`--devpool-history=postgresql://…`), beside its history.
+
+The generations live in the history's schema, `devpool_history`: `select_generations` holds
+each one whole (its manifest, its database compressed, the database's sha256 in the
+manifest), found by bucket and identity key (baseline.identity_key), the newest first. One
+INSERT publishes one, in the transaction that also drops all but the newest KEEP of its
+bucket and identity: a reader sees a whole generation or none, and of two recordings
+published at once the later one wins. `select_parts` holds what the jobs of one recording
+run (a queue run, or shards) sent, one row per test, until the run is published once
+(`select_runs`). `select_runs` also pins the generation a selective queue run chose, so its
+jobs select alike however the fleet records meanwhile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+from devpool.database import connect, driver, shown
+from devpool.errors import DevpoolError
+from devpool.select.baseline import BaselineProblem, identity_key
+
+SCHEMA = "devpool_history"
+TABLES = 1  # the version of these tables; a newer devpool's are read by none older
+KEEP = 5  # generations kept per bucket and identity
+_LOCK = 0x64707365  # pg_advisory_xact_lock key: two runners making the tables at once
+_CREATE = f"""
+CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+CREATE TABLE IF NOT EXISTS {SCHEMA}.select_generations (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    generation TEXT NOT NULL UNIQUE,
+    bucket TEXT NOT NULL,
+    identity TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    deps BYTEA NOT NULL,
+    made TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS select_generations_newest
+    ON {SCHEMA}.select_generations (bucket, identity, id DESC);
+CREATE TABLE IF NOT EXISTS {SCHEMA}.select_parts (
+    run TEXT NOT NULL,
+    nodeid TEXT NOT NULL,
+    entry TEXT NOT NULL,
+    made TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (run, nodeid)
+);
+CREATE TABLE IF NOT EXISTS {SCHEMA}.select_runs (
+    run TEXT NOT NULL,
+    bucket TEXT NOT NULL,
+    generation TEXT,
+    published BOOLEAN NOT NULL DEFAULT false,
+    PRIMARY KEY (run, bucket)
+);
+CREATE TABLE IF NOT EXISTS {SCHEMA}.select_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO {SCHEMA}.select_meta VALUES ('schema', '{TABLES}') ON CONFLICT DO NOTHING;
+"""
+_NEWEST = (
+    f"SELECT generation, manifest, deps FROM {SCHEMA}.select_generations "
+    "WHERE bucket = %s AND identity = %s ORDER BY id DESC LIMIT 1"
+)
+
+
+def generation_name(now: float | None = None) -> str:
+    """A new generation's id: its time (ids sort by it) and a random tail."""
+    now = time.time() if now is None else now
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    return f"{stamp}.{int(now * 1e6) % 1000000:06d}Z-{uuid.uuid4().hex[:6]}"
+
+
+def sealed(
+    manifest: Mapping[str, Any], database: Mapping[str, Any]
+) -> tuple[dict[str, Any], bytes]:
+    """The manifest with its generation id, time and the database's sha256; the database's
+    bytes (as a file store writes them)."""
+    data = json.dumps(database, separators=(",", ":"), sort_keys=True).encode()
+    full = {
+        **manifest,
+        "generation": generation_name(),
+        "created": time.time(),
+        "db_sha256": hashlib.sha256(data).hexdigest(),
+    }
+    return full, data
+
+
+class PgStore:
+    """The generations of every bucket in one PostgreSQL database; a connection per use."""
+
+    def __init__(self, url: str, option: str = "--devpool-history") -> None:
+        self.url = url
+        self.option = option
+        self.where = shown(url)
+
+    def _connect(self, make: bool) -> Any:
+        """A connection whose select tables are there (made when `make`), else None when
+        they are not; DevpoolError in one sentence when the database cannot be used."""
+        conn = connect(self.url, self.option)
+        try:
+            found = conn.execute(f"SELECT to_regclass('{SCHEMA}.select_meta')").fetchone()
+            made = found[0] if found is not None else None
+            if made is None and make:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+                    conn.execute(_CREATE)
+                made = True
+            if made is None:
+                conn.close()
+                return None
+            row = conn.execute(
+                f"SELECT value FROM {SCHEMA}.select_meta WHERE key = 'schema'"
+            ).fetchone()
+        except driver(self.option).Error as exc:
+            conn.close()
+            raise DevpoolError(f"baselines in {self.where} cannot be used: {_said(exc)}") from None
+        version = int(row[0]) if row is not None else 0
+        if version > TABLES:
+            conn.close()
+            raise DevpoolError(
+                f"baselines in {self.where} were written by a newer devpool (tables {version}); "
+                f"this one reads {TABLES}"
+            )
+        return conn
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def newest(
+        self, bucket_id: str, key: str, pin: str | None = None
+    ) -> tuple[str, bytes, bytes] | None:
+        """The newest generation of this bucket and identity key: (id, manifest, database);
+        None when there is none. With `pin` (a queue run), the one that run's first job
+        chose. BaselineProblem when the database cannot be read."""
+        try:
+            conn = self._connect(make=pin is not None)
+        except DevpoolError as exc:
+            raise BaselineProblem(str(exc)) from None
+        if conn is None:
+            return None
+        try:
+            with conn:
+                row = self._pinned(conn, bucket_id, key, pin) if pin else None
+                if row is None and not pin:
+                    row = conn.execute(_NEWEST, (bucket_id, key)).fetchone()
+        except driver(self.option).Error as exc:
+            raise BaselineProblem(f"baselines in {self.where}: {_said(exc)}") from None
+        if row is None:
+            return None
+        return str(row[0]), str(row[1]).encode(), zlib.decompress(bytes(row[2]))
+
+    def _pinned(self, conn: Any, bucket_id: str, key: str, run: str) -> Any:
+        """The generation a queue run's jobs all select from: the first job's newest."""
+        with conn.transaction():
+            conn.execute(
+                f"INSERT INTO {SCHEMA}.select_runs (run, bucket, generation) "
+                f"SELECT %s, %s, ({_NEWEST.replace('generation, manifest, deps', 'generation')}) "
+                "ON CONFLICT DO NOTHING",
+                (run, bucket_id, bucket_id, key),
+            )
+            return conn.execute(
+                f"SELECT g.generation, g.manifest, g.deps FROM {SCHEMA}.select_runs r "
+                f"JOIN {SCHEMA}.select_generations g ON g.generation = r.generation "
+                "WHERE r.run = %s AND r.bucket = %s",
+                (run, bucket_id),
+            ).fetchone()
+
+    # ---- writing ---------------------------------------------------------------------------
+
+    def write(
+        self, manifest: Mapping[str, Any], database: Mapping[str, Any], run: str | None = None
+    ) -> str | None:
+        """Publish one generation in one transaction, the oldest beyond KEEP of its bucket
+        and identity dropped; its id. With `run`: once for that run (None when another job
+        of it published first). DevpoolError when the database cannot take it."""
+        full, data = sealed(manifest, database)
+        bucket = str(full["bucket"]["id"])
+        key = identity_key(bucket, full.get("platform"), full["shape"]["pool"], full["identity"])
+        conn = self._connect(make=True)
+        assert conn is not None  # made
+        text = json.dumps(full, sort_keys=True)
+        table = f"{SCHEMA}.select_generations"
+        try:
+            with conn, conn.transaction():
+                if run is not None:
+                    conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (run,))
+                    done = conn.execute(
+                        f"SELECT 1 FROM {SCHEMA}.select_runs WHERE run = %s AND bucket = %s "
+                        "AND published",
+                        (run, bucket),
+                    ).fetchone()
+                    if done is not None:
+                        return None
+                    conn.execute(
+                        f"INSERT INTO {SCHEMA}.select_runs (run, bucket, generation, published) "
+                        "VALUES (%s, %s, %s, true) ON CONFLICT (run, bucket) DO UPDATE "
+                        "SET generation = EXCLUDED.generation, published = true",
+                        (run, bucket, full["generation"]),
+                    )
+                conn.execute(
+                    f"INSERT INTO {table} (generation, bucket, identity, manifest, deps) "
+                    "VALUES (%s, %s, %s, %s, %s)",
+                    (full["generation"], bucket, key, text, zlib.compress(data, 1)),
+                )
+                conn.execute(
+                    f"DELETE FROM {table} WHERE bucket = %s AND identity = %s AND id NOT IN "
+                    f"(SELECT id FROM {table} WHERE bucket = %s AND identity = %s "
+                    "ORDER BY id DESC LIMIT %s)",
+                    (bucket, key, bucket, key, KEEP),
+                )
+                if run is not None:
+                    conn.execute(f"DELETE FROM {SCHEMA}.select_parts WHERE run = %s", (run,))
+        except driver(self.option).Error as exc:
+            raise DevpoolError(f"cannot write a baseline to {self.where}: {_said(exc)}") from None
+        return str(full["generation"])
+
+    # ---- one recording across jobs ---------------------------------------------------------
+
+    def send_parts(self, run: str, entries: Mapping[str, Mapping[str, Any]]) -> None:
+        """The tests one job recorded (node id → its self-contained entry, parts.py); a test
+        sent again (a retry, a lost job's rerun) keeps the last entry."""
+        if not entries:
+            return
+        conn = self._connect(make=True)
+        assert conn is not None
+        rows = [(run, nodeid, json.dumps(entry)) for nodeid, entry in entries.items()]
+        try:
+            with conn, conn.transaction(), conn.cursor() as cursor:
+                cursor.executemany(
+                    f"INSERT INTO {SCHEMA}.select_parts (run, nodeid, entry) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (run, nodeid) DO UPDATE SET entry = EXCLUDED.entry, made = now()",
+                    rows,
+                )
+        except driver(self.option).Error as exc:
+            raise DevpoolError(f"cannot send dependencies to {self.where}: {_said(exc)}") from None
+
+    def parts(self, run: str) -> dict[str, dict[str, Any]]:
+        """Every test's entry the jobs of `run` sent."""
+        conn = self._connect(make=True)
+        assert conn is not None
+        try:
+            with conn:
+                rows = conn.execute(
+                    f"SELECT nodeid, entry FROM {SCHEMA}.select_parts WHERE run = %s", (run,)
+                ).fetchall()
+        except driver(self.option).Error as exc:
+            raise DevpoolError(f"cannot read dependencies in {self.where}: {_said(exc)}") from None
+        return {str(nodeid): json.loads(entry) for nodeid, entry in rows}
+
+
+def _said(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
