@@ -6,16 +6,23 @@ is read back from its run record."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from select_project import PROJECT, build_library, git, native_project, write
+from select_project import PROJECT, build_library, git, git_project, native_project, write
 from sessions import FAST
+
+from pg_server import free_port
 
 pytestmark = pytest.mark.usefixtures("selective_env")
 
@@ -92,3 +99,286 @@ def test_a_baseline_recorded_at_one_checkout_path_selects_alike_at_another(
             "tests/test_math.py::test_both",
         }
     )
+
+
+# ---- baselines in PostgreSQL ---------------------------------------------------------------
+
+
+def database_of(postgres: Any) -> str:
+    """A database of its own on the session's server: no generation of another test."""
+    import psycopg
+
+    name = f"sel_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return postgres.url.rsplit("/", 1)[0] + "/" + name
+
+
+def sql(url: str, query: str, *params: Any) -> list[Any]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(query, params or None)
+        return cursor.fetchall() if cursor.description else []
+
+
+def clone(source: Path, target: Path) -> Path:
+    """A fresh checkout of the source's commit: no .devpool folder, another path."""
+    subprocess.run(["git", "clone", "-q", str(source), str(target)], check=True)
+    assert not (target / ".devpool").exists()
+    return target
+
+
+def turn_mul(root: Path) -> None:
+    lib = root / "lib.py"
+    lib.write_text(lib.read_text().replace("return a * b", "return b * a"))
+
+
+MUL = {"tests/test_math.py::test_mul", "tests/test_math.py::test_both"}
+MATH_IDS = [f"tests/test_math.py::test_{n}" for n in ("add", "mul", "both")]
+DATA_IDS = [f"tests/test_data.py::test_{n}" for n in ("reads_config", "plain", "kernels", "eight")]
+EIGHT = "tests/test_data.py::test_eight"
+
+
+def test_baselines_live_in_the_database_and_each_runner_shape_reads_its_own(
+    postgres: Any, tmp_path: Path
+) -> None:
+    url = database_of(postgres)
+    history = f"--devpool-history={url}"
+    first = git_project(tmp_path / "runner" / "x", PROJECT)
+    for devices in ("sim:0-1", "sim:0-7"):  # a 2-device and an 8-device runner record
+        done = Session(first, tmp_path, f"rec{devices[-1]}", history, "--devpool-select",
+                       "record", "--devices", devices)  # fmt: skip
+        assert done.done.returncode == 0, done.output
+        assert "devpool select: recorded baseline" in done.output
+    assert not list((first / ".devpool" / "select").glob("*/*/manifest.json"))
+    assert len(sql(url, "SELECT 1 FROM devpool_history.select_generations")) == 2
+    # a fresh checkout at another path, with no .devpool folder, reads the database only
+    second = clone(first, tmp_path / "home" / "ci" / "x")
+    turn_mul(second)
+    small = Session(second, tmp_path, "small", history, "--devpool-select", "on")
+    assert small.select["full_run"] is False, small.output
+    assert small.ran == MUL | {EIGHT}  # skipped at 2 devices when recorded: no evidence
+    big = Session(second, tmp_path, "big", history, "--devpool-select", "on", "--devices",
+                  "sim:0-7")  # fmt: skip
+    assert big.select["full_run"] is False, big.output
+    assert big.ran == MUL  # the 8-device runners' baseline saw test_eight pass
+    assert big.select["generation"] != small.select["generation"]
+
+
+def test_a_database_away_damaged_or_newer_gives_a_full_run_with_one_line(
+    postgres: Any, tmp_path: Path
+) -> None:
+    url = database_of(postgres)
+    root = git_project(tmp_path / "x", PROJECT)
+    recorded = Session(root, tmp_path, "rec", f"--devpool-history={url}", "--devpool-select",
+                       "record")  # fmt: skip
+    assert recorded.done.returncode == 0, recorded.output
+    turn_mul(root)
+    everything = Session(root, tmp_path, "plain").ran  # the full run, as devpool runs it
+    port = sql(url, "SELECT inet_server_port()")[0][0]
+    away = url.replace(f":{port}/", f":{free_port()}/")
+    cases = {
+        "away": (away, "cannot reach PostgreSQL"),
+        "damaged": (url, "its database is damaged (checksum mismatch)"),
+        "newer": (url, "written by a newer devpool"),
+    }
+    for name, (where, said) in cases.items():
+        if name == "damaged":
+            sql(url, "UPDATE devpool_history.select_generations SET manifest = "
+                "replace(manifest, '\"db_sha256\": \"', '\"db_sha256\": \"0')")  # fmt: skip
+        if name == "newer":
+            sql(url, "UPDATE devpool_history.select_meta SET value = '99' WHERE key = 'schema'")
+        run = Session(root, tmp_path, name, f"--devpool-history={where}", "--devpool-select", "on")
+        assert run.done.returncode == 0, run.output
+        assert run.select["full_run"] is True and said in run.select["reason"], run.select
+        lines = [line for line in run.output.splitlines() if "full run:" in line]
+        assert len(lines) == 1 and said in lines[0], run.output
+        assert run.ran == everything
+        assert "Traceback" not in run.output
+
+
+def test_two_recordings_at_once_both_publish_and_the_newer_wins(
+    postgres: Any, tmp_path: Path
+) -> None:
+    from devpool.select.store_pg import KEEP, PgStore
+
+    url = database_of(postgres)
+    root = git_project(tmp_path / "x", PROJECT)
+    args = [sys.executable, "-m", "pytest", *FAST, "--devices", "sim:0-1", "tests",
+            "--devpool-skip-unsatisfiable", f"--devpool-history={url}", "--devpool-select",
+            "record"]  # fmt: skip
+    jobs = [
+        subprocess.Popen(
+            [
+                *args,
+                f"--devpool-lock-dir={tmp_path / f'locks{i}'}",
+                f"--devpool-run-dir={tmp_path / f'run{i}'}",
+            ],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    outputs = [job.communicate(timeout=240)[0] for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], outputs
+    rows = sql(url, "SELECT generation FROM devpool_history.select_generations ORDER BY id")
+    assert len(rows) == 2
+    turn_mul(root)
+    run = Session(root, tmp_path, "on", f"--devpool-history={url}", "--devpool-select", "on")
+    assert run.select["generation"] == rows[-1][0] and run.ran == MUL | {EIGHT}, run.output
+    # the last KEEP of a bucket and identity are kept
+    store = PgStore(url)
+    manifest = json.loads(sql(url, "SELECT manifest FROM devpool_history.select_generations")[0][0])
+    for _ in range(KEEP + 2):
+        store.write(manifest, {"blocks": [], "files": [], "libs": [], "tests": {}})
+    assert len(sql(url, "SELECT 1 FROM devpool_history.select_generations")) == KEEP
+
+
+# ---- recording and selecting through the queue --------------------------------------------
+
+DEVPOOL = "import sys; from devpool.cli import main; sys.exit(main(sys.argv[1:]))"
+BLOCK = {
+    "tests/test_block.py": """
+        import os
+        import time
+        from pathlib import Path
+
+        OUT = Path(os.environ.get("OUT", "."))
+
+
+        def test_block():
+            # in the doomed job: say so, then wait to be killed (bounded)
+            if os.environ.get("JOB") != "doomed":
+                return
+            (OUT / "started").write_text(str(os.getpid()))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+        """,
+}
+
+
+def job(root: Path, tmp: Path, name: str, url: str, run: str, *more: str) -> subprocess.Popen[str]:
+    """One CI job of a queue run: its own lock and run folders, 8 sim devices."""
+    env = {**os.environ, "JOB": name, "OUT": str(tmp)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", *FAST, "tests", "-q", "--devices=sim:0-7",
+         f"--devpool-lock-dir={tmp / ('locks-' + name)}", f"--devpool-run-dir={tmp / name}",
+         f"--devpool-queue={url}", f"--devpool-queue-run={run}", f"--devpool-history={url}",
+         *more],
+        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def queue_jobs(root: Path, tmp: Path, url: str, run: str, *more: str) -> list[str]:
+    """Two jobs of one queue run, both ending 0; their outputs."""
+    started = [job(root, tmp, f"{run}-{i}", url, run, *more) for i in range(2)]
+    outputs = [proc.communicate(timeout=240)[0] for proc in started]
+    assert [proc.returncode for proc in started] == [0, 0], outputs
+    return outputs
+
+
+def queue_report(root: Path, url: str, run: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", DEVPOOL, "queue", "report", f"--devpool-queue={url}",
+         f"--devpool-queue-run={run}", "--wait=60"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def newest_tests(url: str) -> set[str]:
+    """The tests of the newest generation in the database."""
+    from devpool.select.store_pg import PgStore
+
+    rows = sql(url, "SELECT bucket, identity FROM devpool_history.select_generations")
+    found = PgStore(url).newest(*rows[-1])
+    assert found is not None
+    return set(json.loads(found[2])["tests"])
+
+
+def test_a_recording_through_the_queue_is_published_once_and_selects_under_the_queue(
+    postgres: Any, tmp_path: Path
+) -> None:
+    url = database_of(postgres)
+    first = git_project(tmp_path / "runner" / "x", PROJECT)
+    outputs = queue_jobs(first, tmp_path, url, "rec-1", "--devpool-select=record")
+    assert "\n".join(outputs).count("published queue run 'rec-1''s baseline") == 1, outputs
+    assert len(sql(url, "SELECT 1 FROM devpool_history.select_generations")) == 1
+    assert newest_tests(url) == {*MATH_IDS, *DATA_IDS}
+    # The oracle: the same change selected from a baseline recorded in one process.
+    alone = git_project(tmp_path / "alone", PROJECT)
+    home = ("--devices", "sim:0-7")
+    assert Session(alone, tmp_path, "alone", *home, "--devpool-select", "record").ran
+    turn_mul(alone)
+    expected = Session(alone, tmp_path, "alone-on", *home, "--devpool-select", "on").ran
+    assert expected == MUL
+    # A PR's fresh checkout elsewhere selects from the database alone...
+    second = clone(first, tmp_path / "home" / "ci" / "x")
+    turn_mul(second)
+    history = f"--devpool-history={url}"
+    run = Session(second, tmp_path, "pr", history, *home, "--devpool-select", "on")
+    assert run.select["full_run"] is False and run.ran == expected, run.output
+    # ... and under the queue, which then holds only the selected tests
+    queue_jobs(second, tmp_path, url, "pr-1", "--devpool-select=on")
+    held = sql(url, "SELECT test_id FROM devpool_queue_tests WHERE run_id = 'pr-1'")
+    assert {row[0] for row in held} == expected
+    verdict = queue_report(second, url, "pr-1")
+    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+    assert "devpool select: 2 of 7 selected (baseline " in verdict.stdout
+    # a full run says why
+    (second / "tests" / "conftest.py").write_text("# changed\n")
+    queue_jobs(second, tmp_path, url, "pr-2", "--devpool-select=on")
+    verdict = queue_report(second, url, "pr-2")
+    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+    assert (
+        "devpool select: 7 of 7 selected, a full run: compatibility input changed: "
+        "tests/conftest.py" in verdict.stdout
+    )
+
+
+def test_a_killed_recording_job_publishes_nothing_and_its_tests_are_recorded_elsewhere(
+    postgres: Any, tmp_path: Path
+) -> None:
+    url = database_of(postgres)
+    root = git_project(tmp_path / "x", {**PROJECT, **BLOCK})
+    lease = ("--devpool-select=record", "--devpool-queue-lease=2")
+    doomed = job(root, tmp_path, "doomed", url, "kill-1", *lease)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "started").exists():
+        assert doomed.poll() is None, doomed.communicate()[0]
+        assert time.monotonic() < deadline, "the doomed job never reached its blocking test"
+        time.sleep(0.05)
+    survivor = job(root, tmp_path, "survivor", url, "kill-1", *lease)
+    os.killpg(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(int((tmp_path / "started").read_text()), signal.SIGKILL)  # its worker
+    assert not sql(url, "SELECT to_regclass('devpool_history.select_generations')")[0][0] or not (
+        sql(url, "SELECT 1 FROM devpool_history.select_generations")
+    )  # nothing published by the killed job
+    output = survivor.communicate(timeout=240)[0]
+    assert survivor.returncode == 0, output
+    assert "published queue run 'kill-1''s baseline" in output
+    assert newest_tests(url) == {*MATH_IDS, *DATA_IDS, "tests/test_block.py::test_block"}
+    second = clone(root, tmp_path / "elsewhere")
+    turn_mul(second)
+    run = Session(second, tmp_path, "pr", f"--devpool-history={url}", "--devices", "sim:0-7",
+                  "--devpool-select", "on")  # fmt: skip
+    assert run.select["full_run"] is False and run.ran == MUL, run.output
+
+
+def test_recording_through_the_queue_into_a_history_file_is_refused(tmp_path: Path) -> None:
+    root = git_project(tmp_path / "x", PROJECT)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *FAST, "tests", "--devices=sim:0-1",
+         "--devpool-queue=postgresql://devpool@127.0.0.1:1/none", "--devpool-queue-run=r",
+         f"--devpool-history={tmp_path / 'history.sqlite'}", "--devpool-select=record"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "set --devpool-history=postgresql://" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr

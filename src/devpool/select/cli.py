@@ -179,8 +179,15 @@ def build_transfer_parser(parser_class: type[argparse.ArgumentParser], verb: str
         "export": "Write the newest baseline generation of the run's bucket (paths, -m, -k) "
         "to ARCHIVE; with none of them, the newest of every bucket.",
         "import": "Add the baseline generations in ARCHIVE to this project's baselines.",
+        "merge": "Publish the baseline of a recording split into shards, once every shard's "
+        "part is there.",
     }
     parser = parser_class(prog=f"devpool select {verb}", description=what.get(verb))
+    if verb == "merge":
+        from devpool.select.shards import add_merge_arguments
+
+        add_merge_arguments(parser)
+        return parser
     parser.add_argument("archive", help="the .tar.gz file of the generations")
     if verb == "export":
         _bucket_arguments(parser, "every bucket")

@@ -15,9 +15,11 @@ from devpool.select.fleet import database_of, missing
 from devpool.select.store_pg import PgStore
 
 
-def tell_queue(url: str, run: str, selection: Selection, mode: str) -> str:
-    """Note the run's selection beside the queue for its report; '' or why not."""
+def tell_queue(url: str, run: str, selection: Selection, mode: str, collected: int) -> str:
+    """Note the run's selection beside the queue for its report; '' or why not. collected:
+    the tests of the bucket (a full run's selection counts none)."""
     total = len(selection.selected) + len(selection.deselected)
+    total = collected if selection.full_reason is not None else total
     return note_selection(
         url,
         run,

@@ -177,7 +177,7 @@ class SelectSession:
         if self.settings.queue and self.run is not None:
             from devpool.select.queued import tell_queue
 
-            tell_queue(self.settings.queue, self.run, self.selection, self.mode)
+            tell_queue(self.settings.queue, self.run, self.selection, self.mode, len(items))
         if self.mode != "on" or self.selection.full_reason is not None:
             return
         keep = [item for item in items if item.nodeid in self.selection.selected]
