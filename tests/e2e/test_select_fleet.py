@@ -382,3 +382,42 @@ def test_recording_through_the_queue_into_a_history_file_is_refused(tmp_path: Pa
     assert done.returncode == 4, done.stdout + done.stderr
     assert "set --devpool-history=postgresql://" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
+
+
+# ---- recording split into shards ------------------------------------------------------------
+
+
+def merge(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", DEVPOOL, "select", "merge", *args],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["files", "database"])
+def test_shards_record_parts_that_a_merge_step_publishes(
+    where: str, postgres: Any, tmp_path: Path
+) -> None:
+    first = git_project(tmp_path / "runner" / "x", PROJECT)
+    url = database_of(postgres) if where == "database" else ""
+    more = (f"--devpool-history={url}", "--devpool-queue-run=ci-7") if url else ()
+    ran: set[str] = set()
+    for shard in (1, 2):
+        part = Session(first, tmp_path, f"shard{shard}", *more, "--devices", "sim:0-7",
+                       "--devpool-select", "record", f"--devpool-shard={shard}/2")  # fmt: skip
+        assert part.done.returncode == 0, part.output
+        assert f"shard {shard}/2's part of the baseline" in part.output
+        ran |= part.ran
+        if shard == 1:  # one shard's part alone is no baseline
+            early = merge(first, *(more or [str(p) for p in first.rglob("1-of-2.json")]))
+            assert early.returncode == 4 and "lacks the part of shard 2/2" in early.stderr, early
+    assert ran == {*MATH_IDS, *DATA_IDS}
+    parts = [] if url else [str(p) for p in sorted(first.rglob("*-of-2.json"))]
+    done = merge(first, *more, *parts)
+    assert done.returncode == 0 and "published baseline" in done.stdout, done
+    # files: the project that merged selects; a database: any checkout does
+    second = clone(first, tmp_path / "home" / "x") if url else first
+    turn_mul(second)
+    run = Session(second, tmp_path, "on", *more[:1], "--devices", "sim:0-7", "--devpool-select",
+                  "on")  # fmt: skip
+    assert run.select["full_run"] is False and run.ran == MUL, run.output

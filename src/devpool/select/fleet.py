@@ -22,7 +22,7 @@ from devpool.select.store_pg import PgStore
 from devpool.wording import counted
 
 _KEPT = ("outcome", "devices", "recorded", "why", "blocks", "files", "globs")
-SHARD_MARK = "\x00shard "  # a part's row naming one shard and its manifest
+SHARD_MARK = "::shard "  # a part row naming one shard and its manifest (no node id starts so)
 
 
 def entry_of(
