@@ -324,7 +324,11 @@ def test_a_timeout_in_a_forked_worker_dumps_its_stacks_and_ends_that_test(
 
 @pytest.mark.timeout(180)
 def test_an_openmp_pool_started_at_import_leaves_its_module_out_of_the_template(
-    pytester: pytest.Pytester, out: Path, lock: Path, tmp_path: Path
+    pytester: pytest.Pytester,
+    out: Path,
+    lock: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A module that runs a parallel op at import starts libgomp's threads in the template;
     `threading` cannot see them, and every child forked from it would hang on its first
@@ -332,6 +336,9 @@ def test_an_openmp_pool_started_at_import_leaves_its_module_out_of_the_template(
     start in processes of their own, and a new template without it forks the kind's other
     tests. Every test passes."""
     library = build_openmp_library(tmp_path)
+    # A pool of two threads, as the user's own OMP_NUM_THREADS (kept) or a thread budget
+    # above one gives: with one thread, libgomp starts none and the template may fork.
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     module(
         pytester,
         out,
