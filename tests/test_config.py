@@ -26,8 +26,12 @@ def failure(options: dict[str, Any] | None = None, **table: Any) -> str:
     return message
 
 
-def test_defaults_when_nothing_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("os.cpu_count", lambda: 6)
+def test_defaults_when_nothing_is_given(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # CPU slots: the cores this process may use (its affinity, here no cgroup quota), not
+    # the host's count.
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(6)))
+    monkeypatch.setenv("DEVPOOL_CGROUP_ROOT", str(tmp_path))
 
     settings = merged()
 
