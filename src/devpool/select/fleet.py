@@ -12,6 +12,7 @@ The generation is made of every part once the run is complete, and published onc
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from devpool.select.store_pg import PgStore
 from devpool.wording import counted
 
 _KEPT = ("outcome", "devices", "recorded", "why", "blocks", "files", "globs")
+_TABLED = ("blocks", "files")  # indices into a packed batch's tables
 SHARD_MARK = "::shard "  # a part row naming one shard and its manifest (no node id starts so)
 
 
@@ -51,6 +53,35 @@ def database_of(root: Path, entries: Mapping[str, Mapping[str, Any]]) -> dict[st
     return builder.database(hashes)
 
 
+def pack_part(
+    root: Path, entries: Mapping[str, Mapping[str, Any]], marks: Mapping[str, Any] | None = None
+) -> bytes:
+    """A batch of entries as one compressed body: shaped as a generation's database, each
+    block, file and library once (most tests of a batch share them). marks: a shard's
+    manifest under its SHARD_MARK name."""
+    body = {"db": database_of(root, entries), "marks": dict(marks or {})}
+    return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 1)
+
+
+def unpack_parts(bodies: Iterable[bytes]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The entries of every batch, the last sent of a test kept; and the marks."""
+    entries: dict[str, dict[str, Any]] = {}
+    marks: dict[str, Any] = {}
+    for raw in bodies:
+        body = json.loads(zlib.decompress(raw))
+        marks.update(body["marks"])
+        db = body["db"]
+        blocks, files, libs = db["blocks"], db["files"], db["libs"]
+        for nodeid, test in db["tests"].items():
+            entry = {key: test[key] for key in _KEPT if key in test and key not in _TABLED}
+            if test.get("recorded"):
+                entry["blocks"] = dict(blocks[i] for i in test["blocks"])
+                entry["files"] = dict(files[i] for i in test["files"])
+                entry["libs"] = {libs[i][0]: libs[i][1:] for i in test["libs"]}
+            entries[nodeid] = entry
+    return entries, marks
+
+
 class JobPart:
     """This job's part of a recording across jobs: the entries not sent yet."""
 
@@ -78,7 +109,7 @@ class JobPart:
         if not entries or self.error:
             return
         try:
-            store.send_parts(run, entries)
+            store.send_parts(run, pack_part(self.root, entries))
         except DevpoolError as exc:
             self.error = str(exc)
             return

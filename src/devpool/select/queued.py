@@ -11,7 +11,7 @@ from devpool.errors import DevpoolError
 from devpool.queue.selection import note_selection
 from devpool.queue.store import QueueStore
 from devpool.select.diff import Selection
-from devpool.select.fleet import database_of, missing
+from devpool.select.fleet import database_of, missing, unpack_parts
 from devpool.select.store_pg import PgStore
 
 
@@ -50,7 +50,7 @@ def publish_when_complete(
         )
     # Tests no job could hold never ran: they are new to the next selection, as at home.
     required = [row.test_id for row in rows if not (row.result or {}).get("unsatisfiable")]
-    entries = store.parts(run)
+    entries, _ = unpack_parts(store.parts(run))
     why = missing(required, entries)
     if why:
         raise DevpoolError(f"queue run {run!r} not published: {why}")

@@ -274,6 +274,10 @@ class SelectSession:
                 self.written = written.name if isinstance(written, Path) else written
         except (OSError, DevpoolError) as exc:
             self.write_error = f"baseline not written: {exc}"
+        finally:
+            close = getattr(self.store, "close", None)
+            if close is not None:
+                close()  # the connection this job sent its parts on
         if self.controller.record is not None:
             self.controller.emit(
                 "select_baseline",

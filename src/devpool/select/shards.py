@@ -22,7 +22,9 @@ from devpool.select.fleet import (
     SHARD_MARK,
     JobPart,
     database_of,
+    pack_part,
     shard_file,
+    unpack_parts,
     write_shard_file,
 )
 from devpool.select.store_pg import PgStore
@@ -36,7 +38,7 @@ def write_part(
     mark = f"{SHARD_MARK}{shard[0]}/{shard[1]}"
     if isinstance(store, PgStore):
         assert run is not None
-        store.send_parts(run, {**entries, mark: {"manifest": manifest}})
+        store.send_parts(run, pack_part(part.root, entries, {mark: manifest}))
         return (
             f"shard {shard[0]}/{shard[1]}'s part of the baseline ({len(entries)} tests) is in "
             f"{store.where} under run {run!r}; `devpool select merge "
@@ -87,13 +89,10 @@ def _from_files(paths: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _from_database(store: PgStore, run: str) -> tuple[dict[str, Any], dict[str, Any]]:
     parts: dict[tuple[int, int], Any] = {}
-    tests: dict[str, Any] = {}
-    for nodeid, entry in store.parts(run).items():
-        if nodeid.startswith(SHARD_MARK):
-            index, _, total = nodeid[len(SHARD_MARK) :].partition("/")
-            parts[(int(index), int(total))] = entry["manifest"]
-        else:
-            tests[nodeid] = entry
+    tests, marks = unpack_parts(store.parts(run))
+    for mark, manifest in marks.items():
+        index, _, total = mark[len(SHARD_MARK) :].partition("/")
+        parts[(int(index), int(total))] = manifest
     return merged(parts, tests, f"run {run!r} in {store.where}")
 
 

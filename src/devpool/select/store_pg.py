@@ -13,6 +13,7 @@ jobs select alike however the fleet records meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -43,12 +44,12 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.select_generations (
 CREATE INDEX IF NOT EXISTS select_generations_newest
     ON {SCHEMA}.select_generations (bucket, identity, id DESC);
 CREATE TABLE IF NOT EXISTS {SCHEMA}.select_parts (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     run TEXT NOT NULL,
-    nodeid TEXT NOT NULL,
-    entry TEXT NOT NULL,
-    made TIMESTAMPTZ NOT NULL DEFAULT now(),
-    PRIMARY KEY (run, nodeid)
+    body BYTEA NOT NULL,
+    made TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+CREATE INDEX IF NOT EXISTS select_parts_of_run ON {SCHEMA}.select_parts (run, id);
 CREATE TABLE IF NOT EXISTS {SCHEMA}.select_runs (
     run TEXT NOT NULL,
     bucket TEXT NOT NULL,
@@ -94,6 +95,7 @@ class PgStore:
         self.url = url
         self.option = option
         self.where = shown(url)
+        self._kept: Any = None  # the connection a job sends its parts on, for the run
 
     def _connect(self, make: bool) -> Any:
         """A connection whose select tables are there (made when `make`), else None when
@@ -217,36 +219,38 @@ class PgStore:
 
     # ---- one recording across jobs ---------------------------------------------------------
 
-    def send_parts(self, run: str, entries: Mapping[str, Mapping[str, Any]]) -> None:
-        """The tests one job recorded (node id → its self-contained entry, parts.py); a test
-        sent again (a retry, a lost job's rerun) keeps the last entry."""
-        if not entries:
-            return
-        conn = self._connect(make=True)
-        assert conn is not None
-        rows = [(run, nodeid, json.dumps(entry)) for nodeid, entry in entries.items()]
+    def send_parts(self, run: str, body: bytes) -> None:
+        """One batch of the tests a job recorded (fleet.pack_part), kept in the order sent:
+        a test sent again (a retry, a lost job's rerun) is read back as its last entry."""
         try:
-            with conn, conn.transaction(), conn.cursor() as cursor:
-                cursor.executemany(
-                    f"INSERT INTO {SCHEMA}.select_parts (run, nodeid, entry) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (run, nodeid) DO UPDATE SET entry = EXCLUDED.entry, made = now()",
-                    rows,
-                )
-        except driver(self.option).Error as exc:
+            if self._kept is None:
+                self._kept = self._connect(make=True)
+            self._kept.execute(
+                f"INSERT INTO {SCHEMA}.select_parts (run, body) VALUES (%s, %s)", (run, body)
+            )
+        except (DevpoolError, driver(self.option).Error) as exc:
+            self.close()
             raise DevpoolError(f"cannot send dependencies to {self.where}: {_said(exc)}") from None
 
-    def parts(self, run: str) -> dict[str, dict[str, Any]]:
-        """Every test's entry the jobs of `run` sent."""
+    def parts(self, run: str) -> list[bytes]:
+        """Every batch the jobs of `run` sent, in the order they arrived."""
         conn = self._connect(make=True)
         assert conn is not None
         try:
             with conn:
                 rows = conn.execute(
-                    f"SELECT nodeid, entry FROM {SCHEMA}.select_parts WHERE run = %s", (run,)
+                    f"SELECT body FROM {SCHEMA}.select_parts WHERE run = %s ORDER BY id", (run,)
                 ).fetchall()
         except driver(self.option).Error as exc:
             raise DevpoolError(f"cannot read dependencies in {self.where}: {_said(exc)}") from None
-        return {str(nodeid): json.loads(entry) for nodeid, entry in rows}
+        return [bytes(row[0]) for row in rows]
+
+    def close(self) -> None:
+        """Close the connection kept for sending parts."""
+        if self._kept is not None:
+            kept, self._kept = self._kept, None
+            with contextlib.suppress(Exception):
+                kept.close()
 
 
 def _said(exc: Exception) -> str:
