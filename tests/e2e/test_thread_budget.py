@@ -263,3 +263,24 @@ def test_cpus_above_the_slots_skips_with_skip_unsatisfiable(
     assert result.ret == 0, text(result)
     result.assert_outcomes(passed=1, skipped=1)
     assert "needs 3 cores; this run has 2 CPU slots" in text(result)
+
+
+def test_a_path_rule_gives_cpus_as_the_marker_does(pytester: pytest.Pytester, lock: Path) -> None:
+    """[tool.devpool.paths] with cpus = 2: the tests under it get two threads."""
+    pytester.makepyprojecttoml('[tool.devpool.paths]\n"test_heavy.py" = { cpus = 2 }\n')
+    pytester.makepyfile(
+        test_heavy="import os\n\n\ndef test_h():\n    assert os.environ['DEVPOOL_THREADS'] == '2'\n"
+    )
+    plan = pytester.runpytest_subprocess(
+        *FAST, f"--devpool-lock-dir={lock}", "--devices", "sim:0", "--devpool-plan", timeout=60
+    )
+    assert any(line.split()[1:] == ["2", "cpus", "test_heavy.py::test_h"] for line in plan.outlines)
+    result = pytester.runpytest_subprocess(
+        *FAST,
+        f"--devpool-lock-dir={lock}",
+        "--devices",
+        "sim:0",
+        "--devpool-cpu-slots=2",
+        timeout=60,
+    )
+    result.assert_outcomes(passed=1)

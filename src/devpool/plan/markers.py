@@ -107,7 +107,8 @@ class Request:
             parts.append(f"{self.ports} port{'s' if self.ports != 1 else ''}")
         parts.extend(f"{name}={count}" for name, count in self.resources)
         if self.cpus:
-            parts.append(f"{self.cpus} cpu{'s' if self.cpus != 1 else ''}")
+            cpus = f"{self.cpus} cpu{'s' if self.cpus != 1 else ''}"
+            parts = [cpus] + parts[1:] if parts[0] == "cpu" else [*parts, cpus]
         return ", ".join(parts)
 
 

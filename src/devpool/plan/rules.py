@@ -28,6 +28,7 @@ REQUEST_KEYS = (
     "devices_per_rank",
     "device_memory",
     "ports",
+    "cpus",
     "resources",
     "timeout",
     "platforms",
@@ -41,12 +42,13 @@ PARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("device_count", "ranks", "nodes", "device_memory", "device_exclusive"),
     ),
     "ports": (("ports",), ("ports",)),
+    "cpus": (("cpus",), ("cpus",)),
     "resources": (("resources",), ("resources",)),
     "timeout": (("timeout",), ("timeout",)),
     "platforms": (("platforms",), ("platforms",)),
 }
 # Keys an alias may read from its marker's arguments: (least value, whole number?).
-_COUNTS = {"device_count": 0, "ranks": 1, "devices_per_rank": 0, "ports": 0}
+_COUNTS = {"device_count": 0, "ranks": 1, "devices_per_rank": 0, "ports": 0, "cpus": 1}
 _POSITION = re.compile(r"args\[(\d+)\]")
 
 
@@ -342,6 +344,8 @@ def _marks(values: Mapping[str, Any], keys: Iterable[str]) -> list[pytest.MarkDe
         marks.append(pytest.mark.device_memory(values["device_memory"]))
     if "ports" in keys and values.get("ports"):
         marks.append(pytest.mark.ports(values["ports"]))
+    if "cpus" in keys and "cpus" in values:
+        marks.append(pytest.mark.cpus(values["cpus"]))
     if "resources" in keys and "resources" in values:
         marks.append(pytest.mark.resources(**dict(values["resources"])))
     if "timeout" in keys and "timeout" in values:
