@@ -14,6 +14,7 @@ import pytest
 from sessions import FAST, records, suite, text
 
 from devpool.devices.cores import CGROUP_ROOT_ENV
+from openmp_library import build_openmp_library
 
 SEEN = """
 import subprocess
@@ -284,3 +285,35 @@ def test_a_path_rule_gives_cpus_as_the_marker_does(pytester: pytest.Pytester, lo
         timeout=60,
     )
     result.assert_outcomes(passed=1)
+
+
+def test_with_one_thread_each_a_parallel_op_at_import_keeps_the_template_forkable(
+    pytester: pytest.Pytester, lock: Path, no_thread_variables: None, tmp_path: Path
+) -> None:
+    """The budget's other gain: a pool of one thread starts no thread, so a module that runs
+    an OpenMP op at import no longer makes its template unsafe (tests/e2e/test_fork_server.py
+    shows the same module with two threads: fresh processes, and a line saying why)."""
+    if cores() // 2 > 1:
+        pytest.skip("here the budget is above one thread")
+    library = build_openmp_library(tmp_path)
+    pytester.makepyfile(
+        test_golden=f"""
+        import ctypes
+        import pytest
+
+        LIB = ctypes.CDLL({str(library)!r})
+        LIB.parallel_sum.restype = ctypes.c_double
+        GOLDEN = LIB.parallel_sum(200000)  # a parallel op at import, as torch.softmax is
+
+
+        @pytest.mark.device_count(1)
+        @pytest.mark.parametrize("i", range(3))
+        def test_parallel(i):
+            assert LIB.parallel_sum(200000) == GOLDEN
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        *FAST, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=120
+    )
+    result.assert_outcomes(passed=3)
+    assert "not safe to fork" not in text(result)
