@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -12,6 +13,40 @@ import pytest
 from pg_server import Server, remove, server_bin, start_server
 
 pytest_plugins = ["pytester"]
+
+# The environment of the user's pytest process, when devpool runs this suite: set by the
+# controller before any worker starts, read in each worker (see plain_environment).
+SUITE_ENVIRON = "DEVPOOL_SUITE_ENVIRON"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.has_plugin("devpool-controller") and SUITE_ENVIRON not in os.environ:
+        os.environ[SUITE_ENVIRON] = json.dumps(dict(os.environ))
+
+
+@pytest.fixture(autouse=True)
+def plain_environment(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under devpool, each test sees the environment plain pytest would give it.
+
+    A worker's environment has devpool's own variables (its devices, the sim platform's
+    visibility variable, its run id, its artifacts, a thread budget): a session these tests
+    start would inherit them and be narrowed, numbered or budgeted by the run around it,
+    so for the test's duration they are put back as the user's pytest process had them."""
+    outer = os.environ.get(SUITE_ENVIRON)
+    if outer is None or not request.config.getoption("devpool_worker", None):
+        yield
+        return
+    plain: dict[str, str] = json.loads(outer)
+    patch = pytest.MonkeyPatch()
+    try:
+        for name in [name for name in os.environ if name not in plain]:
+            patch.delenv(name)
+        for name, value in plain.items():
+            if os.environ.get(name) != value:
+                patch.setenv(name, value)
+        yield
+    finally:
+        patch.undo()
 
 
 def _unfenced(lines: list[str]) -> list[str]:
