@@ -106,10 +106,12 @@ def merge(args: argparse.Namespace) -> int:
     if isinstance(spec, HistoryUrl):
         store = PgStore(spec.url, "--devpool-history")
     else:
-        from devpool.select.session import store_for
+        from devpool.folders import devpool_dir
+        from devpool.select.baseline import Store
 
         pyproject = find_pyproject(Path.cwd())
-        store = store_for(pyproject.parent if pyproject is not None else Path.cwd())
+        root = pyproject.parent if pyproject is not None else Path.cwd()
+        store = Store(devpool_dir(root) / "select")  # as session.store_for
     if args.parts:
         manifest, tests = _from_files(args.parts)
         run = None
