@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from sessions import FAST, records, suite, text
+from sessions import records, run, suite, text
 
 from devpool.devices.cores import CGROUP_ROOT_ENV
 from openmp_library import build_openmp_library
@@ -56,7 +56,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 @pytest.fixture(autouse=True)
 def no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
-    """FAST names devpool's plugin itself: no other plugin loads (nor devpool twice)."""
+    """sessions.run names devpool's plugin itself: no other plugin loads (nor devpool twice)."""
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 
@@ -90,7 +90,7 @@ def test_the_budget_reaches_forked_and_fresh_workers_their_torch_and_subprocesse
     project(pytester, out, torch=True)
     # 2 CPU slots and 1 device, max-parallel max(1, 2): 2 tests at once, cores // 2 each.
     args = ("--devices", "sim:0", "--devpool-cpu-slots=2", fork)
-    result = pytester.runpytest_subprocess(*FAST, f"--devpool-lock-dir={lock}", *args, timeout=180)
+    result = run(pytester, lock, *args, timeout=180)
     assert result.ret == 0, text(result)
     share = str(max(1, cores() // 2))
     seen = records(out)
@@ -128,9 +128,7 @@ def test_a_variable_the_user_set_wins_and_nonsense_is_passed_through_with_one_li
     out = pytester.mkdir("out")
     project(pytester, out, torch=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    kept = pytester.runpytest_subprocess(
-        *FAST, f"--devpool-lock-dir={lock}", "--devices", "sim:0", timeout=120
-    )
+    kept = run(pytester, lock, "--devices", "sim:0", timeout=120)
     assert kept.ret == 0, text(kept)
     seen = records(out)
     assert {r["omp"] for r in seen.values()} == {"3"}
@@ -142,9 +140,7 @@ def test_a_variable_the_user_set_wins_and_nonsense_is_passed_through_with_one_li
     assert "warning" not in text(kept)
 
     monkeypatch.setenv("OMP_NUM_THREADS", "abc")
-    nonsense = pytester.runpytest_subprocess(
-        *FAST, f"--devpool-lock-dir={lock}", "--devices", "sim:0", timeout=120
-    )
+    nonsense = run(pytester, lock, "--devices", "sim:0", timeout=120)
     assert nonsense.ret == 0, text(nonsense)
     assert {r["omp"] for r in records(out).values()} == {"abc"}
     warnings = [line for line in nonsense.outlines if "OMP_NUM_THREADS='abc'" in line]
@@ -166,9 +162,7 @@ def test_a_cgroup_quota_narrows_the_cores(
     (root / "cpu.max").write_text("150000 100000\n")
     monkeypatch.setenv(CGROUP_ROOT_ENV, str(root))
     pytester.makepyfile(test_one="def test_one():\n    pass\n")
-    result = pytester.runpytest_subprocess(
-        *FAST, f"--devpool-lock-dir={lock}", "--devices", "sim:0", timeout=120
-    )
+    result = run(pytester, lock, "--devices", "sim:0", timeout=120)
     assert result.ret == 0, text(result)
     allowed = min(cores(), 2)
     if cores() > 2:
@@ -197,9 +191,9 @@ def test_cpus_n_holds_n_cpu_slots(pytester: pytest.Pytester, lock: Path) -> None
     still run two at a time before or after it."""
     out = pytester.mkdir("out")
     suite(pytester, out, "test_cpus.py", CPUS_SUITE)
-    result = pytester.runpytest_subprocess(
-        *FAST,
-        f"--devpool-lock-dir={lock}",
+    result = run(
+        pytester,
+        lock,
         "--devices",
         "sim:0",
         "--devpool-cpu-slots=2",
@@ -230,9 +224,9 @@ def test_bad_cpus_markers_are_one_sentence(
     pytester.makepyfile(
         test_bad=f"import pytest\n\n\n@pytest.mark.{marker}\ndef test_x():\n    pass\n"
     )
-    result = pytester.runpytest_subprocess(
-        *FAST,
-        f"--devpool-lock-dir={lock}",
+    result = run(
+        pytester,
+        lock,
         "--devices",
         "sim:0",
         "--devpool-cpu-slots=2",
@@ -251,9 +245,9 @@ def test_cpus_above_the_slots_skips_with_skip_unsatisfiable(
         test_big="import pytest\n\n\n@pytest.mark.cpus(3)\ndef test_big():\n    pass\n\n\n"
         "def test_small():\n    pass\n"
     )
-    result = pytester.runpytest_subprocess(
-        *FAST,
-        f"--devpool-lock-dir={lock}",
+    result = run(
+        pytester,
+        lock,
         "--devices",
         "sim:0",
         "--devpool-cpu-slots=2",
@@ -272,13 +266,11 @@ def test_a_path_rule_gives_cpus_as_the_marker_does(pytester: pytest.Pytester, lo
     pytester.makepyfile(
         test_heavy="import os\n\n\ndef test_h():\n    assert os.environ['DEVPOOL_THREADS'] == '2'\n"
     )
-    plan = pytester.runpytest_subprocess(
-        *FAST, f"--devpool-lock-dir={lock}", "--devices", "sim:0", "--devpool-plan", timeout=60
-    )
+    plan = run(pytester, lock, "--devices", "sim:0", "--devpool-plan", timeout=60)
     assert any(line.split()[1:] == ["2", "cpus", "test_heavy.py::test_h"] for line in plan.outlines)
-    result = pytester.runpytest_subprocess(
-        *FAST,
-        f"--devpool-lock-dir={lock}",
+    result = run(
+        pytester,
+        lock,
         "--devices",
         "sim:0",
         "--devpool-cpu-slots=2",
@@ -312,8 +304,6 @@ def test_with_one_thread_each_a_parallel_op_at_import_keeps_the_template_forkabl
             assert LIB.parallel_sum(200000) == GOLDEN
         """
     )
-    result = pytester.runpytest_subprocess(
-        *FAST, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=120
-    )
+    result = run(pytester, lock, "--devices", "sim:0-1", timeout=120)
     result.assert_outcomes(passed=3)
     assert "not safe to fork" not in text(result)
