@@ -228,6 +228,15 @@ def test_every_python_block_compiles(page: str) -> None:
         compile(body, f"docs/{page}.md", "exec")
 
 
+def test_the_docs_extra_is_the_docs_part_of_dev() -> None:
+    """`pip install -e '.[docs]'` for mkdocs serve: the same pins as [dev], nothing else."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert extras["docs"] and set(extras["docs"]) <= set(extras["dev"])
+    assert {pin.split("==")[0] for pin in extras["docs"]} == {"mkdocs", "mkdocs-material"}
+
+
 def _fresh_venv(where: Path) -> dict[str, str]:
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=300)
     drop = ("GITHUB_", "DEVPOOL_", "PYTEST_", "CI", "VIRTUAL_ENV", "PYTHONPATH")
@@ -254,6 +263,13 @@ def test_the_install_and_the_demo_work_in_a_fresh_venv_on_a_fresh_clone(tmp_path
         # devpool is there as a pytest plugin, without the [dev] tools.
         listed = shell("pip list --format=freeze", project, env).stdout
         assert "devpool==" in listed and "pytest-randomly" not in listed, listed
+
+    # The git URL form the page gives in words, with the clone's URL.
+    env = _fresh_venv(tmp_path / "venv-git")
+    line = f"pip install git+file://{clone}"
+    _ok(shell(line, project, env), line)
+    _ok(shell("python -m pytest tests", project, env), "python -m pytest tests")
+    assert "pip install git+URL" in (ROOT / "docs" / "adopting.md").read_text()
 
     # getting-started's demo, as shown, in a fresh venv without torch; then its sample.
     env = _fresh_venv(tmp_path / "venv-demo")
