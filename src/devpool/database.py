@@ -73,7 +73,7 @@ def driver(option: str = "--devpool-queue") -> Any:
     except ImportError:
         raise DevpoolError(
             f"{option} needs psycopg 3, which the [queue] extra installs: "
-            "pip install 'devpool[queue]'"
+            "pip install '/path/to/devpool[queue]' (a clone of devpool's repository)"
         ) from None
     return psycopg
 

@@ -82,7 +82,8 @@ def ask_state_api(address: str) -> tuple[list[dict[str, Any]], list[dict[str, An
         from ray.util import state
     except ImportError:
         raise DevpoolError(
-            "the Ray view needs Ray in devpool serve's environment: pip install 'devpool[ray]'"
+            "the Ray view needs Ray in devpool serve's environment: "
+            "pip install '/path/to/devpool[ray]'"
         ) from None
     nodes = state.list_nodes(
         address=address, limit=LIMIT, timeout=STATE_TIMEOUT, raise_on_missing_output=False

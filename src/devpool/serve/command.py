@@ -29,7 +29,8 @@ def _serve(args: argparse.Namespace) -> int:
         from devpool.serve.app import build_app
     except ImportError as exc:
         raise DevpoolError(
-            f"devpool serve needs Starlette and uvicorn: pip install 'devpool[serve]' ({exc})"
+            "devpool serve needs Starlette and uvicorn: "
+            f"pip install '/path/to/devpool[serve]' ({exc})"
         ) from None
     if args.lock_dir:
         lock_dir = Path(args.lock_dir)

@@ -18,7 +18,9 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise DevpoolError("--devpool-backend ray needs Ray: pip install 'devpool[ray]'") from None
+        raise DevpoolError(
+            "--devpool-backend ray needs Ray: pip install '/path/to/devpool[ray]'"
+        ) from None
     return ray
 
 
