@@ -16,11 +16,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from devpool.backends import WorkerHandle
 from devpool.backends.pipes import EventPipes, read_available
-from devpool.backends.ranks import Rank, RankGroup, group_pipe
 from devpool.backends.spawn import pytest_process
 from devpool.backends.templates import ForkedProcess, ForkRequest, Template
 from devpool.backends.zygote import Unset, Zygote, ZygoteChild, ZygoteGone
@@ -28,6 +27,9 @@ from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
 from devpool.worker import protocol
 from devpool.worker.stacks import stacks_file
+
+if TYPE_CHECKING:
+    from devpool.backends.ranks import Rank, RankGroup
 
 TEMPLATE_SHARE = 0.9  # of the worker start timeout, for a template to collect
 
@@ -163,6 +165,9 @@ class LocalBackend:
     def group(self, workers: list[Worker], shape: int, straggle: float) -> RankGroup:
         """One ranks(n) test's workers, one per rank (rank order), as one worker
         (backends/ranks.py): their events meet in the merge before the loop reads them."""
+        # Imported here: a run without ranks(n) tests never loads the ranks' merge.
+        from devpool.backends.ranks import Rank, RankGroup, group_pipe
+
         self._next_key += 1
         read_end, write_end = group_pipe()
         first = workers[0]
@@ -349,18 +354,18 @@ class LocalBackend:
 
     def drain(self, worker: WorkerHandle) -> list[protocol.Message]:
         """Whatever an exited worker still had in its pipe; stops watching that pipe."""
-        if isinstance(worker, RankGroup):
-            for rank in worker.ranks:
-                worker.pump(rank, read_available)
+        if not isinstance(worker, Worker):  # a ranks(n) group (backends/ranks.py)
+            group = cast("RankGroup", worker)
+            for rank in group.ranks:
+                group.pump(rank, read_available)
                 self.pipes.uncall(rank.worker.fd_out)
-            worker.check(time.monotonic(), read_available)
+            group.check(time.monotonic(), read_available)
         return self.pipes.drain(worker)
 
     def reap(self, worker: WorkerHandle, wait: float = 5.0) -> int | None:
         """The worker's exit status once its event pipe closed (negative: killed by a signal)."""
-        if isinstance(worker, RankGroup):
-            return self._reap_group(worker, wait)
-        assert isinstance(worker, Worker)
+        if not isinstance(worker, Worker):  # a ranks(n) group
+            return self._reap_group(cast("RankGroup", worker), wait)
         try:
             code = worker.process.wait(timeout=wait)
         except subprocess.TimeoutExpired:

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from devpool.report.markdown import render_markdown
 from devpool.report.record import RunRecord
 from devpool.report.summary import RunSummary, where
 from devpool.report.terminal import strip_ansi, tail
@@ -120,6 +119,8 @@ def write_step_summary(record: RunRecord, environ: Mapping[str, str] | None = No
     target = env.get("GITHUB_STEP_SUMMARY")
     if not target:
         return False
+    from devpool.report.markdown import render_markdown  # only a GitHub run writes Markdown
+
     with open(target, "a", encoding="utf-8") as handle:
         handle.write(render_markdown(record))
     return True
