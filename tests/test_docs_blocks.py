@@ -222,7 +222,26 @@ def test_every_toml_block_is_read_as_devpool_reads_pyproject(page: str) -> None:
         settings_from({}, table, f"docs/{page}.md", {})
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", [*PAGES, "markers"])
+def test_every_sample_session_prints_what_the_page_shows(page: str, tmp_path: Path) -> None:
+    """A `text` block that starts with `$ COMMAND`: the command, run on getting-started's
+    suite, prints the block's lines, in that order (other lines may come between)."""
+    samples = [body for lang, body in fenced(page) if lang == "text" and body.startswith("$ ")]
+    project = tmp_path / "project"
+    env = scratch_project(project, tmp_path / "locks")
+    # pytest-randomly comes with devpool's [dev] tools only: a user's plan is in their order.
+    env["PYTEST_ADDOPTS"] = "-p no:randomly"
+    for sample in samples:
+        command, *shown = sample.rstrip("\n").splitlines()
+        done = shell(command[2:], project, env)
+        _ok(done, command)
+        printed = iter(done.stdout.splitlines())
+        for line in shown:
+            assert any(row.rstrip() == line.rstrip() for row in printed), (line, done.stdout)
+    assert samples or page != "markers"
+
+
+@pytest.mark.parametrize("page", [*PAGES, "markers", "distributed"])
 def test_every_python_block_compiles(page: str) -> None:
     for body in [body for lang, body in fenced(page) if lang == "python"]:
         compile(body, f"docs/{page}.md", "exec")
