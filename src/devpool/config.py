@@ -384,6 +384,8 @@ class Settings:
     devices: str | None
     platforms: Mapping[str, Platform]
     profile: str | None = None
+    profile_note: str = ""  # which profile applies, why, and what it sets ("": none does)
+    devices_from: str = "--devices"  # where `devices` was set
     max_parallel: int | None = None
     cpu_slots: int = field(default_factory=lambda: usable_cores().count)
     lock_dir: Path = field(default_factory=default_lock_dir)
@@ -469,7 +471,7 @@ def check_tables(table: Mapping[str, Any], where: str) -> None:
 
 def _with_profile(
     options: Mapping[str, Any], table: Mapping[str, Any], where: str, environ: Mapping[str, str]
-) -> tuple[dict[str, Any], dict[str, str]]:
+) -> tuple[dict[str, Any], dict[str, str], str]:
     """[tool.devpool] with one profile's keys laid over it, as nextest's profiles are, and
     the table each key came from.
 
@@ -479,10 +481,11 @@ def _with_profile(
     merged = {key: value for key, value in table.items() if key != "profiles"}
     profiles = table.get("profiles", {})
     name = options.get("devpool_profile") or merged.pop("profile", None)
+    why = "--devpool-profile" if options.get("devpool_profile") else "profile in [tool.devpool]"
     if name is None and environ.get("CI") == "true" and "ci" in profiles:
-        name = "ci"
+        name, why = "ci", "CI=true"
     if name is None:
-        return merged, {}
+        return merged, {}, ""
     if name not in profiles:
         known = ", ".join(sorted(profiles)) or "none defined"
         raise DevpoolError(
@@ -490,7 +493,9 @@ def _with_profile(
             f"(known: {known})"
         )
     merged.update(profiles[name])
-    return merged, {key: f"tool.devpool.profiles.{name}" for key in profiles[name]}
+    keys = ", ".join(f"{key} = {value!r}" for key, value in profiles[name].items()) or "no keys"
+    note = f"profile {name!r} applies ({why}): {keys}"
+    return merged, {key: f"tool.devpool.profiles.{name}" for key in profiles[name]}, note
 
 
 def settings_from(
@@ -507,7 +512,7 @@ def settings_from(
     """
     fallback = fallback or {}
     check_tables(table, where)
-    table, sources = _with_profile(
+    table, sources, profile = _with_profile(
         options, table, where, os.environ if environ is None else environ
     )
 
@@ -523,7 +528,9 @@ def settings_from(
     devices = options.get("devpool_devices")
     if devices is None and "devices" in table:
         devices = table["devices"]
+        values["devices_from"] = named("devices")
     values["devices"] = devices
+    values["profile_note"] = profile
     for option in OPTIONS:
         raw, source = options.get(option.dest), option.cli
         if raw is None and option.name in table:

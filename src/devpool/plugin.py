@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +235,9 @@ def _configure_controller(config: pytest.Config) -> None:
         inventory = cluster_inventory(settings.devices, settings.platforms, settings.ray_address)
     else:
         inventory = resolve_inventory(settings.devices, settings.platforms, os.environ)
+    if settings.devices_from != "--devices":  # the header names where the value came from
+        told = inventory.source.replace("--devices ", f"{settings.devices_from} = ", 1)
+        inventory = replace(inventory, source=told)
     lock_dir = LockDir(settings.lock_dir)
     from devpool.session.controller import Controller
     from devpool.session.finish_guard import FinishGuard

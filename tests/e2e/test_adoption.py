@@ -349,3 +349,35 @@ def test_a_skip_that_counts_devices_is_plain_pytests_skip(
     assert len(skips(plain)) == 3
     assert skips(result) == skips(plain)
     result.assert_outcomes(passed=1, skipped=3)
+
+
+def test_adopt_shows_a_ranks_request_as_the_plan_does(
+    pytester: pytest.Pytester, here: Path, lock: Path
+) -> None:
+    """A ranks request (a path rule's `ranks = 2`, an alias to ranks) reads in `devpool
+    adopt` as in --devpool-plan ("2 ranks × 1 device"), and its JSON names the ranks."""
+    pyproject = PYPROJECT.replace(
+        "[tool.devpool.markers]\n", '[tool.devpool.markers]\nworld = { ranks = "args[0]" }\n'
+    ).replace('markers = ["distributed', 'markers = ["world(n)", "distributed')
+    files = dict(FILES)
+    files["tests/unit/test_alias.py"] = (
+        "import pytest\n\n@pytest.mark.world(2)\ndef test_rank_alias():\n    pass\n"
+    )
+    project(here, pyproject, files)
+
+    plan = session(pytester, lock, "--devices", "sim:0-3", "--devpool-plan")
+    assert plan.ret == 0, text(plan)
+    planned = {line.split()[-1]: line for line in plan.outlines if "::test_" in line}
+    shown = devpool(here, "adopt")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(devpool(here, "adopt", "--format", "json").stdout)
+    ranks = {t["nodeid"]: t["ranks"] for t in data["tests"]}
+    for nodeid in (
+        "tests/distributed/test_ranks.py::test_ranks_rule",
+        "tests/unit/test_alias.py::test_rank_alias",
+    ):
+        assert "2 ranks × 1 device" in planned[nodeid], planned[nodeid]
+        line = next(line for line in shown.stdout.splitlines() if nodeid in line)
+        assert "2 ranks × 1 device" in line, line
+        assert ranks[nodeid] == 2
+    assert ranks["tests/gpu/test_gpu.py::test_path_rule"] == 0

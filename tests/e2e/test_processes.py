@@ -598,6 +598,11 @@ def test_interrupt_ends_workers_and_frees_devices(
     assert code == 2, session.output()
     wait_until(lambda: not any(alive(pid) for pid in pids), 5, f"workers {pids} to end")
     assert not held(lock)
+    if signum == signal.SIGTERM:  # said as a SIGTERM, not as Ctrl-C at a line of devpool's
+        shown = session.output()
+        banner = [line for line in shown.splitlines() if line.startswith("!!")]
+        assert banner and "SIGTERM" in banner[-1], shown
+        assert "KeyboardInterrupt" not in shown and "controller.py" not in shown, shown
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

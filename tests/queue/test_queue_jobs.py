@@ -191,7 +191,7 @@ def test_three_jobs_share_one_run(postgres: Server, project: Path) -> None:
     verdict = report(postgres.url, run, project, junit, wait=30)
     assert verdict.returncode == 1, verdict.stdout + verdict.stderr
     assert "1 test did not pass: 1 failed (exit code 1)" in verdict.stdout
-    assert "14 passed, 1 failed" in verdict.stdout
+    assert "1 failed, 14 passed" in verdict.stdout  # the closing line's order
     names = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase")]
     assert names == [f"test_cpu[{i}]" for i in range(8)] + [f"test_one[{i}]" for i in range(4)] + [
         "test_two",

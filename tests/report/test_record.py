@@ -153,7 +153,7 @@ def test_round_trip_keeps_every_event(tmp_path: Path) -> None:
     assert failed.start is not None and failed.end == T0 + 2.0
     assert record.cut_sentence() is None
     summary = summarize(record)
-    assert summary.counts() == [("passed", 2), ("failed", 1)]
+    assert summary.counts() == [("failed", 1), ("passed", 2)]  # the closing line's order
     assert [ending.job.nodeid for ending in summary.troubles] == ["t.py::test_b"]
 
 
@@ -315,7 +315,7 @@ def test_cut_sentence_for_a_record_without_session_end(tmp_path: Path) -> None:
     assert sentence is not None
     assert "did not finish" in sentence and "2 of 5 tests ran" in sentence
     counts = summarize(record).counts()
-    assert counts == [("passed", 1), ("failed", 1), ("interrupted", 1), ("not run", 2)]
+    assert counts == [("failed", 1), ("passed", 1), ("interrupted", 1), ("not run", 2)]
 
 
 # ---- text, markdown, json ----------------------------------------------------------------

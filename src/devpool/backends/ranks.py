@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import time
@@ -28,6 +29,9 @@ from devpool.backends.failfast import FailFast
 from devpool.devices.leases import Lease
 from devpool.worker import protocol
 from devpool.worker.stacks import stacks_file
+
+# A line of a worker's pytest progress: `test_x.py ..F` or its letters, and a percentage.
+_PROGRESS = re.compile(r"(\S+\.py ?)?[.sSfFEexXR]*( *\[ *\d+%\])? *")
 
 
 @dataclass(eq=False)
@@ -152,16 +156,23 @@ class RankGroup:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
+    def reached(self, nodeid: str) -> set[str]:
+        """The phases of a test some rank reported ("call": its body ran, so a crash there is
+        no setup error)."""
+        return {p for rank in self.ranks for p in self.fate.merge.phases(nodeid, rank.rank)}
+
     def rank_output(self) -> str:
-        """What each rank wrote to its log since the current test started, labelled."""
+        """What each rank wrote to its log since the current test started, labelled; not its
+        pytest's progress (the file name, the letters), which is no output of the test."""
         parts = []
         for rank in self.ranks:
             try:
                 with open(rank.worker.log, "rb") as log:
                     log.seek(rank.mark)
-                    lines = log.read().decode("utf-8", "replace").splitlines()[-40:]
+                    every = log.read().decode("utf-8", "replace").splitlines()
             except OSError:
                 continue
+            lines = [line for line in every if not _PROGRESS.fullmatch(line)][-40:]
             if any(line.strip() for line in lines):
                 parts.append(f"---- [rank {rank.rank}] output during this test (tail) ----")
                 parts.extend(lines)

@@ -32,6 +32,7 @@ class Adopted:
     nodes: int
     rule: str  # "marker", "alias NAME", "path KEY" or "none": the source of its devices
     sources: dict[str, str]  # every part of its request → its source
+    ranks: int = 0  # ranks(n): n processes, one test (0: an ordinary test)
 
 
 @dataclass
@@ -81,6 +82,7 @@ def adopt_report(seen: Collection) -> AdoptReport:
                 test.nodes,
                 rule,
                 dict(sources),
+                test.ranks,
             )
         )
         counts[(test.nodes, test.device_count)] += 1

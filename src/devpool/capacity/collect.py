@@ -38,11 +38,18 @@ class CollectedTest:
     disabled: bool
     device_memory: int | None = None  # bytes per device, declared or the suite's default
     resources: tuple[tuple[str, int], ...] = ()  # resources(name=k): named host resources
+    ranks: int = 0  # ranks(n): n processes, devices_per_rank devices each
+    devices_per_rank: int = 1
 
     @property
     def request(self) -> Request:
         return Request(
-            self.device_count, self.platforms, self.nodes, device_memory=self.device_memory
+            self.device_count,
+            self.platforms,
+            self.nodes,
+            device_memory=self.device_memory,
+            ranks=self.ranks,
+            devices_per_rank=self.devices_per_rank,
         )
 
 
@@ -148,6 +155,8 @@ class _Collector:
                         disabled=_disabled(item),
                         device_memory=request.device_memory,
                         resources=request.resources,
+                        ranks=request.ranks,
+                        devices_per_rank=request.devices_per_rank,
                     )
                 )
         except DevpoolError as exc:

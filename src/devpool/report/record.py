@@ -8,7 +8,8 @@ sentence, where and what was lost.
 
 Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
   session_start  run_id, host, pid, args, cwd, platform, kind, devices, options, tests,
-                 planned (the node ids of every planned test), ray_address (with
+                 planned (the node ids of every planned test), deselected (how
+                 many tests the closing line counts deselected), ray_address (with
                  --devpool-backend ray: the cluster it joins)
   lease          job, nodeid, devices, holder_pid, wait (seconds blocked on other runs)
   job_start      job, nodeid, devices, host, worker (key), worker_pid (null for a fork not
@@ -24,7 +25,8 @@ Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
   shard          (--devpool-shard runs, right after session_start) shard "K/N", k, n,
                  fingerprint, costs, split (node ids of every shard), deselected (this
                  shard's tests deselected after the split), history, pending
-  session_end    exitstatus, troubles (outcome → tests that did not pass)
+  session_end    exitstatus, troubles (outcome → tests that did not pass), controller_cpu
+                 (the controller process's CPU seconds, its own: not its workers')
 
 A new event type or field is added under the same version (readers skip types they do
 not know and read fields with defaults); the version changes only when a reader of the
@@ -56,6 +58,8 @@ _GATING_NAMES = frozenset({"failed", "error", "timeout", "crashed", "infra"})
 # and reports of the last BUFFER_SECONDS.
 BUFFERED = frozenset({"job_start", "attempt", "report"})
 BUFFER_SECONDS = 0.2
+# One encoder for every line: json.dumps with options builds a new one per call.
+_encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
 
 
 class RecordWriter:
@@ -70,18 +74,29 @@ class RecordWriter:
         )
         self._waiting: list[str] = []
         self._flushed_at = time.monotonic()
+        # While the dispatch loop runs, a line that flushes at once waits for the end of the
+        # loop's turn (flush_due, before it sleeps or after it read its workers' messages):
+        # the job_ends of every test one read brought go to disk in one write, not one each.
+        self.per_turn = False
+        self._urgent = False
 
     def write(self, event_type: str, **fields: Any) -> None:
         if self._file is None:
             return
         event = {"v": SCHEMA_VERSION, "type": event_type, "time": round(time.time(), 3), **fields}
-        self._waiting.append(json.dumps(event, default=str, ensure_ascii=False) + "\n")
-        if event_type not in BUFFERED or time.monotonic() - self._flushed_at >= BUFFER_SECONDS:
+        self._waiting.append(_encode(event) + "\n")
+        if event_type not in BUFFERED:
+            if not self.per_turn:
+                self.flush()
+                return
+            self._urgent = True
+        if time.monotonic() - self._flushed_at >= BUFFER_SECONDS:
             self.flush()
 
     def flush_due(self) -> None:
-        """Flush the lines that have waited BUFFER_SECONDS (the loop asks while it idles)."""
-        if self._waiting and time.monotonic() - self._flushed_at >= BUFFER_SECONDS:
+        """Flush the lines that must not wait (per_turn), or have waited BUFFER_SECONDS."""
+        waited = time.monotonic() - self._flushed_at >= BUFFER_SECONDS
+        if self._urgent or (self._waiting and waited):
             self.flush()
 
     def flush(self) -> None:
@@ -90,6 +105,7 @@ class RecordWriter:
             return
         self._file.write("".join(self._waiting))
         self._waiting.clear()
+        self._urgent = False
         self._file.flush()
         self._flushed_at = time.monotonic()
 

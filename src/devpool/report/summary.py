@@ -19,8 +19,11 @@ from devpool.report.record import JobRun, RunRecord
 from devpool.wording import counted
 
 # pytest's own categories beside devpool's outcomes: a test that xfailed is no skip.
-XFAILED, XPASSED = "xfailed", "xpassed"
-ORDER = [o.value for o in Outcome] + [XFAILED, XPASSED, "quarantined", "rerun"]
+XFAILED, XPASSED, DESELECTED = "xfailed", "xpassed", "deselected"
+# The closing line's order: pytest's known categories first (as its terminal orders them),
+# then devpool's own.
+ORDER = ["failed", "passed", "skipped", DESELECTED, XFAILED, XPASSED, "error"]
+ORDER += [o.value for o in Outcome if o.value not in ORDER] + ["quarantined", "rerun"]
 NOT_RUN_SHOWN = 50  # tests named per category in text and Markdown; JSON names them all
 
 
@@ -93,9 +96,9 @@ class RunSummary:
     interrupted: bool
     damage: str | None
     # category → node ids: pytest's closing-line categories (a test once per report pytest
-    # counted, in the order they ended), then "interrupted" and "not run"
+    # counted, in collection order), then "interrupted" and "not run"
     tests: Mapping[str, tuple[str, ...]]
-    troubles: tuple[Ending, ...]  # gating endings, in the order they ended
+    troubles: tuple[Ending, ...]  # gating endings, in collection order (as pytest's summary)
     flaky: tuple[Ending, ...]  # failed, then passed on a rerun
     quarantined: tuple[Ending, ...]  # failed but excused by the quarantine
     use: tuple[DeviceUse, ...]
@@ -105,12 +108,17 @@ class RunSummary:
     # "interrupted" or "not run" for the planned tests without one
     outcomes: Mapping[str, str] = field(default_factory=dict)
     durations: Mapping[str, float] = field(default_factory=dict)  # test → its final test time
+    deselected: int = 0  # tests the terminal's closing line counts as deselected
 
     def counts(self) -> list[tuple[str, int]]:
-        """(category, count) in the closed order, categories that no test is in left out."""
+        """(category, count) in the closing line's order, categories that no test is in left
+        out; "deselected" as the terminal counted it."""
         order = [*ORDER, *sorted(set(self.tests) - set(ORDER) - {INTERRUPTED, NOT_RUN})]
         order += [INTERRUPTED, NOT_RUN]
-        return [(name, len(self.tests[name])) for name in order if self.tests.get(name)]
+        found = {name: len(ids) for name, ids in self.tests.items() if ids}
+        if self.deselected:
+            found[DESELECTED] = self.deselected
+        return [(name, found[name]) for name in order if name in found]
 
     def count(self, category: str) -> int:
         return len(self.tests.get(category, ()))
@@ -151,7 +159,8 @@ def summarize(record: RunRecord) -> RunSummary:
             finals[job.nodeid] = job
         elif job.log:
             earlier.setdefault(job.nodeid, []).append(job.log)
-    for job in record.finished_jobs():
+    # In collection order (a job's number is its place), as plain pytest ran and lists them.
+    for job in sorted(record.finished_jobs(), key=lambda job: job.job):
         if job.counted is not None:
             categories = job.counted
         else:  # a record older than `counted`: its final attempts' own category alone
@@ -173,7 +182,7 @@ def summarize(record: RunRecord) -> RunSummary:
         return Ending(job, tuple(earlier.get(job.nodeid, ())))
 
     ends = list(finals.values())
-    ends.sort(key=lambda job: job.end or 0.0)
+    ends.sort(key=lambda job: job.job)
     status = record.end.get("exitstatus") if record.end else None
     return RunSummary(
         run_id=str(record.start.get("run_id", "?")),
@@ -208,6 +217,7 @@ def summarize(record: RunRecord) -> RunSummary:
             **{nodeid: job.shown or "?" for nodeid, job in finals.items()},
         },
         durations={nodeid: job.test_time for nodeid, job in finals.items()},
+        deselected=int(record.start.get("deselected") or 0),
     )
 
 

@@ -123,6 +123,9 @@ def lend_endings(stats: dict[str, list[Any]]) -> list[tuple[str, Any]]:
     pytest builds FAILURES, ERRORS and the short test summary from those two keys only; the
     reports keep their own word (CRASHED, TIMEOUT) there. Give them back with take_back
     before the closing line, which counts each category apart ("1 failed, 1 crashed").
+
+    Every category's reports are put in collection order first, the order plain pytest ran
+    and lists them in (FAILURES, -rA); what came before the run (collection errors) first.
     """
     lent: list[tuple[str, Any]] = []
     for key, reports in list(stats.items()):
@@ -133,6 +136,9 @@ def lend_endings(stats: dict[str, list[Any]]) -> list[tuple[str, Any]]:
                 into = "failed" if report.when == "call" else "error"
                 stats.setdefault(into, []).append(report)
                 lent.append((into, report))
+    for key, reports in stats.items():
+        if key != "warnings":  # in collection order already (run/warned.py)
+            reports.sort(key=lambda report: getattr(report, "devpool_place", -1))
     return lent
 
 
@@ -206,7 +212,10 @@ def print_summary(tr: Any, summary: RunSummary, cwd: Path) -> None:
             logs = ", ".join(_shown(p, cwd) for p in [*ending.earlier, ending.job.log])
             where_ = where(summary.platform, ending.job.devices)
             tr.write_line(f"FLAKY    {ending.job.nodeid}  [{where_}]  logs: {logs}", yellow=True)
-    for name, heading in ((INTERRUPTED, "running when the run ended"), (NOT_RUN, "not run")):
+    for name, heading in (
+        (INTERRUPTED, "running when the run ended"),
+        (NOT_RUN, "the run ended before they started"),
+    ):
         ids = [nodeid for nodeid in summary.tests.get(name, ()) if nodeid != "?"]
         if ids:
             tr.write_sep("-", f"devpool: {counted(len(ids), 'test')} {name} ({heading})")

@@ -113,6 +113,8 @@ class Replay:
         terminal writes `[sim:2,3] [ 50%] PASSED test_x.py::test_a` (report.terminal)."""
         if self._verbose:
             report.node = where_ran(self.where(attempt.devices))  # type: ignore[attr-defined]
+        # The summaries list tests in collection order, as plain pytest ran them (lend_endings).
+        report.devpool_place = attempt.job.id  # type: ignore[attr-defined]
         self.hook.pytest_runtest_logreport(report=report)
         if not getattr(report, "count_towards_summary", True):
             return
@@ -140,6 +142,22 @@ class Replay:
                     f"[devpool] FLAKY: passed on attempt {attempt.number} after "
                     f"{job.own_failures} failed attempt(s); --devpool-flaky-result fail gates it"
                 )
+
+    def _rerun_note(self, attempt: Attempt, outcome: Outcome) -> str:
+        """What says that this ending runs again, or ran after others that did ("": none)."""
+        job = attempt.job
+        if outcome in (Outcome.CRASHED, Outcome.INFRA):
+            option, limit = "--devpool-reruns-infra", self.ctx.settings.reruns_infra
+        elif job.request.reruns is not None:
+            option, limit = "its own reruns", job.request.reruns
+        else:
+            option, limit = "--devpool-reruns", self.ctx.settings.reruns
+        if attempt.retry:
+            return f"it runs again: attempt {attempt.number + 1} ({option} {limit})"
+        if attempt.number > 1:
+            earlier = attempt.number - 1
+            return f"attempt {attempt.number}, after {earlier} that did not pass ({option} {limit})"
+        return ""
 
     def _excuse(self, report: pytest.TestReport, job: Job) -> None:
         """A quarantined test's failure: reported and kept, but pytest counts it as xfail."""
@@ -175,6 +193,9 @@ class Replay:
         item = self.ctx.items.get(job.nodeid)
         keywords = {name: 1 for name in item.keywords} if item is not None else {}
         seen = {r.when: r for r in attempt.phases}
+        # A rank group holds its ranks' reports until every rank has finished: the phases its
+        # ranks reached say whether the test's body ran.
+        reached = set(getattr(worker, "reached", lambda nodeid: ())(job.nodeid)) - set(seen)
         started = attempt.started_wall > 0
         # An ending before the test started that will run again is no attempt of the test:
         # pytest hears nothing of it (no rerun in the closing line); the run record and
@@ -190,13 +211,18 @@ class Replay:
             longrepr: Any = (job.location[0], (job.location[1] or 0) + 1, f"Skipped: {detail}")
             phases = [("setup", "skipped", longrepr), ("teardown", "passed", None)]
         else:
-            if "setup" not in seen:
+            if "setup" not in seen and "setup" not in reached:
                 when = "setup"
-            elif seen["setup"].passed and "call" not in seen:
+            elif ("setup" in reached or seen["setup"].passed) and "call" not in seen:
                 when = "call"
             else:
                 when = "teardown"
             text = f"[devpool] {outcome.value.upper()}: {detail}"
+            rerun = self._rerun_note(attempt, outcome)
+            if rerun:
+                text += f"\n[devpool] {rerun}"
+                if attempt.retry and not silent:
+                    self.say(f"{job.display} {outcome.value}; {rerun}")
             if extra:
                 text += "\n" + readable_stacks(extra)
             phases = [(when, "failed", Ending(text, detail, job.location))]

@@ -197,6 +197,7 @@ class Controller:
             options=options,
             tests=len(plan.jobs) + len(plan.unsatisfiable),
             planned=[job.display for job in plan.jobs] + [j.display for j, _ in plan.unsatisfiable],
+            deselected=summary.deselected_count(session.config),
             log_dir=str(self.log_dir),
             memory={str(d): b for d, b in self.memory.items()},
             **self._ray_field(),
@@ -221,7 +222,9 @@ class Controller:
         for ending in summarize(self.live_record.record).troubles:
             outcome = ending.job.outcome or "?"
             counts[outcome] = counts.get(outcome, 0) + 1
-        self.emit("session_end", exitstatus=int(exitstatus), troubles=counts)
+        # The controller's own CPU seconds (benchmarks/per_test.py: what the run costs per test)
+        cpu = round(time.process_time(), 3)
+        self.emit("session_end", exitstatus=int(exitstatus), troubles=counts, controller_cpu=cpu)
         self.record.close()
         # What the run cost beyond its tests (capacity's fixed cost): runs that ended as
         # runs do, each test once.
@@ -262,6 +265,8 @@ class Controller:
             f"devpool: lock dir {self.lock_dir.path}; logs {self.log_dir}",
             *self.threads.header(),
         ]
+        if self.settings.profile_note:  # e.g. CI=true's reruns, said where they come from
+            lines.append(f"devpool: {self.settings.profile_note}")
         capture = self.config.getoption("capture", None)
         if capture in ("no", "tee-sys"):
             # Tests run in workers: what they print live goes to the worker's log, and a
@@ -451,8 +456,13 @@ class Controller:
             with _sigterm_as_interrupt(), live or nullcontext():
                 loop.live = live
                 self.loop_ran = True
+                if self.record is not None:
+                    self.record.per_turn = True  # the loop flushes each turn (flush_record)
                 loop.run()
         finally:
+            if self.record is not None:
+                self.record.per_turn = False
+                self.record.flush()
             if source is not None:  # what it owes the queue, and what it did not run back
                 self.run_notes += source.close()
                 # a job that other jobs left nothing to exits 0, not "no tests collected"
@@ -506,12 +516,20 @@ class Controller:
         summary.write_summary(terminalreporter, self)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, ended as Ctrl-C: pytest's banner names the signal, with no source line."""
+
+
+# pytest's banner shows the exception as Python prints it: `SIGTERM: ...`, not a class path.
+Terminated.__module__, Terminated.__name__, Terminated.__qualname__ = "builtins", *["SIGTERM"] * 2
+
+
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """A CI step timeout sends SIGTERM: end the run as Ctrl-C would, workers and leases freed."""
 
     def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        raise Terminated("the run was ended as at Ctrl-C, its workers and leases freed")
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:

@@ -75,7 +75,15 @@ def print_plan(config: pytest.Config, plan: Plan, inventory: Inventory, settings
     write = terminal.write_line if terminal is not None else print
     write(f"devpool plan: {len(plan.jobs)} jobs on {inventory.describe()}")
     for order, job in enumerate(plan.jobs, 1):
-        write(f"{order:5}  {job.request.describe():28}  {job.nodeid}")
+        write(f"{order:5}  {_planned(job.request):28}  {job.nodeid}")
     for job, reason in plan.unsatisfiable:
         action = "skip" if settings.skip_unsatisfiable else "fail"
-        write(f"{action:>5}  {job.request.describe():28}  {job.nodeid}: {reason}")
+        write(f"{action:>5}  {_planned(job.request):28}  {job.nodeid}: {reason}")
+
+
+def _planned(request: Request) -> str:
+    """Its request, with the port a test of two devices or more gets without asking."""
+    shown = request.describe()
+    if request.ports_needed and not request.ports:
+        shown += ", 1 port (auto)"
+    return shown

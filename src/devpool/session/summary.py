@@ -40,6 +40,13 @@ class Findings(Protocol):
     record_path: Path
 
 
+def deselected_count(config: pytest.Config) -> int:
+    """The tests pytest's closing line counts as deselected (-k, -m, devpool's own)."""
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    stats = getattr(terminal, "stats", None)
+    return len(stats.get("deselected", ())) if isinstance(stats, dict) else 0
+
+
 def teststatus(report: pytest.TestReport) -> tuple[str, str, tuple[str, Mapping[str, bool]]] | None:
     """The status letter and word of devpool's own endings; None leaves the report to pytest."""
     outcome = getattr(report, "devpool_outcome", None)

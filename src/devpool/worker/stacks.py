@@ -20,11 +20,28 @@ _MACHINERY_PARTS = frozenset({"_pytest", "pluggy"})
 
 
 def readable_stacks(text: str) -> str:
-    """The text with every faulthandler thread block folded; other text is left as it is."""
+    """The text with every faulthandler thread block folded (each rank's dump in a rank
+    group's, alike); other text is left as it is."""
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if _THREAD.match(line)), None)
-    if start is None:
-        return text
+    out: list[str] = []
+    index = 0
+    while index < len(lines):
+        if _THREAD.match(lines[index]) is None:
+            out.append(lines[index])
+            index += 1
+            continue
+        blocks, index = _blocks(lines, index)
+        # The thread that ran the test (the one the signal interrupted) last: the tail shows it.
+        blocks.sort(key=lambda block: block[0])
+        for number, (_, block) in enumerate(blocks):
+            if number:
+                out.append("")
+            out += block
+    return "\n".join(out) if out != lines else text
+
+
+def _blocks(lines: list[str], start: int) -> tuple[list[tuple[bool, list[str]]], int]:
+    """One dump's thread blocks from `start`, each folded, and where the dump ends."""
     blocks: list[tuple[bool, list[str]]] = []
     end = start
     while end < len(lines) and (header := _THREAD.match(lines[end])) is not None:
@@ -35,15 +52,7 @@ def readable_stacks(text: str) -> str:
             body.append(lines[end])
             end += 1
         blocks.append((header.group("current") == "Current thread", [title, *_fold(body)]))
-    # The thread that ran the test (the one the signal interrupted) last: the tail shows it.
-    blocks.sort(key=lambda block: block[0])
-    out = lines[:start]
-    for index, (_, block) in enumerate(blocks):
-        if index:
-            out.append("")
-        out += block
-    out += lines[end:]
-    return "\n".join(out)
+    return blocks, end
 
 
 def _in_block(line: str) -> bool:
@@ -54,7 +63,8 @@ def _in_block(line: str) -> bool:
 def _fold(body: list[str]) -> list[str]:
     """Machinery frames folded into one line per run; kept frames with their source line."""
     out: list[str] = []
-    folded = 0
+    folded = repeated = 0
+    last = None
     for line in body:
         frame = _FRAME.match(line)
         if frame is not None and _machinery(frame.group("path")):
@@ -63,6 +73,13 @@ def _fold(body: list[str]) -> list[str]:
         if folded:
             out.append(_folded(folded))
             folded = 0
+        if frame is not None and line == last:  # recursion: said once, as Python's tracebacks
+            repeated += 1
+            continue
+        if repeated:
+            out.append(_repeated(repeated))
+            repeated = 0
+        last = line if frame is not None else None
         if not line.strip():
             continue
         out.append(line)
@@ -70,9 +87,15 @@ def _fold(body: list[str]) -> list[str]:
             source = linecache.getline(frame.group("path"), int(frame.group("line"))).strip()
             if source:
                 out.append(f"    {source}")
+    if repeated:
+        out.append(_repeated(repeated))
     if folded:
         out.append(_folded(folded))
     return out
+
+
+def _repeated(count: int) -> str:
+    return f"  [the frame above {count} more time{'s' if count != 1 else ''}]"
 
 
 def _folded(count: int) -> str:
