@@ -51,11 +51,14 @@ def devpool_options(root: Path, devices: str, history: Path) -> list[str]:
     ]
 
 
-def timed(argv: list[str], cwd: Path, check: bool = True) -> float:
+def timed(
+    argv: list[str], cwd: Path, check: bool = True, extra_env: dict[str, str] | None = None
+) -> float:
     """Seconds one pytest command takes; raises if it does not pass (unless check=False)."""
     # Run from inside a test session (the guard), the child must not inherit an outer
     # devpool or xdist worker's identity.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DEVPOOL_", "PYTEST_"))}
+    env.update(extra_env or {})
     start = time.perf_counter()
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - start
@@ -73,6 +76,8 @@ class Variant:
     argv: list[str]
     prepare: Callable[[], None] = lambda: None
     check: bool = True  # False: its tests may fail (timed all the same)
+    env: dict[str, str] = field(default_factory=dict)  # added to the environment
+    after: Callable[[], None] = lambda: None  # runs after each timed run (e.g. reads its record)
     runs: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)  # CPU seconds of the process tree
 
@@ -87,7 +92,8 @@ def alternate(variants: list[Variant], cwd: Path, repeat: int) -> None:
         for variant in variants:
             variant.prepare()
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            variant.runs.append(timed(variant.argv, cwd, variant.check))
+            variant.runs.append(timed(variant.argv, cwd, variant.check, variant.env))
+            variant.after()
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
             variant.cpu.append(used)

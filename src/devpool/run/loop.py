@@ -131,6 +131,7 @@ class Loop:
                     self.placing.share(now)
                     placed = self.placing.start(now)
                     self.placing.expire_lease_waits(now)
+                self.ctx.flush_record()  # what must not wait goes to disk before the loop sleeps
                 for worker, messages, eof in self.backend.poll(self._sleep(now)):
                     slot = self.pool.slots.get(worker.key)
                     if slot is None:

@@ -15,8 +15,9 @@ worker → controller:  {"ev": "ready", "pid": 123, "collected": 40}
                           controller's id)
                       {"ev": "warning", "nodeid", "location", "message", "category",
                        "filename", "lineno", "line", "once"?}  (a warning a test raised;
-                          once: the import or wider fixture setup that raised it, which
-                          plain pytest shows once: worker/warned.py)
+                          once: {"key", and for a fixture "node", "fixture", "param"}:
+                          the import or wider fixture setup that raised it, which plain
+                          pytest shows once: worker/warned.py)
                       {"ev": "output", "pid": 123, "data": <base64 pickle>}  (its
                           plugins' config.workeroutput, at its session's end)
                       {"ev": "done", "job": 7, "skipped": [node ids not run],
@@ -40,8 +41,12 @@ from _pytest._io.saferepr import saferepr
 Message = dict[str, Any]
 
 
+# One encoder for every message: json.dumps with options builds a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+
 def encode(message: Message) -> bytes:
-    return (json.dumps(message, separators=(",", ":"), default=str) + "\n").encode()
+    return (_encode(message) + "\n").encode()
 
 
 def write(fd: int, *messages: Message) -> None:

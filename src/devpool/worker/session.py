@@ -91,7 +91,9 @@ class WorkerSession:
         self.fatal: list[re.Pattern[str]] = []  # a failure matching one may have poisoned us
         self.poisoned = False
         self.renamed: dict[str, str] = {}  # this process's node id → the controller's
-        self._teardown: protocol.Message | None = None  # sent with the next finish
+        # A test's teardown report and its finish wait for the next message (the next test's
+        # start, or the batch's done): one write per test fewer, with no test code between.
+        self._held: list[protocol.Message] = []
         _die_with_parent(b"devpool-tmpl" if self.template is not None else b"devpool-worker")
         if os.getppid() != parent:  # the controller died before prctl took effect
             os._exit(3)
@@ -292,8 +294,13 @@ class WorkerSession:
             session.items[:] = worklist.restrict(self.collected, session.items, self.selected)
 
     def send(self, message: protocol.Message) -> None:
-        held, self._teardown = self._teardown, None  # messages keep their order
-        protocol.write(self.fd_out, *([held] if held is not None else []), message)
+        held, self._held = self._held, []  # messages keep their order
+        protocol.write(self.fd_out, *held, message)
+
+    def _send_held(self) -> None:
+        if self._held:
+            held, self._held = self._held, []
+            protocol.write(self.fd_out, *held)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -378,6 +385,8 @@ class WorkerSession:
         # The controller picks the order, so the item pytest would run next is only a guess
         # (the next one in collection order keeps module fixtures warm). Before each item,
         # tear down whatever the guess left standing that this item does not share.
+        if self._held and _tears_down(setup_state, item):
+            self._send_held()  # the last test has ended: a slow teardown here is not its time
         setup_state.teardown_exact(item)
         memory.reset_sim_usage()  # written by this test alone (the controller reads it)
         items = session.items
@@ -438,10 +447,8 @@ class WorkerSession:
         message = {"ev": "report", "data": data}
         if report.when == "teardown":
             # pytest calls logfinish right after the teardown report, with no test code
-            # between: both go in one write.
-            if self._teardown is not None:  # a second teardown report (a plugin's rerun)
-                protocol.write(self.fd_out, self._teardown)
-            self._teardown = message
+            # between: both wait for the next message (send).
+            self._held.append(message)
             return
         self.send(message)
 
@@ -451,7 +458,16 @@ class WorkerSession:
             self.just_imported = [name for name in sys.modules if name not in self.known]
             self.known.update(self.just_imported)
         measured = {} if load is None else {"cpu": round(load, 3)}
-        self.send({"ev": "finish", "nodeid": nodeid, "location": location, **measured})
+        self._held.append({"ev": "finish", "nodeid": nodeid, "location": location, **measured})
+
+
+def _tears_down(setup_state: Any, item: pytest.Item) -> bool:
+    """Whether pytest's setup state holds fixtures this item does not share (to tear down)."""
+    stack = getattr(setup_state, "stack", None)
+    if not isinstance(stack, dict):
+        return True
+    needed = set(item.listchain())
+    return any(node not in needed for node in stack)
 
 
 def _selection() -> worklist.Selection | None:
