@@ -9,40 +9,52 @@ warnings are put in collection order, the order plain pytest's summary lists the
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from devpool.worker import protocol
 
+_SCOPES = ("session", "package", "module", "class")
+
 
 class WorkerWarnings:
     """Tells pytest the warnings the workers raised (pytest_warning_recorded)."""
 
-    def __init__(self, config: pytest.Config, collected: Iterable[str]) -> None:
+    def __init__(self, config: pytest.Config, collected: Mapping[str, Any]) -> None:
         self.config = config
+        self.items = collected  # node id → item, in collection order
         self.places = {nodeid: place for place, nodeid in enumerate(collected)}
+        self.users: dict[str, str | None] = {}  # a fixture setup → the first test needing it
         self.received = 0  # warnings received so far: a test's keep the order it raised them
-        self.held: dict[str, tuple[tuple[int, int], str, dict[str, Any]]] = {}  # once → first
-        self.told: dict[int, tuple[int, int]] = {}  # id of the terminal's entry → its order
+        self.held: dict[str, tuple[tuple[int, int, int], str, dict[str, Any]]] = {}  # once → first
+        self.told: dict[int, tuple[int, int, int]] = {}  # id of the terminal's entry → its order
         self.start: int | None = None  # where the run's warnings begin in the terminal's list
 
     def tell(self, nodeid: str, message: dict[str, Any]) -> None:
         """One warning of a test (told under nodeid: a --devpool-repeat turn's own)."""
         self.received += 1
-        order = (self.places.get(str(message.get("nodeid")), len(self.places)), self.received)
+        place = self.places.get(str(message.get("nodeid")), len(self.places))
+        order = (place, len(_SCOPES), self.received)
         once = message.get("once")
-        if once:
+        if isinstance(once, dict) and once.get("key"):
+            if once.get("fixture"):  # plain pytest set it up for its first test that needs it
+                user = self._first_user(once)
+                if user is not None:
+                    # Its wider fixtures are set up before its body runs, widest first.
+                    scope = str(once["key"]).split(" ", 1)[0]
+                    rank = _SCOPES.index(scope) if scope in _SCOPES else len(_SCOPES)
+                    nodeid, order = user, (self.places[user], rank, self.received)
             # Not by where it points: an import's warning names its first importer's line.
-            key = f"{once}\0{message.get('category')}\0{message.get('message')}"
-            first = self.held.get(key)
-            if first is None or order < first[0]:
+            key = f"{once['key']}\0{message.get('category')}\0{message.get('message')}"
+            kept = self.held.get(key)
+            if kept is None or order < kept[0]:
                 self.held[key] = (order, nodeid, message)
             return
         self._record(nodeid, order, message)
 
-    def _record(self, nodeid: str, order: tuple[int, int], message: dict[str, Any]) -> None:
+    def _record(self, nodeid: str, order: tuple[int, int, int], message: dict[str, Any]) -> None:
         shown = self._list()
         if self.start is None:
             self.start = len(shown)
@@ -59,6 +71,23 @@ class WorkerWarnings:
         for entry in shown[before:]:
             self.told[id(entry)] = order
 
+    def _first_user(self, once: dict[str, Any]) -> str | None:
+        """The first test in collection order that needs this fixture setup (None: none)."""
+        key = str(once["key"])
+        if key not in self.users:
+            node, name, param = str(once.get("node", "")), once["fixture"], once.get("param", 0)
+            self.users[key] = next(
+                (
+                    nodeid
+                    for nodeid, item in self.items.items()
+                    if (not node or nodeid.startswith((f"{node}::", f"{node}/")))
+                    and name in getattr(item, "fixturenames", ())
+                    and _param(item, name) in (param, None)
+                ),
+                None,
+            )
+        return self.users[key]
+
     def _list(self) -> list[Any]:
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         stats = getattr(terminal, "stats", None)
@@ -72,7 +101,14 @@ class WorkerWarnings:
         if self.start is None:
             return
         shown = self._list()
-        last = (len(self.places) + 1, 0)  # what was not told here keeps its place after
+        last = (len(self.places) + 1, 0, 0)  # what was not told here keeps its place after
         run = shown[self.start :]
         run.sort(key=lambda entry: self.told.get(id(entry), last))
         shown[self.start :] = run
+
+
+def _param(item: Any, name: str) -> int | None:
+    """Which parameter of a parametrized fixture the test uses (None: not parametrized)."""
+    indices = getattr(getattr(item, "callspec", None), "indices", {})
+    found = indices.get(name)
+    return int(found) if isinstance(found, int) else None

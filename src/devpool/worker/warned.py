@@ -5,8 +5,8 @@ once), and one a fixture wider than a test raised while it was set up (plain pyt
 module-, class-, package- or session-scoped fixture up once per parameter). Plain pytest
 shows them under the first test that imported the module or needed the fixture; each worker
 that runs such a test imports or sets up again, and would show them again. So the worker
-names what raised each such warning ("import lazylib", "module test_x.py::data[0]"), and the
-controller keeps one of each (run/warned.py).
+names what raised each such warning ("import lazylib", "module test_x.py::data[0]", with
+the fixture, its node and parameter), and the controller keeps one of each (run/warned.py).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class OnceWarnings:
     """A worker plugin: notes, as each warning of a test is caught, what raised it once."""
 
     def __init__(self) -> None:
-        self.once: dict[int, str] = {}  # id of a caught warning → what raised it once
-        self.setup: str | None = None  # the wider fixture being set up now
+        self.once: dict[int, dict[str, Any]] = {}  # id of a caught warning → what raised it
+        self.setup: dict[str, Any] | None = None  # the wider fixture being set up now
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, Any, Any]:
@@ -49,7 +49,8 @@ class OnceWarnings:
 
         def note(message: Any) -> None:
             log.append(message)
-            what = _importing(sys._getframe(1)) or self.setup  # noqa: SLF001
+            imported = _importing(sys._getframe(1))  # noqa: SLF001
+            what = {"key": imported} if imported is not None else self.setup
             if what is not None:
                 self.once[id(message)] = what
 
@@ -66,13 +67,15 @@ class OnceWarnings:
         if fixturedef.scope != "function":
             node = getattr(getattr(request, "node", None), "nodeid", "?")
             index = getattr(request, "param_index", 0)
-            self.setup = f"{fixturedef.scope} {node}::{fixturedef.argname}[{index}]"
+            name = fixturedef.argname
+            key = f"{fixturedef.scope} {node}::{name}[{index}]"
+            self.setup = {"key": key, "node": node, "fixture": name, "param": index}
         try:
             return (yield)
         finally:
             self.setup = outer
 
-    def once_of(self, message: Any) -> str | None:
+    def once_of(self, message: Any) -> dict[str, Any] | None:
         """What raised this warning of the last test once, if plain pytest shows it once."""
         return self.once.get(id(message))
 
