@@ -60,3 +60,33 @@ def test_machinery_folds_and_the_test_thread_comes_last(tmp_path: Path) -> None:
 def test_text_without_a_dump_is_left_alone() -> None:
     text = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nboom'
     assert readable_stacks(text) == text
+
+
+def test_every_ranks_dump_folds_alike_and_recursion_is_said_once(tmp_path: Path) -> None:
+    test_file = tmp_path / "test_t.py"
+    test_file.write_text("def deep(n):\n    deep(n - 1)\n")
+    machinery = [
+        f'  File "{SITE}/_pytest/python.py", line 166 in pytest_pyfunc_call',
+        f'  File "{PLUGGY}/_callers.py", line 121 in _multicall',
+    ]
+    recursion = [f'  File "{test_file}", line 2 in deep'] * 30
+    text = "\n".join(
+        [
+            "---- [rank 0] pid 10 ----",
+            "Current thread 0x00007f0e2ce4bb80 (most recent call first):",
+            f'  File "{test_file}", line 1 in deep',
+            *machinery,
+            "---- [rank 1] pid 11 ----",
+            "Current thread 0x00007f0e2ce4bb80 (most recent call first):",
+            *recursion,
+            *machinery,
+        ]
+    )
+
+    shown = readable_stacks(text).splitlines()
+
+    assert shown.count("  (2 frames of pytest, pluggy and devpool)") == 2, shown
+    assert not [line for line in shown if "_pytest" in line or "_callers.py" in line]
+    assert shown.count(f'  File "{test_file}", line 2 in deep') == 1
+    assert "  [the frame above 29 more times]" in shown
+    assert shown.index("---- [rank 1] pid 11 ----") > shown.index("---- [rank 0] pid 10 ----")

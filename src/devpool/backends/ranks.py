@@ -172,7 +172,8 @@ class RankGroup:
                     every = log.read().decode("utf-8", "replace").splitlines()
             except OSError:
                 continue
-            lines = [line for line in every if not _PROGRESS.fullmatch(line)][-40:]
+            lines = [line for line in every if not (line.strip() and _PROGRESS.fullmatch(line))]
+            lines = lines[-40:]
             if any(line.strip() for line in lines):
                 parts.append(f"---- [rank {rank.rank}] output during this test (tail) ----")
                 parts.extend(lines)
