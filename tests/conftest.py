@@ -24,6 +24,25 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[SUITE_ENVIRON] = json.dumps(dict(os.environ))
 
 
+# What tests need beyond one CPU slot, by node id prefix (a file, or one test of it): devpool
+# reads these markers when it runs this suite (pyproject.toml); plain pytest ignores them.
+# cpus(2): the test runs several sessions, or sessions against pytest-xdist, side by side and
+# keeps both cores of a 2-core host busy; beside another test it would measure the other.
+NEEDS: dict[str, tuple[pytest.MarkDecorator, ...]] = {
+    "tests/test_benchmark_guard.py::test_devpool_stays_faster_than_xdist": (pytest.mark.cpus(2),),
+    "tests/e2e/test_concurrent_runs.py": (pytest.mark.cpus(2),),
+    "tests/e2e/test_fault_matrix.py": (pytest.mark.cpus(2),),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for prefix, marks in NEEDS.items():
+            if item.nodeid.startswith(prefix):
+                for mark in marks:
+                    item.add_marker(mark)
+
+
 @pytest.fixture(autouse=True)
 def plain_environment(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under devpool, each test sees the environment plain pytest would give it.

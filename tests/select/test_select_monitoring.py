@@ -41,7 +41,10 @@ def test_selection_records_and_selects_under_sys_monitoring(tmp_path: Path) -> N
     assert version.stdout.strip() == "True", f"{python} is older than 3.12"
     junit = tmp_path / "junit.xml"
     result = subprocess.run(
-        [python, "-m", "pytest", "-q", "-p", "no:randomly", f"--junitxml={junit}", *SUITES],
+        # devpool off (pyproject.toml turns it on for this suite): the watch is tested in
+        # these tests' own sessions, and this run keeps the outer run's folders alone.
+        [python, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:devpool"]
+        + [f"--junitxml={junit}", *SUITES],
         cwd=ROOT,
         capture_output=True,
         text=True,
