@@ -150,7 +150,7 @@ class Attempt:
 
     def requeue(self, emit: Emit, why: str, counts: bool = True) -> None:
         """Back to the queue untouched: the same attempt number, no retry spent (counts:
-        towards running alone, see loop._requeue)."""
+        towards running alone, see endings.requeue)."""
         self.requeues += int(counts)
         self.worker = None
         self.devices = ()

@@ -3,8 +3,9 @@
 It only routes events between the parts it holds, each owning its own state: placements
 from the scheduler become leases and batches for the pool (placing.py); worker events move
 attempts through their states (attempts.py); running tests' memory is watched
-(memory_watch.py); endings are told to pytest by the replay (replay.py); fatal errors go to
-device health (health.py). Every job
+(memory_watch.py); endings are told to pytest by the replay (replay.py), and those the
+worker could not report (a crash, a timeout, a lost worker) end, and run again, through
+endings.py; fatal errors go to device health (health.py). Every job
 ends with exactly one final outcome, and the loop always ends: when nothing runs and
 nothing left can be placed, the jobs that are left end `infra` with the reason.
 """
@@ -13,23 +14,20 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from devpool import compat
 from devpool.backends import Backend
-from devpool.devices.probes import report_text
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job, Plan
 from devpool.plan.policies import Backfill
 from devpool.plan.scheduler import Scheduler
 from devpool.report import progress
-from devpool.report.terminal import read_log
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
-from devpool.run.exits import describe_exit, own_output, worker_log_tail
+from devpool.run.endings import Endings
 from devpool.run.health import FOREIGN_RETRY, DeviceHealth, Foreign
 from devpool.run.memory_watch import MemoryWatches
 from devpool.run.placing import Placing
@@ -37,11 +35,9 @@ from devpool.run.pool import Slot, WorkerPool
 from devpool.run.replay import Replay
 from devpool.run.source import JobSource
 from devpool.run.warned import WorkerWarnings
-from devpool.worker.capture import crash_output
 
 TICK = 1.0  # longest sleep of the event loop when nothing is due
 CHECK_POLL = 0.2  # seconds between looks at running device health checks
-ALONE_AFTER = 3  # an attempt sent back untouched this often runs next in a worker of its own
 
 
 class Loop:
@@ -93,6 +89,18 @@ class Loop:
             self.attempts,
         )
         self.memory = MemoryWatches(ctx, self.replay.where, self.say)
+        self.endings = Endings(
+            ctx,
+            self.replay,
+            self.scheduler,
+            self.pool,
+            self.placing,
+            self.memory,
+            self.health,
+            self.attempts,
+            self.dropped,
+            source,
+        )
         self.renamed: set[str] = set()  # tests a worker collected under another parametrize id
 
     @property
@@ -289,16 +297,17 @@ class Loop:
             if attempt is not None:
                 slot.dirty = True
                 why = f"the worker did not collect {attempt.nodeid} (see {slot.worker.log})"
-                self._end(attempt, Outcome.INFRA, why, slot)
+                self.endings.end(attempt, Outcome.INFRA, why, slot)
         elif event == "done":
             if int(message.get("through", 0)) < slot.streamed:
                 return  # a part sent meanwhile is on its way: the worker answers it too
             # A batch cut for other runs' fair share (placing.share) says nothing of its tests:
             # those sent back do not count towards running alone.
             trimmed = slot.key in self.placing.trimmed
-            why = "its batch was cut for other runs' fair share" if trimmed else ""
+            cut = "its batch was cut for other runs' fair share"
+            why = cut if trimmed else "its batch ended before it ran"
             for attempt in [a for a in slot.sent if a.state is State.SENT]:
-                self._requeue(slot, attempt, why or "its batch ended before it ran", not trimmed)
+                self.endings.requeue(slot, attempt, why, not trimmed)
             slot.sent = []
             self._job_done(slot)
 
@@ -336,9 +345,9 @@ class Loop:
             # failure's output matches a fatal pattern (_check_fatal retires it).
             if self.ctx.settings.fresh_after_failure:
                 slot.dirty = True
-            self._check_fatal(attempt, slot)
+            self.endings.check_fatal(attempt, slot)
         if attempt.retry:
-            self._again(slot, attempt, outcome)
+            self.endings.again(slot, attempt, outcome)
 
     def _job_done(self, slot: Slot) -> None:
         head = slot.head
@@ -386,150 +395,17 @@ class Loop:
         attempt = slot.current
         waiting = [a for a in slot.sent if a.state is State.SENT]
         if attempt is not None:
-            self._lost_test(slot, attempt, code)
+            self.endings.lost_test(slot, attempt, code)
         elif waiting and slot.ready_by is not None and not slot.stopping:
             # It never got ready: a conftest that fails to import, a hung collection.
-            self._worker_failed(slot, waiting.pop(0), code)
+            self.endings.worker_failed(slot, waiting.pop(0), code)
         for other in waiting:
-            self._requeue(slot, other, f"its worker pid {worker.pid} ended before it ran")
+            self.endings.requeue(slot, other, f"its worker pid {worker.pid} ended before it ran")
         slot.sent = []
         self._release_head(slot)
         self._stop_if_asked()  # a crash that reached --maxfail starts nothing that waited
         for placement in self.pool.freed(worker.key):
             self.placing.spawn(placement, time.monotonic())
-
-    def _lost_test(self, slot: Slot, attempt: Attempt, code: int | None) -> None:
-        """The worker died under a test: its own timeout, a crash, or another's timeout."""
-        worker = slot.worker
-        duration = time.monotonic() - attempt.started
-        how = describe_exit(code)
-        own = own_output(slot, attempt)
-        captured = crash_output(worker.log)  # what the test wrote under pytest's capture
-        if captured:
-            own += "\n" + captured
-        if attempt.overrun:  # devpool ended it for using more memory than it declared
-            attempt.move(State.CRASHED, self.ctx.emit)
-            self._end(attempt, Outcome.FAILED, attempt.overrun, slot, duration, own)
-            return
-        if slot.killed_for is attempt:
-            attempt.move(State.TIMED_OUT, self.ctx.emit)
-            limit = attempt.job.request.timeout or 0.0
-            detail = f"exceeded its {limit:g}s limit; stacks dumped, then {how}"
-            stacks = read_log(worker.stacks)
-            extra = (
-                own
-                + "\n---- stacks at the timeout (faulthandler) ----\n"
-                + (stacks or "(the process wrote no stacks)")
-            )
-            self._end(attempt, Outcome.TIMEOUT, detail, slot, duration, extra)
-            return
-        if slot.killed_for is not None:
-            # devpool ended this worker for another test's deadline: not this test's doing.
-            attempt.move(State.LOST, self.ctx.emit)
-            why = f"its worker was ended for {slot.killed_for.display}'s timeout"
-            self._requeue(slot, attempt, why)
-            return
-        lost = getattr(worker, "lost", None)
-        if lost:  # the machine went away, not the test: infra, retried elsewhere
-            attempt.move(State.LOST, self.ctx.emit)
-            self._end(attempt, Outcome.INFRA, f"{lost} while running the test", slot, duration, own)
-            return
-        attempt.move(State.CRASHED, self.ctx.emit)
-        detail = f"worker pid {worker.pid} {how} while running the test"
-        ended_by = getattr(worker, "ended_by", None)  # a rank group: which rank, and how
-        if ended_by:
-            detail = f"{ended_by} while running the test; the other ranks were ended"
-        self._end(attempt, Outcome.CRASHED, detail, slot, duration, own)
-
-    def _worker_failed(self, slot: Slot, attempt: Attempt, code: int | None) -> None:
-        """A worker died before it ran its test (e.g. a conftest that fails to import)."""
-        worker = slot.worker
-        how = slot.stuck or getattr(worker, "lost", None) or describe_exit(code)
-        reason = f"worker pid {worker.pid} {how} before running the test; see {worker.log}"
-        self._end(attempt, Outcome.INFRA, reason, slot, 0.0, worker_log_tail(slot))
-
-    # ---- the endings of attempts ----------------------------------------------------------
-
-    def _end(
-        self,
-        attempt: Attempt,
-        outcome: Outcome,
-        detail: str,
-        slot: Slot | None,
-        duration: float = 0.0,
-        extra: str = "",
-    ) -> None:
-        """An ending devpool saw itself: reported to pytest, run again if it may."""
-        attempt.retry = self.replay.can_retry(attempt.job, outcome)
-        worker = slot.worker if slot is not None else None
-        self.replay.synthesize(attempt, outcome, detail, duration, worker, extra)
-        if slot is not None and outcome.gates:
-            self._check_fatal(attempt, slot, extra)
-        if attempt.retry:
-            self._again(slot, attempt, outcome)
-
-    def _again(self, slot: Slot | None, attempt: Attempt, outcome: Outcome) -> None:
-        """A failed attempt runs again as a new attempt (a fresh worker, other devices first)."""
-        job = attempt.job
-        job.chain = None  # a rerun runs alone, as any rerun
-        if attempt.alone_next:  # not its doing: once more, alone on a whole device
-            job.request = replace(job.request, device_memory=None, device_exclusive=True)
-            self.memory.run_alone(job.id)
-        elif outcome in (Outcome.CRASHED, Outcome.INFRA):
-            job.retries_infra += 1
-        else:
-            job.retries_failed += 1
-        if attempt.started_wall > 0 and outcome is not Outcome.INFRA and not attempt.alone_next:
-            job.own_failures += 1  # the test's own ending: a later pass is flaky
-        if self.source is not None and not attempt.alone_next and self.source.move(job):
-            self.dropped.add(job.id)  # it runs on in another job of the queue's run
-            return
-        job.attempt += 1
-        job.queued_at = time.monotonic()
-        self.attempts[job.id] = Attempt(job, job.attempt, alone=attempt.alone_next)
-        delay = job.request.reruns_delay
-        if delay is None:
-            delay = self.ctx.settings.reruns_delay
-        if delay > 0 and outcome not in (Outcome.CRASHED, Outcome.INFRA):
-            self.placing.delay(job.queued_at + delay, job)  # --reruns-delay: wait, then run
-            return
-        self._queue_later(slot, job)
-
-    def _requeue(self, slot: Slot, attempt: Attempt, why: str, counts: bool = True) -> None:
-        """Back to the queue untouched: it was batched behind an ending that was not its own.
-
-        Being sent back is no outcome: after ALONE_AFTER times the test runs next in a
-        worker of its own, and its own ending decides. Sent back from there (the worker
-        ended with this test next and nothing else sent), the ending was its own. A
-        send-back that counts=False (the fair share cut the batch) is never held against it."""
-        if counts and attempt.job.runs_alone and attempt.requeues >= ALONE_AFTER:
-            detail = f"it was next, alone in its worker, and {why}; see {slot.worker.log}"
-            self._end(attempt, Outcome.INFRA, detail, slot, 0.0, worker_log_tail(slot))
-            return
-        attempt.requeue(self.ctx.emit, why, counts)
-        attempt.job.setbacks.append(f"sent back: {why}")
-        attempt.job.chain = None  # its chain was broken off: it runs as any test now
-        if attempt.requeues >= ALONE_AFTER:
-            attempt.job.runs_alone = True
-        attempt.job.queued_at = time.monotonic()
-        self._queue_later(slot, attempt.job)
-
-    def _queue_later(self, slot: Slot | None, job: Job) -> None:
-        if slot is not None and slot.head is not None:
-            slot.later.append(job)  # queued once the slot's placement is released
-        else:
-            self.scheduler.add(job)
-
-    # ---- device health --------------------------------------------------------------------
-
-    def _check_fatal(self, attempt: Attempt, slot: Slot, extra: str = "") -> None:
-        """A fatal error in this attempt's own output: the worker goes, the device maybe too."""
-        text = "\n".join(report_text(r) for r in attempt.phases)
-        text += "\n" + (extra or own_output(slot, attempt))
-        if self.health.judge(attempt.devices, text, attempt.display) is not None:
-            slot.dirty = True
-            if slot.key in self.pool.slots:
-                self.pool.retire(slot, time.monotonic())
 
     def _tend_health(self, now: float) -> None:
         self.health.poll(now)
