@@ -299,9 +299,15 @@ def become_worker(config: pytest.Config, fork: Fork, template_log: Path | None) 
     files the template and every child would share) and faulthandler's copy of stderr."""
     from devpool.worker import capture, threads
 
+    template_sizes = threads.sized_as(os.environ)
     os.environ.clear()
     os.environ.update(fork.env)
-    threads.apply_budget()  # its template's pools were sized to the template's budget
+    if threads.sized_as(os.environ) != template_sizes:
+        # Its template's pools were sized to another budget (a cpus(n) test). The same
+        # budget needs nothing: the fork has its template's sizes, and a resize would cost
+        # every fork threadpoolctl's scan and, in OpenBLAS, a new pool that spins (job
+        # isolation: a third of its CPU, issue 45).
+        threads.apply_budget()
     capman: Any = config.pluginmanager.getplugin("capturemanager")
     capturing = capman is not None and capman._global_capturing is not None  # noqa: SLF001
     state = capman._global_capturing._state if capturing else None  # noqa: SLF001

@@ -12,9 +12,19 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 BUDGET_ENV = "DEVPOOL_THREADS"  # run/threads.py sets it beside OMP_NUM_THREADS and its kin
+
+
+# What apply_budget reads: a fork that reads the same as its template needs no resize.
+_VARIABLES = (BUDGET_ENV, "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def sized_as(environ: Mapping[str, str]) -> tuple[str | None, ...]:
+    """The values apply_budget sizes the pools by, in this environment."""
+    return tuple(environ.get(name) for name in _VARIABLES)
 
 
 def _count(name: str) -> int | None:
