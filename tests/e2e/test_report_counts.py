@@ -1,5 +1,6 @@
 """`devpool report` in every format counts what the terminal's closing line counted, in its
-order, "deselected" included (-k and devpool's own platform deselection)."""
+order, "deselected" included (-k and devpool's own platform deselection), and devpool's own
+categories (flaky, rerun) in the order the terminal gives them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from sessions import closing_line, run
 
 SUITE = """
+from pathlib import Path
+
 import pytest
 
 @pytest.mark.parametrize("i", range(10))
@@ -31,6 +34,12 @@ def test_left_out_by_k():
 @pytest.mark.platforms(["cuda"])
 def test_only_on_cuda():
     pass
+
+def test_flaky():
+    mark = Path(__file__).with_name("failed-once")
+    if not mark.exists():
+        mark.write_text("1")
+        assert False
 """
 
 
@@ -71,10 +80,11 @@ def test_every_report_form_counts_as_the_terminal_did(
         "-k",
         "not left_out",
         "--devpool-run-record=record.jsonl",
+        "--devpool-reruns=1",
     )
 
     shown = terminal_counts(result)
-    assert ("deselected", 2) in shown, shown
+    assert ("deselected", 2) in shown and ("flaky", 1) in shown, shown
     text = report(pytester, "text")
     assert ", ".join(f"{n} {name}" for name, n in shown) in text.splitlines(), text
     markdown = report(pytester, "markdown")

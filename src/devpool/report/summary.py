@@ -21,9 +21,9 @@ from devpool.wording import counted
 # pytest's own categories beside devpool's outcomes: a test that xfailed is no skip.
 XFAILED, XPASSED, DESELECTED = "xfailed", "xpassed", "deselected"
 # The closing line's order: pytest's known categories first (as its terminal orders them),
-# then devpool's own.
-ORDER = ["failed", "passed", "skipped", DESELECTED, XFAILED, XPASSED, "error"]
-ORDER += [o.value for o in Outcome if o.value not in ORDER] + ["quarantined", "rerun"]
+# then the others as they first came (devpool's own, in this order where that is unknown).
+KNOWN = ["failed", "passed", "skipped", DESELECTED, XFAILED, XPASSED, "error"]
+ORDER = KNOWN + [o.value for o in Outcome if o.value not in KNOWN] + ["quarantined", "rerun"]
 NOT_RUN_SHOWN = 50  # tests named per category in text and Markdown; JSON names them all
 
 
@@ -109,12 +109,14 @@ class RunSummary:
     outcomes: Mapping[str, str] = field(default_factory=dict)
     durations: Mapping[str, float] = field(default_factory=dict)  # test → its final test time
     deselected: int = 0  # tests the terminal's closing line counts as deselected
+    appeared: tuple[str, ...] = ()  # the categories in the order the run first counted each
 
     def counts(self) -> list[tuple[str, int]]:
         """(category, count) in the closing line's order, categories that no test is in left
         out; "deselected" as the terminal counted it."""
-        order = [*ORDER, *sorted(set(self.tests) - set(ORDER) - {INTERRUPTED, NOT_RUN})]
-        order += [INTERRUPTED, NOT_RUN]
+        order = [*KNOWN, *self.appeared, *ORDER]
+        order += [*sorted(set(self.tests) - set(ORDER) - {INTERRUPTED, NOT_RUN})]
+        order = list(dict.fromkeys([*order, INTERRUPTED, NOT_RUN]))
         found = {name: len(ids) for name, ids in self.tests.items() if ids}
         if self.deselected:
             found[DESELECTED] = self.deselected
@@ -218,6 +220,13 @@ def summarize(record: RunRecord) -> RunSummary:
         },
         durations={nodeid: job.test_time for nodeid, job in finals.items()},
         deselected=int(record.start.get("deselected") or 0),
+        appeared=tuple(
+            dict.fromkeys(
+                category
+                for job in sorted(record.finished_jobs(), key=lambda job: job.end or 0.0)
+                for category in job.counted or ()
+            )
+        ),
     )
 
 
