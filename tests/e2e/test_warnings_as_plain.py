@@ -5,6 +5,7 @@ suite in the same test and is the expected value."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -59,7 +60,14 @@ def test_lazy():
 
 @pytest.mark.device_count(1)
 def test_on_a_device(data):
+    import quietlib
+    assert quietlib.VALUE
     warnings.warn(DeprecationWarning("device deprecated"))
+
+@pytest.mark.device_count(1)
+def test_quiet_import():
+    import quietlib
+    assert quietlib.VALUE
 """
 
 SECOND = """
@@ -111,10 +119,21 @@ def summary(result: pytest.RunResult) -> str:
 
 @pytest.mark.parametrize("isolation", ["worker", "module", "job"])
 def test_warnings_count_and_summary_are_plain_pytests(
-    pytester: pytest.Pytester, lock: Path, isolation: str
+    pytester: pytest.Pytester,
+    lock: Path,
+    isolation: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The lazily imported libraries live outside the project, where a template may preload
+    # what the tests imported last run (history/preload.py).
+    libraries = tmp_path / "site"
+    libraries.mkdir()
+    (libraries / "lazylib.py").write_text(LAZY)
+    (libraries / "quietlib.py").write_text("VALUE = 2\n")
+    monkeypatch.setenv("PYTHONPATH", str(libraries))
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(lazylib=LAZY, toplib=ON_IMPORT, test_first=FIRST, test_second=SECOND)
+    pytester.makepyfile(toplib=ON_IMPORT, test_first=FIRST, test_second=SECOND)
     expected = pytester.runpytest_subprocess(*PLAIN, timeout=120)
     assert "warning" in counts(expected)
 
@@ -124,3 +143,6 @@ def test_warnings_count_and_summary_are_plain_pytests(
         assert result.ret == expected.ret == 0
         assert counts(result) == counts(expected)
         assert summary(result) == summary(expected)
+        listed = json.loads((pytester.path / ".devpool/history.preload.json").read_text())
+        assert "quietlib" in listed["kinds"]["1"], listed  # preloaded by the second run
+        assert "lazylib" not in listed["kinds"]["1"], listed  # its import warned
