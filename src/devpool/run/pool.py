@@ -90,6 +90,9 @@ class WorkerPool:
     def __init__(self, ctx: RunContext, backend: Backend, plan: Plan) -> None:
         self.ctx = ctx
         self.backend = backend
+        # Checked once: a runtime Protocol's isinstance walks its members on every call, and
+        # the loop asks twice a turn (escalate, due).
+        self.forks: Forks | None = backend if isinstance(backend, Forks) else None
         self.forked = False  # whether any worker asked a template for a fork
         self.slots: dict[int, Slot] = {}
         self.idle: dict[int, Slot] = {}
@@ -206,10 +209,10 @@ class WorkerPool:
     ) -> Worker | None:
         """A worker forked from the warm template of its kind (started now if it was not);
         None: the template cannot fork (unsafe, failed), so a fresh interpreter starts."""
-        backend = self.backend
+        backend = self.forks
         if not self.warm.on:
             return None
-        assert isinstance(backend, Forks)
+        assert backend is not None
         size = job.devices_needed
         item = self.ctx.items.get(job.nodeid)
         if item is not None and self.warm.leaves_out(size, str(item.path)):
@@ -222,8 +225,8 @@ class WorkerPool:
 
     def _fork_notes(self) -> None:
         """Why a template could not fork: said once, at the end of the run and in the record."""
-        if isinstance(self.backend, Forks):
-            for note in self.backend.notes():
+        if self.forks is not None:
+            for note in self.forks.notes():
                 self.warm.say(note)
 
     def _env(self, devices: tuple[int, ...], job: Job) -> dict[str, str]:
@@ -273,10 +276,10 @@ class WorkerPool:
 
     def escalate(self, now: float, grace: float) -> None:
         """Timeouts on the process side: slow starts, workers that will not stop, deadlines."""
-        if isinstance(self.backend, Forks):
+        if self.forks is not None:
             # First: a template that has not collected in time turns its waiting workers
             # into fresh interpreters, which then have a start timeout of their own.
-            self.backend.check(now)
+            self.forks.check(now)
         for slot in self.slots.values():
             fresh_since = getattr(slot.worker, "fresh_since", None)  # a fork that fell back
             if slot.ready_by is not None and fresh_since is not None:
@@ -318,7 +321,7 @@ class WorkerPool:
 
     def due(self, now: float) -> list[float]:
         """When escalate() next has something to do."""
-        times = self.backend.due() if isinstance(self.backend, Forks) else []
+        times = self.forks.due() if self.forks is not None else []
         for slot in self.slots.values():
             if slot.ready_by is not None:
                 times.append(slot.ready_by)
@@ -379,10 +382,10 @@ class WorkerPool:
         self.backend.close()
         if self.forked:
             self._fork_notes()
-        elif isinstance(self.backend, Forks):
+        elif self.forks is not None:
             # No worker asked for a fork (every test deselected, or none ran here): a
             # template that ended or was closed unused is nothing to tell.
-            self.backend.notes()
+            self.forks.notes()
 
 
 def _module_lists(

@@ -29,6 +29,8 @@ class Warm:
     ) -> None:
         self.ctx = ctx
         self.backend = backend
+        # Checked once (a runtime Protocol's isinstance walks its members on every call).
+        self._forking: Forks | None = backend if isinstance(backend, Forks) else None
         self.modules_of_size = modules_of_size
         first: dict[int, tuple[float, int, int]] = {}
         for job in plan.jobs:
@@ -49,14 +51,13 @@ class Warm:
         """Whether workers fork from templates this run (else every worker starts fresh)."""
         from devpool.compat.coverage import measuring
 
-        if not self.ctx.settings.fork_server or not isinstance(self.backend, Forks):
+        if not self.ctx.settings.fork_server or self._forking is None:
             return False
         return measuring() is None  # a template that measures coverage may not fork
 
     def _forker(self) -> Forks:
-        backend = self.backend
-        assert isinstance(backend, Forks)
-        return backend
+        assert self._forking is not None
+        return self._forking
 
     def _check_guesses(self) -> None:
         """Templates started from the history's guess before the plan: one of a kind the
