@@ -14,7 +14,11 @@ Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
   lease          job, nodeid, devices, holder_pid, wait (seconds blocked on other runs)
   job_start      job, nodeid, devices, host, worker (key), worker_pid (null for a fork not
                  made yet: its worker_ready has it), queue_wait, attempt, log
-  report         nodeid, when, outcome, duration
+  attempt        job, nodeid, attempt, state (a move of the attempt: sent, started, queued
+                 with its reason, timed-out, crashed, lost, concluded ...), devices; the
+                 ordinary ending's reported → concluded is not written: its job_end says it
+  report         nodeid, when, outcome, duration: the call phase, and a phase that did not
+                 pass (a passed setup or teardown says nothing job_end does not)
   job_end        job, nodeid, outcome, devices, host, start, end, run_time, queue_wait,
                  attempt, log, detail, tail (last lines of the log, for tests that did not pass),
                  ports, resources (when its worker held leased ports or named resources)
@@ -79,9 +83,27 @@ class RecordWriter:
         # the job_ends of every test one read brought go to disk in one write, not one each.
         self.per_turn = False
         self._urgent = False
+        self._reported: set[tuple[Any, Any]] = set()  # (job, attempt) whose move is unwritten
+
+    def _said_elsewhere(self, event_type: str, fields: Mapping[str, Any]) -> bool:
+        """Lines a test's job_end says already (issue 45: 5 lines a test, not 9); the live
+        listeners still get them (SLOW lines, the progress)."""
+        if event_type == "report":
+            return fields.get("when") != "call" and fields.get("outcome") == "passed"
+        if event_type != "attempt":
+            return False
+        key = (fields.get("job"), fields.get("attempt"))
+        state = fields.get("state")
+        if state == "reported":  # the worker's reports ended it: job_end follows at once
+            self._reported.add(key)
+            return True
+        if state == "concluded" and key in self._reported:
+            self._reported.discard(key)
+            return True
+        return False
 
     def write(self, event_type: str, **fields: Any) -> None:
-        if self._file is None:
+        if self._file is None or self._said_elsewhere(event_type, fields):
             return
         event = {"v": SCHEMA_VERSION, "type": event_type, "time": round(time.time(), 3), **fields}
         self._waiting.append(_encode(event) + "\n")
