@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,15 +26,65 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[SUITE_ENVIRON] = json.dumps(dict(os.environ))
 
 
-# What tests need beyond one CPU slot, by node id prefix (a file, or one test of it): devpool
-# reads these markers when it runs this suite (pyproject.toml); plain pytest ignores them.
-# cpus(2): the test runs several sessions, or sessions against pytest-xdist, side by side and
-# keeps both cores of a 2-core host busy; beside another test it would measure the other.
+# What tests need beyond one CPU slot, by node id prefix (a file, or tests of it): devpool
+# reads these markers when it runs this suite (pyproject.toml declares the resources); plain
+# pytest ignores them.
+# - cpus(2): the test runs sessions side by side, or against pytest-xdist, and keeps both
+#   cores of a 2-core host busy; beside another test it would measure the other.
+# - resources(session_ports=1): the sessions the test starts lease ports in lock folders of
+#   their own and their tests bind them (ranks meeting on MASTER_PORT, gloo, the demo's
+#   distributed tests): two such sessions at once could be handed the same port.
+# - resources(ray=1): a two-node Ray cluster on this host, one at a time.
+# - one module, one worker: the tests share a module fixture that takes seconds to start (a
+#   Ray cluster, the demo run): tied as one chain (dependency(), which records and skips
+#   nothing), they run in one worker in their order, and the fixture starts once.
+CPUS_2 = (pytest.mark.cpus(2),)
+SESSION_PORTS = (pytest.mark.resources(session_ports=1),)
+ONE_CLUSTER = (pytest.mark.resources(ray=1, session_ports=1), pytest.mark.dependency())
 NEEDS: dict[str, tuple[pytest.MarkDecorator, ...]] = {
-    "tests/test_benchmark_guard.py::test_devpool_stays_faster_than_xdist": (pytest.mark.cpus(2),),
-    "tests/e2e/test_concurrent_runs.py": (pytest.mark.cpus(2),),
-    "tests/e2e/test_fault_matrix.py": (pytest.mark.cpus(2),),
+    "tests/test_benchmark_guard.py::test_devpool_stays_faster_than_xdist": CPUS_2,
+    "tests/e2e/test_concurrent_runs.py": CPUS_2,
+    "tests/e2e/test_fault_matrix.py": CPUS_2,
+    "tests/e2e/test_ray.py": ONE_CLUSTER,
+    "tests/e2e/test_ray_select.py": ONE_CLUSTER,
+    "tests/serve/test_ray_view.py": ONE_CLUSTER,
+    "tests/e2e/test_ranks.py": SESSION_PORTS,
+    "tests/e2e/test_ranks_endings.py": SESSION_PORTS,
+    "tests/e2e/test_ranks_torch.py": SESSION_PORTS,
+    "tests/e2e/test_master_port.py": SESSION_PORTS,
+    "tests/e2e/test_host_resources.py": SESSION_PORTS,
+    "tests/e2e/test_cli_newcomer.py::test_the_readmes_first_command": SESSION_PORTS,
+    "tests/test_docs.py::test_the_first_example_of_a_page_runs": SESSION_PORTS,
+    "tests/test_docs_blocks.py::test_every_command_of_the_page_runs": SESSION_PORTS,
+    "tests/test_docs_blocks.py::test_every_sample_session": SESSION_PORTS,
+    "tests/test_docs_blocks.py::test_the_install_and_the_demo_work": SESSION_PORTS,
+    "tests/report/test_html_report.py::test_demo_run_renders": (
+        *SESSION_PORTS,
+        pytest.mark.dependency(),
+    ),
+    "tests/report/test_html_report.py::test_chromium_screenshot_shows_passed_bars": (
+        *SESSION_PORTS,
+        pytest.mark.dependency(),
+    ),
+    "tests/report/test_html_report.py::test_chromium_dom_has_eight_device_rows": (
+        *SESSION_PORTS,
+        pytest.mark.dependency(),
+    ),
 }
+
+# Selective runs (docs/contributing.md) see what a test runs in its own process. A module
+# that starts processes (pytester's sessions and their workers, subprocesses, servers) runs
+# devpool where no recording sees it: its tests depend on every source file (fail closed).
+STARTS_PROCESSES = re.compile(r"\b(pytester|subprocess|Popen|multiprocessing|ray_nodes|postgres)\b")
+SOURCES = pytest.mark.depends_on("src/devpool/*")
+
+
+@functools.cache
+def _starts_processes(path: Path) -> bool:
+    try:
+        return STARTS_PROCESSES.search(path.read_text(encoding="utf-8")) is not None
+    except (OSError, UnicodeDecodeError):
+        return True
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,6 +93,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.nodeid.startswith(prefix):
                 for mark in marks:
                     item.add_marker(mark)
+        if item.path.suffix == ".py" and _starts_processes(item.path):
+            item.add_marker(SOURCES)
 
 
 @pytest.fixture(autouse=True)
