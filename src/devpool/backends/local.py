@@ -363,14 +363,23 @@ class LocalBackend:
         return self.pipes.drain(worker)
 
     def reap(self, worker: WorkerHandle, wait: float = 5.0) -> int | None:
-        """The worker's exit status once its event pipe closed (negative: killed by a signal)."""
+        """The worker's exit status once its event pipe closed (negative: killed by a signal).
+
+        wait=0 for a worker that ended as asked: a fork whose template has not told its
+        status yet is left to the template, which reaps its children (None here); waiting
+        for that word held the loop for every test of --devpool-isolation=job."""
         if not isinstance(worker, Worker):  # a ranks(n) group
             return self._reap_group(cast("RankGroup", worker), wait)
-        try:
-            code = worker.process.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            worker.signal_group(signal.SIGKILL)
-            code = worker.process.wait()
+        process = worker.process
+        code: int | None
+        if wait <= 0 and isinstance(process, ForkedProcess) and process.poll() is None:
+            code = None
+        else:
+            try:
+                code = process.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                worker.signal_group(signal.SIGKILL)
+                code = process.wait()
         worker.exited = True
         self.pipes.forget(worker)
         worker.close()

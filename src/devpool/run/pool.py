@@ -337,7 +337,11 @@ class WorkerPool:
     def gone(self, slot: Slot) -> int | None:
         """A worker's process ended: reap it, end what it started, free its lease."""
         worker = slot.worker
-        code = self.backend.reap(worker)
+        asked = slot.stopping and slot.current is None
+        asked = asked and not any(a.state is State.SENT for a in slot.sent)
+        # A fork that ended as asked, with nothing of its own left: its template reaps it,
+        # the loop does not wait for the template's word (backends/local.py).
+        code = self.backend.reap(worker, 0.0 if asked and self.forks is not None else 5.0)
         worker.signal_group(signal.SIGKILL)  # nothing the test started may outlive it
         if worker.lease is not None:
             worker.lease.release()
