@@ -560,3 +560,38 @@ def test_buffered_lines_reach_the_disk_once_they_have_waited(
     writer.flush_due()
     assert "job_start" in path.read_text()  # a long test's start is on disk while it runs
     writer.close()
+
+
+def test_the_writer_leaves_out_what_job_end_says(tmp_path: Path) -> None:
+    """5 lines a test, not 9 (issue 45): an ordinary ending's reported and concluded moves
+    and its passed setup and teardown reports are not written; other endings' moves, the
+    call's report and a phase that did not pass are."""
+    path = tmp_path / "r.jsonl"
+    writer = RecordWriter(path)
+    emit = writer.write
+
+    for job, ending in ((1, "reported"), (2, "timed-out")):
+        for state in ("sent", "started", ending):
+            emit("attempt", job=job, nodeid=f"t.py::t{job}", attempt=1, state=state)
+        emit("report", nodeid=f"t.py::t{job}", when="setup", outcome="passed", duration=0.0)
+        emit("report", nodeid=f"t.py::t{job}", when="call", outcome="passed", duration=0.0)
+        emit("report", nodeid=f"t.py::t{job}", when="teardown", outcome="failed", duration=0.0)
+        emit("job_end", job=job, nodeid=f"t.py::t{job}", outcome="passed")
+        emit("attempt", job=job, nodeid=f"t.py::t{job}", attempt=1, state="concluded")
+    writer.close()
+    written = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    kept = [(e["type"], str(e.get("state") or e.get("when") or "")) for e in written]
+    assert kept == [
+        ("attempt", "sent"),
+        ("attempt", "started"),
+        ("report", "call"),
+        ("report", "teardown"),  # it failed: said
+        ("job_end", ""),
+        ("attempt", "sent"),
+        ("attempt", "started"),
+        ("attempt", "timed-out"),
+        ("report", "call"),
+        ("report", "teardown"),
+        ("job_end", ""),
+        ("attempt", "concluded"),  # after timed-out, not after reported: said
+    ]
