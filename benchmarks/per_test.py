@@ -1,13 +1,16 @@
 """The per-test cost (issue 45): 2,000 trivial tests in 20 modules, devpool against plain pytest.
 
-Run: python benchmarks/per_test.py [--repeat 5] [--tests-per-module 100] [--isolation job]
+Run: python benchmarks/per_test.py [--repeat 5] [--modules 20] [--tests-per-module 100]
+          [--isolation job] [--devpool-src PATH]
 
 Plain pytest and devpool (`--devices auto`, as a user runs it: on a host without devices,
 CPU workers as many as the cores) alternate within each repetition, so drift in machine
 load hits both alike; figures are medians with the range, CPU is the whole process tree's
 (user + system). For devpool the run record also gives the controller's own CPU and the
-test phase (first test started to last test ended). `--devpool-src PATH` runs another
-devpool tree (e.g. an older checkout's src) as a third variant, for before/after figures.
+test phase (first test started to last test ended). `--isolation job` adds devpool with
+`--devpool-isolation=job` (a process forked from a warm template for each test), against the
+default mode; `--devpool-src PATH` adds another devpool tree (e.g. an older checkout's src),
+for before/after figures.
 The load average is printed at the start and the end: this host is shared.
 """
 
@@ -59,8 +62,6 @@ def main() -> None:
         root = suite_root(Path(tmp), {f"test_m{m:02d}.py": module for m in range(args.modules)})
         history = root / "history.sqlite"
         devpool = [*PYTEST, *devpool_options(root, "auto", history)]
-        if args.isolation:
-            devpool.append(f"--devpool-isolation={args.isolation}")
         figures: list[tuple[float, float]] = []
 
         def note() -> None:
@@ -70,14 +71,23 @@ def main() -> None:
 
         ours = Variant("devpool --devices auto", devpool, after=note)
         variants = [Variant("plain pytest", [*PYTEST]), ours]
+        isolated = None
+        if args.isolation:
+            option = f"--devpool-isolation={args.isolation}"
+            isolated = Variant(f"devpool {option}", [*devpool, option])
+            variants.append(isolated)
+        other = None
         if args.devpool_src is not None:
             src = str(args.devpool_src.resolve())
-            variants.append(Variant("devpool (other tree)", devpool, env={"PYTHONPATH": src}))
+            other = Variant("devpool (other tree)", devpool, env={"PYTHONPATH": src})
+            variants.append(other)
         alternate([Variant("history", devpool)], root, 1)  # the duration history; not counted
         alternate(variants, root, args.repeat)
         print(show_ratio(ours, variants[0], TARGET))
-        if len(variants) > 2:
-            print(show_ratio(variants[2], variants[0]))
+        if isolated is not None:
+            print(show_ratio(isolated, ours, 1.5))
+        if other is not None:
+            print(show_ratio(other, variants[0]))
         if figures:
             cpu = statistics.median(c for c, _ in figures)
             phase = statistics.median(p for _, p in figures)
