@@ -45,6 +45,8 @@ NEEDS: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "tests/test_benchmark_guard.py::test_devpool_stays_faster_than_xdist": CPUS_2,
     "tests/e2e/test_concurrent_runs.py": CPUS_2,
     "tests/e2e/test_fault_matrix.py": CPUS_2,
+    # Its module fixture runs every row's command at once: once, in one worker.
+    "tests/e2e/test_bad_input.py::test_a_mistake_gets_one_sentence": (pytest.mark.dependency(),),
     "tests/e2e/test_ray.py": ONE_CLUSTER,
     "tests/e2e/test_ray_select.py": ONE_CLUSTER,
     "tests/serve/test_ray_view.py": ONE_CLUSTER,
@@ -97,19 +99,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(SOURCES)
 
 
-@pytest.fixture(autouse=True)
-def plain_environment(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Under devpool, each test sees the environment plain pytest would give it.
-
-    A worker's environment has devpool's own variables (its devices, the sim platform's
-    visibility variable, its run id, its artifacts, a thread budget): a session these tests
-    start would inherit them and be narrowed, numbered or budgeted by the run around it,
-    so for the test's duration they are put back as the user's pytest process had them."""
+@functools.cache
+def _plain_environ() -> dict[str, str] | None:
+    """The user's pytest process's environment, in a devpool worker; None elsewhere."""
     outer = os.environ.get(SUITE_ENVIRON)
-    if outer is None or not request.config.getoption("devpool_worker", None):
+    return None if outer is None else dict(json.loads(outer))
+
+
+def _as_plain(request: pytest.FixtureRequest) -> Iterator[None]:
+    plain = _plain_environ() if request.config.getoption("devpool_worker", None) else None
+    if plain is None:
         yield
         return
-    plain: dict[str, str] = json.loads(outer)
     patch = pytest.MonkeyPatch()
     try:
         for name in [name for name in os.environ if name not in plain]:
@@ -120,6 +121,25 @@ def plain_environment(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         patch.undo()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def plain_session_environment(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under devpool, the tests' session and module fixtures see the environment plain
+    pytest would give them (see plain_environment); set up before any of them."""
+    yield from _as_plain(request)
+
+
+@pytest.fixture(autouse=True)
+def plain_environment(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under devpool, each test sees the environment plain pytest would give it.
+
+    A worker's environment has devpool's own variables (its devices, the sim platform's
+    visibility variable, its run id, its artifacts, a thread budget): a session these tests
+    start would inherit them and be narrowed, numbered or budgeted by the run around it,
+    so for the test's duration they are put back as the user's pytest process had them
+    (again for each test: the worker names the test it runs in the environment)."""
+    yield from _as_plain(request)
 
 
 def _unfenced(lines: list[str]) -> list[str]:

@@ -45,11 +45,13 @@ def meet():
         server.bind(("127.0.0.1", port))
         server.listen(world)
         peers = [server.accept()[0] for _ in range(world - 1)]
+        # Closed before any rank goes on: a rank's next meet() must find no listener (and
+        # retry) rather than wait in this one's backlog until it is closed under it.
+        server.close()
         for peer in peers:
             peer.recv(8)
             peer.sendall(b"go")
             peer.close()
-        server.close()
         return
     deadline = time.monotonic() + 30
     while True:

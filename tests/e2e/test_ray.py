@@ -206,10 +206,10 @@ def meet():
     if rank == 0:
         server = socket.create_server(address)
         peers = [server.accept()[0] for _ in range(world - 1)]
+        server.close()  # before any rank goes on: its next meet() must find no listener
         for peer in peers:
             peer.sendall(b"go")
             peer.close()
-        server.close()
         return
     deadline = time.monotonic() + 60
     while True:
