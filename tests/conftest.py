@@ -89,8 +89,32 @@ def _starts_processes(path: Path) -> bool:
         return True
 
 
+# The tests left out of the fast tier, `-m "not slow"` (docs/contributing.md): real sessions,
+# servers, clusters, browsers, fresh venvs; by node id prefix. What remains runs in about
+# two minutes and covers every package's own logic in this process.
+SLOW = (
+    "tests/e2e/",
+    "tests/conformance/",
+    "tests/gpu/",
+    "tests/queue/",
+    "tests/history/test_history_pg.py",
+    "tests/serve/test_browser.py",
+    "tests/serve/test_page_truth.py",
+    "tests/serve/test_queue_view.py",
+    "tests/serve/test_ray_view.py",
+    "tests/select/test_select_monitoring.py",
+    "tests/report/test_html_report.py::test_demo_run",
+    "tests/report/test_html_report.py::test_chromium",
+    "tests/test_benchmark_guard.py::test_devpool_stays_faster_than_xdist",
+    "tests/test_devpool_off.py",
+    "tests/test_docs_blocks.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
         for prefix, marks in NEEDS.items():
             if item.nodeid.startswith(prefix):
                 for mark in marks:
