@@ -21,9 +21,23 @@ pytest_plugins = ["pytester"]
 SUITE_ENVIRON = "DEVPOOL_SUITE_ENVIRON"
 
 
+def _keep_environ(config: pytest.Config) -> None:
+    if config.pluginmanager.has_plugin("devpool-controller"):
+        own = {name: value for name, value in os.environ.items() if name != SUITE_ENVIRON}
+        os.environ[SUITE_ENVIRON] = json.dumps(own)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if config.pluginmanager.has_plugin("devpool-controller") and SUITE_ENVIRON not in os.environ:
-        os.environ[SUITE_ENVIRON] = json.dumps(dict(os.environ))
+    if SUITE_ENVIRON not in os.environ:  # not in a session of this suite run by its tests
+        _keep_environ(config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Again once every module is imported, as plain pytest's tests would find it: what a
+    # module sets at import stays (ray_nodes.py keeps Ray's processes on 127.0.0.1).
+    if not session.config.getoption("devpool_worker", None):
+        _keep_environ(session.config)
 
 
 # What tests need beyond one CPU slot, by node id prefix (a file, or tests of it): devpool
