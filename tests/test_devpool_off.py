@@ -21,7 +21,7 @@ PART = [
     "tests/plan/test_scheduler.py",  # unit tests with hypothesis
     "tests/devices/test_leases.py",  # real lock files, child processes
     "tests/worker/test_worklist.py",  # pytester sessions in this process
-    "tests/e2e/test_attempts.py",  # real devpool sessions in subprocesses
+    "tests/e2e/test_isolation_module.py",  # real devpool sessions in subprocesses
 ]
 
 
