@@ -129,6 +129,26 @@ def test_a_rank_ended_by_devpool_completes_the_test_and_reads_ended() -> None:
     )
 
 
+def test_a_rank_ended_still_in_its_setup_keeps_the_failing_ranks_call() -> None:
+    """On a loaded host rank 0 may not have reported its setup when rank 1's body failed:
+    its part is of the body too, and the merged call names rank 1's failure (it read as an
+    ERROR at setup saying only that rank 0 was ended, rank 1's failure dropped)."""
+    merge = Merge(2)
+    start = {"ev": "start", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]}
+    merge.feed(0, start)
+    merge.feed(1, start)
+    merge.feed(1, {"ev": "report", "data": report("t.py::a", "setup", "passed", 1)})
+    merge.feed(1, {"ev": "report", "data": report("t.py::a", "call", "failed", 1)})
+    merge.feed(1, {"ev": "report", "data": report("t.py::a", "teardown", "passed", 1)})
+    merge.feed(1, {"ev": "finish", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]})
+    out = merge.end_rank(0, f"{ENDED}rank 1 failed")
+    reports = {m["data"]["when"]: m["data"] for m in out if m["ev"] == "report"}
+    assert reports["setup"]["outcome"] == "passed"
+    assert reports["call"]["outcome"] == "failed"
+    assert "[rank 1] boom on 1" in reports["call"]["longrepr"]
+    assert "[rank 0] ended: rank 1 failed" in reports["call"]["longrepr"]
+
+
 def test_a_partial_skip_names_the_ranks_that_skipped() -> None:
     merged = merge_phase(
         [

@@ -206,7 +206,13 @@ class Merge:
         start = self.starts.get(nodeid)
         location = start["location"] if start is not None else [nodeid, None, nodeid]
         seen = self.phases(nodeid, rank)
-        when = "call" if "setup" in seen else "setup"
+        # A rank still in its setup when another's body ended the test (a slow rank on a
+        # loaded host): its part is of the body too, else the merged setup would fail and
+        # drop the call reports that name the rank that failed.
+        body_ran = any(
+            d.get("when") == "call" for r, d in self.reports.get(nodeid, []) if r != rank
+        )
+        when = "call" if "setup" in seen or body_ran else "setup"
         outcomes = {
             d.get("when"): d.get("outcome") for r, d in self.reports.get(nodeid, []) if r == rank
         }
