@@ -51,6 +51,8 @@ def test_two_cores():
     seen("two")
 """
 
+# One device and two CPU slots, whatever the host has.
+TWO_SLOTS = ("--devices", "sim:0", "--devpool-cpu-slots=2")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
@@ -194,9 +196,7 @@ def test_cpus_n_holds_n_cpu_slots(pytester: pytest.Pytester, lock: Path) -> None
     result = run(
         pytester,
         lock,
-        "--devices",
-        "sim:0",
-        "--devpool-cpu-slots=2",
+        *TWO_SLOTS,
         timeout=120,
     )
     assert result.ret == 0, text(result)
@@ -227,9 +227,7 @@ def test_bad_cpus_markers_are_one_sentence(
     result = run(
         pytester,
         lock,
-        "--devices",
-        "sim:0",
-        "--devpool-cpu-slots=2",
+        *TWO_SLOTS,
         timeout=60,
     )
     assert result.ret == 4, text(result)
@@ -248,9 +246,7 @@ def test_cpus_above_the_slots_skips_with_skip_unsatisfiable(
     result = run(
         pytester,
         lock,
-        "--devices",
-        "sim:0",
-        "--devpool-cpu-slots=2",
+        *TWO_SLOTS,
         "--devpool-skip-unsatisfiable",
         "-rs",
         timeout=60,
@@ -271,9 +267,7 @@ def test_a_path_rule_gives_cpus_as_the_marker_does(pytester: pytest.Pytester, lo
     result = run(
         pytester,
         lock,
-        "--devices",
-        "sim:0",
-        "--devpool-cpu-slots=2",
+        *TWO_SLOTS,
         timeout=60,
     )
     result.assert_outcomes(passed=1)
