@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from devpool.devices.cores import Cores
 from devpool.wording import counted
-from devpool.worker.threads import BUDGET_ENV
+from devpool.worker.threads import BUDGET_ENV, thread_count
 
 # Read at load by the libraries a test suite uses: OpenMP (torch's CPU ops, libgomp,
 # libiomp, libomp), the BLAS builds numpy and scipy ship, numexpr, Apple's Accelerate.
@@ -76,13 +76,9 @@ class ThreadBudget:
         line += f"; yours kept: {kept}" if kept else f"; in {THREAD_VARIABLES[0]} and its kin"
         lines = [line]
         for name, value in self.user_set.items():
-            if not _whole(value):
+            if thread_count(value) is None:
                 lines.append(
                     f"devpool: warning: {name}={value!r} is not a whole number ≥ 1; passed to "
                     "tests as it is (libraries may ignore it and use every core)"
                 )
         return lines
-
-
-def _whole(value: str) -> bool:
-    return value.strip().isdigit() and int(value) >= 1

@@ -27,9 +27,14 @@ def sized_as(environ: Mapping[str, str]) -> tuple[str | None, ...]:
     return tuple(environ.get(name) for name in _VARIABLES)
 
 
-def _count(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
+def thread_count(value: str | None) -> int | None:
+    """A thread variable's value as a count; None when unset or not a whole number ≥ 1."""
+    value = (value or "").strip()
     return int(value) if value.isdigit() and int(value) >= 1 else None
+
+
+def _count(name: str) -> int | None:
+    return thread_count(os.environ.get(name))
 
 
 def apply_budget() -> None:
