@@ -421,3 +421,95 @@ def test_shards_record_parts_that_a_merge_step_publishes(
     run = Session(second, tmp_path, "on", *more[:1], "--devices", "sim:0-7", "--devpool-select",
                   "on")  # fmt: skip
     assert run.select["full_run"] is False and run.ran == MUL, run.output
+
+
+# ---- the history's database going away mid-recording ---------------------------------------
+
+HOLD = {
+    "tests/test_hold.py": """
+        import os
+        import time
+        from pathlib import Path
+
+        OUT = Path(os.environ.get("OUT", "."))
+
+
+        def test_hold():
+            # in the held run: say so, then wait for the release (bounded)
+            if os.environ.get("JOB") != "held":
+                return
+            (OUT / "started").write_text(str(os.getpid()))
+            deadline = time.monotonic() + 120
+            while not (OUT / "release").exists():
+                assert time.monotonic() < deadline, "never released"
+                time.sleep(0.05)
+        """,
+}
+
+
+def held_run(root: Path, tmp: Path, history: str, queue: str | None) -> subprocess.Popen[str]:
+    """A recording run whose test_hold waits for tmp/release: one queue job (the queue in
+    another server than the history), or a run of its own."""
+    if queue is not None:
+        return job(root, tmp, "held", queue, "held-run", "--devpool-select=record", history)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", *FAST, "tests", "-q", "--devices=sim:0-7",
+         f"--devpool-lock-dir={tmp / 'locks-held'}", f"--devpool-run-dir={tmp / 'held'}",
+         history, "--devpool-select=record"],
+        cwd=root, env={**os.environ, "JOB": "held", "OUT": str(tmp)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("through", ["queue", "alone"])
+def test_the_history_database_going_away_mid_recording_publishes_nothing(
+    through: str, postgres: Any, tmp_path: Path
+) -> None:
+    """The history's own server is stopped while a recording run's test runs: the run ends
+    as its tests say, one line says the baseline was not published, and once the server is
+    back the newest generation is still the one before."""
+    from pg_server import remove, start_server
+
+    own = start_server()  # the history's server, stopped mid-run; the queue stays up
+    held = None
+    try:
+        history = f"--devpool-history={own.url}"
+        queue = database_of(postgres) if through == "queue" else None
+        root = git_project(tmp_path / "x", {**PROJECT, **HOLD})
+        if queue is not None:
+            first = job(root, tmp_path, "first", queue, "first-run", "--devpool-select=record",
+                        history)  # fmt: skip
+            output = first.communicate(timeout=240)[0]
+            assert first.returncode == 0 and "published queue run 'first-run''s" in output, output
+        else:
+            done = Session(root, tmp_path, "first", history, "--devices", "sim:0-7",
+                           "--devpool-select", "record")  # fmt: skip
+            assert done.done.returncode == 0, done.output
+        ((before,),) = sql(own.url, "SELECT generation FROM devpool_history.select_generations")
+        held = held_run(root, tmp_path, history, queue)
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "started").exists():
+            assert held.poll() is None, held.communicate()[0]
+            assert time.monotonic() < deadline, "the held run never reached test_hold"
+            time.sleep(0.05)
+        own._run(str(own.bin / "pg_ctl"), "stop", "-m", "immediate", "-w", "-D", str(own.data))
+        (tmp_path / "release").write_text("")
+        output = held.communicate(timeout=240)[0]
+        own.start()
+        assert held.returncode == 0, output  # every test passed
+        said = [line for line in output.splitlines() if "baseline not published" in line]
+        assert len(said) == 1 and f"127.0.0.1:{own.port}" in said[0], output
+        assert "Traceback" not in output
+        rows = sql(own.url, "SELECT generation FROM devpool_history.select_generations")
+        assert rows == [(before,)]
+        second = clone(root, tmp_path / "elsewhere")
+        turn_mul(second)
+        run = Session(second, tmp_path, "pr", history, "--devices", "sim:0-7",
+                      "--devpool-select", "on")  # fmt: skip
+        assert run.select["generation"] == before and run.ran == MUL, run.output
+    finally:
+        if held is not None and held.poll() is None:  # a failed wait: end the run we started
+            os.killpg(held.pid, signal.SIGKILL)
+            held.wait(timeout=30)
+        own.stop()
+        remove(own)

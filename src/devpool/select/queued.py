@@ -53,7 +53,7 @@ def publish_when_complete(
     entries, _ = unpack_parts(store.parts(run))
     why = missing(required, entries)
     if why:
-        raise DevpoolError(f"queue run {run!r} not published: {why}")
+        raise DevpoolError(f"queue run {run!r}: {why}")
     database = database_of(root, {test: entries[test] for test in required})
     name = store.write(manifest, database, run=run)
     if name is None:

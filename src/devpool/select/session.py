@@ -273,7 +273,9 @@ class SelectSession:
                 written = self.store.write(self._manifest(), self._database())
                 self.written = written.name if isinstance(written, Path) else written
         except (OSError, DevpoolError) as exc:
-            self.write_error = f"baseline not written: {exc}"
+            # A generation in the database is published whole or not at all; a file is written.
+            done = "written" if isinstance(self.store, Store) else "published"
+            self.write_error = f"baseline not {done}: {exc}"
         finally:
             close = getattr(self.store, "close", None)
             if close is not None:
@@ -327,8 +329,11 @@ class SelectSession:
 
         assert isinstance(self.store, PgStore) and self.settings.queue is not None
         self._send_part()
-        if self.part.error:
-            raise DevpoolError(self.part.error)
+        if self.part.error:  # tests the queue has as ended lack their dependencies
+            raise DevpoolError(
+                f"queue run {run!r}: this job could not send its tests' dependencies "
+                f"({self.part.error})"
+            )
         name, self.published_note = publish_when_complete(
             self.store, self.settings.queue, run, self.root, self._manifest()
         )
