@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import PYTEST, devpool_options
+from common import PYTEST
 
 # The devpool of this checkout (also where the installed one points elsewhere), or the
 # source folder --devpool-src names (another checkout, one without unfinished edits).
@@ -43,7 +43,7 @@ if "--devpool-src" in sys.argv:
 sys.path.insert(0, str(SRC))
 
 from devpool.select.baseline import bucket_of, identity, load_generation  # noqa: E402
-from devpool.select.diff import Current, select  # noqa: E402
+from devpool.select.diff import BaselineStore, Current, Selection, select  # noqa: E402
 from devpool.select.fingerprints import blocks_of_source  # noqa: E402
 from devpool.select.options import select_options  # noqa: E402
 from devpool.select.session import store_for  # noqa: E402
@@ -219,31 +219,52 @@ def commit(repo: Path, message: str, init: bool = False) -> None:
     sh(["git", *who, "commit", "-q", "--allow-empty", "-m", message], repo)
 
 
-def run_suite(
-    project: Project, repo: Path, state: Path, mode: str, known: frozenset[str] = frozenset()
-) -> tuple[dict[str, dict[str, Any]], set[str]]:
-    """One full devpool run: the run record's select events, and the failing tests."""
-    record, junit = state / f"{mode}.jsonl", state / f"{mode}.xml"
-    argv = [
+def suite_argv(
+    project: Project, state: Path, name: str, mode: str, history: Path | str, *more: str
+) -> list[str]:
+    """The pytest command of one full devpool run; its record and JUnit file are named by
+    `name` in `state`."""
+    return [
         *PYTEST,
         *("-p", "no:randomly"),
-        *devpool_options(state, "sim:0-1", state / "history.sqlite"),
+        *("--devices", "sim:0-1", f"--devpool-lock-dir={state / 'locks'}"),
+        f"--devpool-history={history}",  # a file, or the fleet's PostgreSQL
         *("--devpool-cpu-slots", "2", f"--devpool-select={mode}"),
         "--devpool-test-timeout=30",  # a flipped loop condition can loop for ever
         "--continue-on-collection-errors",  # a module that no longer imports: run the rest
-        f"--devpool-run-record={record}",
-        f"--junitxml={junit}",
+        f"--devpool-run-record={state / f'{name}.jsonl'}",
+        f"--junitxml={state / f'{name}.xml'}",
+        *more,
         project.tests,
     ]
-    done = sh(argv, repo, check=False)
-    if done.returncode not in (0, 1):
-        raise RuntimeError(f"{mode} run exited {done.returncode}:\n{done.stdout[-3000:]}")
+
+
+def outcome(
+    state: Path, name: str, repo: Path, known: frozenset[str] = frozenset()
+) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """A finished run's select events, and the failing tests."""
     events = {}
-    for line in record.read_text(encoding="utf-8").splitlines():
+    for line in (state / f"{name}.jsonl").read_text(encoding="utf-8").splitlines():
         event = json.loads(line)
         if event["type"] in ("select", "select_misses", "select_baseline"):
             events[event["type"]] = event
-    return events, failing(junit, repo, known)
+    return events, failing(state / f"{name}.xml", repo, known)
+
+
+def run_suite(
+    project: Project,
+    repo: Path,
+    state: Path,
+    mode: str,
+    known: frozenset[str] = frozenset(),
+    history: Path | str | None = None,
+) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """One full devpool run: the run record's select events, and the failing tests."""
+    history = state / "history.sqlite" if history is None else history
+    done = sh(suite_argv(project, state, mode, mode, history), repo, check=False)
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"{mode} run exited {done.returncode}:\n{done.stdout[-3000:]}")
+    return outcome(state, mode, repo, known)
 
 
 def failing(junit: Path, repo: Path, known: frozenset[str]) -> set[str]:
@@ -267,8 +288,15 @@ def failing(junit: Path, repo: Path, known: frozenset[str]) -> set[str]:
     return found
 
 
-def in_process(project: Project, repo: Path) -> dict[str, str]:
-    """The selection `devpool select --base HEAD TESTS` prints: node id → why."""
+def in_process(
+    project: Project,
+    repo: Path,
+    store: BaselineStore | None = None,
+    platform: str | None = None,
+    pool: int | None = None,
+) -> Selection:
+    """The selection `devpool select --base HEAD TESTS` prints (from the project's files), or
+    the one a run on `platform` with `pool` devices makes from `store` (the database)."""
     options = select_options({}, "pyproject.toml")
     current = Current(
         root=repo,
@@ -276,11 +304,65 @@ def in_process(project: Project, repo: Path) -> dict[str, str]:
         options=options,
         identity=identity(options.key_packages),
         rev="HEAD",
+        platform=platform,
+        pool=pool,
     )
-    selection = select(store_for(repo), current)
+    selection = select(store_for(repo) if store is None else store, current)
     if selection.full_reason is not None:
         raise RuntimeError(f"full run: {selection.full_reason}")
-    return selection.selected
+    return selection
+
+
+Row = tuple[Mutation, int, int, int, set[str]]
+
+
+def trials(
+    project: Project,
+    repo: Path,
+    state: Path,
+    mutations: list[Mutation],
+    known: frozenset[str],
+    history: str | None = None,
+    store: BaselineStore | None = None,
+    platform: str | None = None,
+    pool: int | None = None,
+) -> list[Row]:
+    """Each mutation committed, the suite run in shadow mode and the selection computed in
+    process, the mutation reverted: (mutation, failing, selected, total, missed) each."""
+    rows: list[Row] = []
+    for number, mutation in enumerate(mutations, 1):
+        path = repo / mutation.rel
+        original = path.read_text(encoding="utf-8")
+        path.write_text(
+            original[: mutation.start] + mutation.new + original[mutation.end :],
+            encoding="utf-8",
+        )
+        commit(repo, f"mutation {number}: {mutation.block} {mutation.label}")
+        events, failed = run_suite(project, repo, state, "shadow", known, history)
+        selection = in_process(project, repo, store, platform, pool)
+        chosen = selection.selected
+        path.write_text(original, encoding="utf-8")
+        commit(repo, f"revert mutation {number}")
+        select_event = events["select"]
+        if select_event.get("full_run"):
+            raise RuntimeError(f"mutation {number}: full run: {select_event.get('reason')}")
+        total = int(select_event["total"])
+        missed = set(events["select_misses"]["misses"])
+        if missed != failed - set(chosen):
+            print(f"  NOTE: the run record's misses {sorted(missed)} differ from in process")
+        seen = (select_event["selected"], select_event["generation"])
+        if seen != (len(chosen), selection.generation):
+            print(f"  NOTE: the run record selected {seen}, in process {len(chosen)} of "
+                  f"{selection.generation}")  # fmt: skip
+        missed |= failed - set(chosen)
+        rows.append((mutation, len(failed), len(chosen), total, missed))
+        print(
+            f"  {number:2} {mutation.block:<55} {mutation.label:<12} "
+            f"failing {len(failed):3}  selected {len(chosen):3}/{total}  "
+            f"missed {len(missed)}" + (f": {', '.join(sorted(missed)[:3])}" if missed else ""),
+            flush=True,
+        )
+    return rows
 
 
 def main() -> None:
@@ -289,13 +371,27 @@ def main() -> None:
     parser.add_argument("--mutations", type=int, default=30)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--devpool-src", type=Path, help="devpool's src folder (default: ours)")
+    parser.add_argument(
+        "--queue-jobs",
+        type=int,
+        default=0,
+        help="record through the queue with N (2-4) jobs into a throwaway PostgreSQL; "
+        "select in a fresh clone at another path from the database alone",
+    )
     args = parser.parse_args()
+    if args.queue_jobs and not 2 <= args.queue_jobs <= 4:
+        parser.error("--queue-jobs takes 2, 3 or 4")
     project = PROJECTS[args.project]
     with tempfile.TemporaryDirectory(prefix="devpool-recall-") as tmp:
         os.environ["PYTHONPATH"] = os.pathsep.join([project.pythonpath, str(SRC)])
         repo = unpack(project, Path(tmp))
         state = Path(tmp) / "state"
         state.mkdir()
+        if args.queue_jobs:
+            from select_recall_fleet import fleet_trials
+
+            fleet_trials(project, repo, Path(tmp), args)
+            return
         events, failed = run_suite(project, repo, state, "record")
         if failed or "select_baseline" not in events:
             raise RuntimeError(f"the baseline run did not pass: {sorted(failed)[:5]}")
@@ -307,39 +403,14 @@ def main() -> None:
             f"{project.requirement}: baseline of {total} tests, {len(executed)} blocks", flush=True
         )
         mutations = choose(project, repo, executed, args.mutations, args.seed)
-        rows = []
-        for number, mutation in enumerate(mutations, 1):
-            path = repo / mutation.rel
-            original = path.read_text(encoding="utf-8")
-            path.write_text(
-                original[: mutation.start] + mutation.new + original[mutation.end :],
-                encoding="utf-8",
-            )
-            commit(repo, f"mutation {number}: {mutation.block} {mutation.label}")
-            events, failed = run_suite(project, repo, state, "shadow", frozenset(database["tests"]))
-            chosen = in_process(project, repo)
-            path.write_text(original, encoding="utf-8")
-            commit(repo, f"revert mutation {number}")
-            select_event = events["select"]
-            if select_event.get("full_run"):
-                raise RuntimeError(f"mutation {number}: full run: {select_event.get('reason')}")
-            missed = set(events["select_misses"]["misses"])
-            if missed != failed - set(chosen):
-                print(f"  NOTE: the run record's misses {sorted(missed)} differ from in process")
-            missed |= failed - set(chosen)
-            rows.append((mutation, len(failed), len(chosen), total, missed))
-            print(
-                f"  {number:2} {mutation.block:<55} {mutation.label:<12} "
-                f"failing {len(failed):3}  selected {len(chosen):3}/{total}  "
-                f"missed {len(missed)}" + (f": {', '.join(sorted(missed)[:3])}" if missed else "")
-            )
-        report(rows)
+        report(trials(project, repo, state, mutations, frozenset(database["tests"])))
 
 
-def report(rows: list[tuple[Mutation, int, int, int, set[str]]]) -> None:
+def report(rows: list[Row]) -> None:
     failing_total = sum(n for _, n, *_ in rows)
     missed_total = sum(len(m) for *_, m in rows)
     ratios = [selected / total for _, _, selected, total, _ in rows]
+    chosen = [selected for _, _, selected, _, _ in rows]
     uncaught = sum(1 for _, n, *_ in rows if n == 0)
     recall = 1 - missed_total / failing_total if failing_total else 1.0
     print(
@@ -347,6 +418,11 @@ def report(rows: list[tuple[Mutation, int, int, int, set[str]]]) -> None:
         f"selected, {len(rows)} mutations); median selection ratio "
         f"{statistics.median(ratios):.1%} (range {min(ratios):.1%}–{max(ratios):.1%}); "
         f"{uncaught} mutations no test caught"
+    )
+    print(
+        f"{len(rows) - uncaught} mutations with failures; selected per mutation: median "
+        f"{statistics.median(chosen):g}, mean {statistics.mean(chosen):.1f} of "
+        f"{max(total for *_, total, _ in rows)} tests"
     )
     print("target: recall 100%: " + ("met" if missed_total == 0 else "MISSED"))
 
