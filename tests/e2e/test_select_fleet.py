@@ -500,6 +500,13 @@ def test_the_history_database_going_away_mid_recording_publishes_nothing(
         said = [line for line in output.splitlines() if "baseline not published" in line]
         assert len(said) == 1 and f"127.0.0.1:{own.port}" in said[0], output
         assert "Traceback" not in output
+        if queue is not None:  # a job that ends the run later, the server back, publishes not
+            late = job(root, tmp_path, "late", queue, "held-run", "--devpool-select=record",
+                       history)  # fmt: skip
+            output = late.communicate(timeout=240)[0]
+            said = [line for line in output.splitlines() if "baseline not published" in line]
+            assert late.returncode == 0 and len(said) == 1, output
+            assert "no recorded dependencies" in said[0] and "Traceback" not in output, output
         rows = sql(own.url, "SELECT generation FROM devpool_history.select_generations")
         assert rows == [(before,)]
         second = clone(root, tmp_path / "elsewhere")
