@@ -520,3 +520,50 @@ def test_the_history_database_going_away_mid_recording_publishes_nothing(
             held.wait(timeout=30)
         own.stop()
         remove(own)
+
+
+# ---- auto under the queue ---------------------------------------------------------------------
+
+GITHUB = {  # what GitHub Actions sets in every job; the queue run is named explicitly
+    "CI": "true",
+    "GITHUB_ACTIONS": "true",
+    "GITHUB_RUN_ID": "4242",
+    "GITHUB_RUN_ATTEMPT": "1",
+    "GITHUB_REPOSITORY": "org/x",
+}
+
+
+def test_auto_under_the_queue_records_in_the_merge_queue_and_selects_on_a_pull_request(
+    postgres: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = database_of(postgres)
+    first = git_project(tmp_path / "runner" / "x", PROJECT)
+    merge_queue = {
+        "GITHUB_EVENT_NAME": "merge_group",
+        "GITHUB_REF_NAME": "gh-readonly-queue/main/pr-7",
+    }
+    for name, value in {**GITHUB, **merge_queue}.items():
+        monkeypatch.setenv(name, value)
+    outputs = "\n".join(queue_jobs(first, tmp_path, url, "mq-1", "--devpool-select=auto"))
+    chose = "devpool select: auto: full run and new baseline (merge-queue is in full-on)"
+    assert outputs.count(chose) == 2, outputs
+    assert outputs.count("published queue run 'mq-1''s baseline") == 1, outputs
+    assert "recorded baseline" not in outputs, outputs  # one job's share is no baseline
+    assert len(sql(url, "SELECT 1 FROM devpool_history.select_generations")) == 1
+    assert newest_tests(url) == {*MATH_IDS, *DATA_IDS}
+    # A pull request's jobs, on a fresh checkout with a change: auto selects under the queue.
+    second = clone(first, tmp_path / "home" / "ci" / "x")
+    turn_mul(second)
+    pull_request = {"GITHUB_EVENT_NAME": "pull_request", "GITHUB_HEAD_REF": "feature",
+                    "GITHUB_BASE_REF": "main", "GITHUB_REF_NAME": "7/merge"}  # fmt: skip
+    for name, value in pull_request.items():
+        monkeypatch.setenv(name, value)
+    outputs = "\n".join(queue_jobs(second, tmp_path, url, "pr-7", "--devpool-select=auto"))
+    chose = "devpool select: auto: selective run (branch feature is not in full-on)"
+    assert outputs.count(chose) == 2 and "'s baseline" not in outputs, outputs
+    held = sql(url, "SELECT test_id FROM devpool_queue_tests WHERE run_id = 'pr-7'")
+    assert {row[0] for row in held} == MUL
+    verdict = queue_report(second, url, "pr-7")
+    assert verdict.returncode == 0, verdict.stdout + verdict.stderr
+    assert "devpool select: 2 of 7 selected (baseline " in verdict.stdout, verdict.stdout
+    assert len(sql(url, "SELECT 1 FROM devpool_history.select_generations")) == 1

@@ -351,7 +351,7 @@ class SelectSession:
                     f"devpool select: MISS {nodeid} failed but would not have been selected",
                     red=True,
                 )
-        if self.written:
+        if self.written and not self.published_note:  # a queue run's note counts all its jobs
             write(
                 f"devpool select: recorded baseline {self.written} "
                 f"({len(self.builder.tests)} tests)"
