@@ -181,7 +181,7 @@ def _configure_controller(config: pytest.Config) -> None:
     settings = settings_from(
         vars(config.option), table, str(pyproject), fallback=compat.settings_fallback(config)
     )
-    select_options(table, str(pyproject))  # its values, checked whether or not selection is on
+    selecting = select_options(table, str(pyproject))  # checked whether or not selection is on
     rules = rules_from(table, str(pyproject), settings)  # checked whether or not devpool is on
     if settings.devices is None:
         if config.getoption("devpool_queue"):  # else every job would run every test
@@ -221,7 +221,12 @@ def _configure_controller(config: pytest.Config) -> None:
         except DevpoolError:
             # A selective run whose fleet database is away runs everything, its select line
             # saying why (select/diff.py); a run that would write there is refused.
-            if settings.select not in ("on", "shadow") or isinstance(settings.history, Path):
+            mode = settings.select
+            if mode == "auto":  # on a pull request it selects; where full runs belong it records
+                from devpool.select.policy import auto_mode
+
+                mode = auto_mode(selecting.full_on, os.environ, config.rootpath)[0]
+            if mode not in ("on", "shadow") or isinstance(settings.history, Path):
                 raise
     if settings.run_record is not None:
         if settings.run_record.is_dir():

@@ -567,3 +567,11 @@ def test_auto_under_the_queue_records_in_the_merge_queue_and_selects_on_a_pull_r
     assert verdict.returncode == 0, verdict.stdout + verdict.stderr
     assert "devpool select: 2 of 7 selected (baseline " in verdict.stdout, verdict.stdout
     assert len(sql(url, "SELECT 1 FROM devpool_history.select_generations")) == 1
+    # Where auto selects, a database away gives a full run and says why, as `on` does.
+    port = sql(url, "SELECT inet_server_port()")[0][0]
+    away = url.replace(f":{port}/", f":{free_port()}/")
+    run = Session(second, tmp_path, "away", f"--devpool-history={away}", "--devices", "sim:0-7",
+                  "--devpool-select", "auto")  # fmt: skip
+    assert run.done.returncode == 0, run.output
+    assert run.select["full_run"] is True and "cannot reach PostgreSQL" in run.select["reason"]
+    assert run.ran == {*MATH_IDS, *DATA_IDS} and "Traceback" not in run.output
