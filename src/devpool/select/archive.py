@@ -11,22 +11,46 @@ import io
 import json
 import tarfile
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from devpool.select.baseline import DATABASE, MANIFEST, Store
+from devpool.select.baseline import DATABASE, MANIFEST, BaselineProblem, Store
+
+# A generation as it travels: its id, its manifest's bytes, its database's bytes.
+Generation = tuple[str, bytes, bytes]
 
 
-def write_archive(generations: Sequence[Path], archive: Path) -> None:
-    """Write these generations (folders of a store) to one tar.gz."""
+def of_folder(generation: Path) -> Generation:
+    """A file store's generation folder, read."""
+    return (
+        generation.name,
+        (generation / MANIFEST).read_bytes(),
+        (generation / DATABASE).read_bytes(),
+    )
+
+
+def write_archive(generations: Sequence[Generation], archive: Path) -> None:
+    """Write these generations to one tar.gz, each a folder of its own."""
     with tarfile.open(archive, "w:gz") as tar:
-        for generation in generations:
-            for name in (MANIFEST, DATABASE):
-                data = (generation / name).read_bytes()
-                info = tarfile.TarInfo(f"{generation.name}/{name}")
+        for name, *files in generations:
+            for file_name, data in zip((MANIFEST, DATABASE), files, strict=True):
+                info = tarfile.TarInfo(f"{name}/{file_name}")
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
+
+
+def read_archive(archive: Path) -> list[Generation]:
+    """Every generation folder of an archive; BaselineProblem when it holds none."""
+    folders = _folders(archive)
+    found = [
+        (name, files[MANIFEST], files[DATABASE])
+        for name, files in sorted(folders.items())
+        if set(files) == {MANIFEST, DATABASE}
+    ]
+    if not found:
+        raise BaselineProblem(f"{archive} is not a devpool baseline export: it holds no generation")
+    return found
 
 
 def import_archive(store: Store, archive: Path) -> list[Path]:
@@ -42,7 +66,7 @@ def import_archive(store: Store, archive: Path) -> list[Path]:
             for file_name, data in files.items():
                 (generation / file_name).write_bytes(data)
             one = Path(scratch) / f"{name}.tar.gz"
-            write_archive([generation], one)
+            write_archive([of_folder(generation)], one)
             imported.append(store.import_generation(one))
     return imported
 
@@ -51,9 +75,17 @@ def bucket_words(generation: Path) -> str:
     """A generation's bucket as a user typed it: `tests/gpu -m gpu`; `?` if unreadable."""
     try:
         manifest: Any = json.loads((generation / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "?"
+    return manifest_words(manifest)
+
+
+def manifest_words(manifest: Mapping[str, Any]) -> str:
+    """The bucket of a generation's manifest as a user typed it; `?` if it names none."""
+    try:
         bucket = manifest["bucket"]
         words = [" ".join(bucket["paths"])]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return "?"
     if bucket.get("markexpr"):
         words.append(f"-m {bucket['markexpr']!r}")

@@ -5,39 +5,80 @@
     devpool select import ARCHIVE
 
 The bucket (PATHs, -m, -k) must be spelled as the pytest command line that recorded it.
+Each reads the baselines where a run would: the fleet's PostgreSQL when
+--devpool-history (or [tool.devpool] history) is a postgresql:// URL, else the project's
+.devpool/select. In the database a bucket has a generation per runner shape; `--devices`
+names the shape to select for, as the run's --devices would.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devpool.capacity.cli import also_usage
 from devpool.config import check_tables, read_table
 from devpool.errors import DevpoolError
 from devpool.project import find_pyproject
-from devpool.select.archive import bucket_words, import_archive, write_archive
+from devpool.select.archive import (
+    Generation,
+    bucket_words,
+    import_archive,
+    manifest_words,
+    of_folder,
+    read_archive,
+    write_archive,
+)
 from devpool.select.baseline import (
     BaselineProblem,
     Bucket,
     Store,
     bucket_of,
     identity,
+    identity_key,
 )
 from devpool.select.diff import Current, select
 from devpool.select.options import SelectOptions, select_options
 from devpool.select.session import store_for
+from devpool.wording import counted
+
+if TYPE_CHECKING:
+    from devpool.select.store_pg import PgStore
+
+Shape = tuple[Any, Any]  # (platform, pool size) of a runner; (None, None): not known
 
 
-def _project(cwd: Path) -> tuple[Path, SelectOptions]:
-    """The rootdir (the folder of the nearest pyproject.toml, else here) and its options."""
-    pyproject = find_pyproject(cwd)
-    root = pyproject.parent if pyproject is not None else cwd
-    table = read_table(pyproject)
-    check_tables(table, str(pyproject))  # every [tool.devpool…] table, as a run checks them
-    return root, select_options(table, str(pyproject))
+class Project:
+    """The rootdir (the folder of the nearest pyproject.toml, else here), its [tool.devpool]
+    table and selection options, and where its baselines are."""
+
+    def __init__(self, cwd: Path, history: str | None = None) -> None:
+        pyproject = find_pyproject(cwd)
+        self.root = pyproject.parent if pyproject is not None else cwd
+        self.table = read_table(pyproject)
+        check_tables(self.table, str(pyproject))  # every [tool.devpool…] table, as a run does
+        self.options: SelectOptions = select_options(self.table, str(pyproject))
+        self.store: Store | PgStore = baseline_store(history, self.root, self.table)
+
+
+def baseline_store(history: str | None, root: Path, table: Any) -> Store | PgStore:
+    """The fleet's PostgreSQL when the history (--devpool-history, else [tool.devpool]
+    history) is a postgresql:// URL, as a run reads it; else the project's folder."""
+    from devpool.history.place import HistoryUrl, history_spec
+
+    text = history or table.get("history")
+    try:
+        spec = history_spec(str(text)) if text else None
+    except ValueError as exc:
+        raise DevpoolError(f"--devpool-history {text}: expected {exc}") from None
+    if isinstance(spec, HistoryUrl):
+        from devpool.select.store_pg import PgStore
+
+        return PgStore(spec.url)
+    return store_for(root)
 
 
 def _bucket(args: argparse.Namespace, root: Path, cwd: Path) -> Bucket:
@@ -70,16 +111,23 @@ def testpaths(cwd: Path) -> list[str]:
 
 def _select(args: argparse.Namespace) -> int:
     cwd = Path.cwd()
-    root, options = _project(cwd)
+    project = Project(cwd, args.history)
+    bucket = _bucket(args, project.root, cwd)
+    ident = identity(project.options.key_packages)
+    (platform, pool), shape_note = _shape(project, bucket, ident, args.devices)
     current = Current(
-        root=root,
-        bucket=_bucket(args, root, cwd),
-        options=options,
-        identity=identity(options.key_packages),
+        root=project.root,
+        bucket=bucket,
+        options=project.options,
+        identity=ident,
         rev=args.base,
+        platform=platform,
+        pool=pool,
     )
-    selection = select(store_for(root), current)
+    selection = select(project.store, current)
     print(f"devpool select: {selection.summary()}")
+    if shape_note:
+        print(f"devpool select: {shape_note}")
     if selection.full_reason is not None:
         return 0
     for nodeid, why in sorted(selection.selected.items()):
@@ -93,34 +141,103 @@ def _select(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shape(project: Project, bucket: Bucket, ident: Any, devices: str | None) -> tuple[Shape, str]:
+    """The runner shape (platform, pool size) to select for in a database store, and a note
+    on the others it holds; ((None, None), "") for a project's folder, which holds one.
+
+    --devices (else [tool.devpool] devices) names it, as a run's does; without it, the
+    newest generation recorded with this machine's identity decides."""
+    from devpool.select.store_pg import PgStore
+
+    if not isinstance(project.store, PgStore):
+        return (None, None), ""
+    wanted = _spec_shape(devices or project.table.get("devices"), bool(devices))
+    try:
+        rows = project.store.shapes(bucket.id)
+    except DevpoolError:
+        return wanted, ""  # select() says why the database cannot be read
+    ours: list[Shape] = []  # recorded with this machine's identity, the newest first
+    for _, key, manifest in rows:
+        shape = (manifest.get("platform"), (manifest.get("shape") or {}).get("pool"))
+        if key == identity_key(bucket.id, *shape, ident) and shape not in ours:
+            ours.append(shape)
+    if rows and not ours:
+        return wanted, (
+            f"{counted(len(rows), 'generation')} of this bucket in {project.store.where}, none "
+            "recorded with this machine's Python, key packages and drivers"
+        )
+    chosen = wanted if wanted != (None, None) else (ours[0] if ours else wanted)
+    others = [_shape_words(shape) for shape in ours if shape != chosen]
+    if not others:
+        return chosen, ""
+    how = "--devices" if devices else "the newest recorded"
+    return chosen, (
+        f"runner shape {_shape_words(chosen)} ({how}); {project.store.where} also has "
+        f"{', '.join(others)} (choose with --devices)"
+    )
+
+
+def _spec_shape(spec: Any, named: bool) -> Shape:
+    """(platform, pool size) of a PLATFORM:IDS spec; (None, None) for another (auto, a bare
+    name) from the config; a --devices the user typed must name ids."""
+    from devpool.devices.inventory import parse_ids
+
+    name, colon, ids = str(spec or "").strip().partition(":")
+    if name and colon:
+        return name, len(parse_ids(ids))
+    if named:
+        raise DevpoolError(
+            f"--devices {spec} names no device ids; devpool select needs PLATFORM:IDS "
+            "(e.g. cuda:0-7), the runner shape whose baseline to read"
+        )
+    return None, None
+
+
+def _shape_words(shape: Shape) -> str:
+    return f"{shape[0]} with {counted(int(shape[1] or 0), 'device')}"
+
+
 def _export(args: argparse.Namespace) -> int:
     cwd = Path.cwd()
-    root, _ = _project(cwd)
-    store = store_for(root)
-    newest = _newest_of_every_bucket(store)
-    if args.paths or args.markexpr or args.keyword:
-        bucket = _bucket(args, root, cwd)
-        generation = store.latest(bucket.id)
-        if generation is None:
-            raise DevpoolError(
-                f"no baseline for the bucket {' '.join(bucket.paths)} to export"
-                + _buckets_that_exist(newest)
-            )
-        chosen = [generation]
-    else:  # no bucket named: every bucket's newest, whatever command line recorded it
+    project = Project(cwd, args.history)
+    named = bool(args.paths or args.markexpr or args.keyword)
+    bucket = _bucket(args, project.root, cwd) if named else None
+    chosen = _chosen(project.store, bucket)
+    write_archive(chosen, Path(args.archive))
+    for name, manifest, _ in chosen:
+        words = manifest_words(json.loads(manifest)) if manifest else "?"
+        print(f"devpool select: exported baseline {name} ({words}) to {args.archive}")
+    return 0
+
+
+def _chosen(store: Store | PgStore, bucket: Bucket | None) -> list[Generation]:
+    """What an export carries: the named bucket's newest (every runner shape's, from a
+    database), else every bucket's; DevpoolError naming what exists when there is none."""
+    if isinstance(store, Store):
+        newest = _newest_of_every_bucket(store)
+        if bucket is not None:
+            generation = store.latest(bucket.id)
+            if generation is None:
+                raise DevpoolError(
+                    f"no baseline for the bucket {' '.join(bucket.paths)} to export"
+                    + _buckets_that_exist(sorted(bucket_words(g) for g in newest))
+                )
+            return [of_folder(generation)]
         if not newest:
             raise DevpoolError(
                 f"no baseline to export in {store.path}: a run with --devpool-select=record "
                 "writes one"
             )
-        chosen = newest
-    write_archive(chosen, Path(args.archive))
-    for generation in chosen:
-        print(
-            f"devpool select: exported baseline {generation.name} "
-            f"({bucket_words(generation)}) to {args.archive}"
+        return [of_folder(generation) for generation in newest]
+    rows = store.shapes(bucket.id if bucket is not None else None)
+    if not rows:
+        every = store.shapes() if bucket is not None else []
+        where = f"the bucket {' '.join(bucket.paths)}" if bucket is not None else "any bucket"
+        raise DevpoolError(
+            f"no baseline for {where} to export in {store.where}"
+            + _buckets_that_exist(sorted({manifest_words(m) for _, _, m in every}))
         )
-    return 0
+    return [store.generation(name) for name, _, _ in reversed(rows)]
 
 
 def _newest_of_every_bucket(store: Store) -> list[Path]:
@@ -130,25 +247,43 @@ def _newest_of_every_bucket(store: Store) -> list[Path]:
     return [generation for generation in newest if generation is not None]
 
 
-def _buckets_that_exist(newest: list[Path]) -> str:
-    if not newest:
+def _buckets_that_exist(words: list[str]) -> str:
+    if not words:
         return "; there is no baseline here yet"
-    return "; baselines exist for the buckets: " + ", ".join(
-        sorted(bucket_words(generation) for generation in newest)
-    )
+    return "; baselines exist for the buckets: " + ", ".join(words)
 
 
 def _import(args: argparse.Namespace) -> int:
-    root, _ = _project(Path.cwd())
-    if not Path(args.archive).is_file():
+    project = Project(Path.cwd(), args.history)
+    archive = Path(args.archive)
+    if not archive.is_file():
         raise DevpoolError(f"{args.archive}: no such file to import")
     try:
-        folders = import_archive(store_for(root), Path(args.archive))
+        if isinstance(project.store, Store):
+            for folder in import_archive(project.store, archive):
+                print(f"devpool select: imported baseline {folder.name}")
+            return 0
+        said = {
+            "added": "imported baseline {} into {}",
+            "present": "baseline {} is already in {}",
+            "older": "baseline {} not imported: {} has a newer one of its bucket and runner",
+        }
+        for name, manifest, database in read_archive(archive):
+            done = project.store.add(manifest, database)
+            print("devpool select: " + said[done].format(name, project.store.where))
     except BaselineProblem as exc:
         raise DevpoolError(str(exc)) from None
-    for folder in folders:
-        print(f"devpool select: imported baseline {folder.name}")
     return 0
+
+
+def _history_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--devpool-history",
+        dest="history",
+        metavar="URL",
+        help="the fleet's PostgreSQL history the baselines live in "
+        "(default: [tool.devpool] history where it is a URL, else .devpool/select)",
+    )
 
 
 def _bucket_arguments(
@@ -168,6 +303,13 @@ def add_select_command(commands: Any) -> None:
     )
     parser.add_argument("--base", default="HEAD", help="the baseline's commit must precede it")
     parser.add_argument("--explain", action="store_true", help="say why for every test")
+    parser.add_argument(
+        "--devices",
+        metavar="PLATFORM:IDS",
+        help="the runner shape whose baseline to read from a database, as the run's --devices "
+        "(default: [tool.devpool] devices; else the newest recorded)",
+    )
+    _history_argument(parser)
     _bucket_arguments(parser)
     parser.set_defaults(func=_select)
     also_usage(parser, "export ARCHIVE [-m EXPR] [-k EXPR] [PATH ...]", "import ARCHIVE")
@@ -189,6 +331,7 @@ def build_transfer_parser(parser_class: type[argparse.ArgumentParser], verb: str
         add_merge_arguments(parser)
         return parser
     parser.add_argument("archive", help="the .tar.gz file of the generations")
+    _history_argument(parser)
     if verb == "export":
         _bucket_arguments(parser, "every bucket")
         parser.set_defaults(func=_export)

@@ -122,7 +122,8 @@ def missing(required: Iterable[str], entries: Mapping[str, Any]) -> str:
     if not lacking:
         return ""
     return (
-        f"{counted(len(lacking), 'test')} of the run have no recorded dependencies "
+        f"{counted(len(lacking), 'test')} of the run "
+        f"{'has' if len(lacking) == 1 else 'have'} no recorded dependencies "
         f"(e.g. {lacking[0]}): a job that ran them did not send them"
     )
 

@@ -98,20 +98,9 @@ def _from_database(store: PgStore, run: str) -> tuple[dict[str, Any], dict[str, 
 
 def merge(args: argparse.Namespace) -> int:
     """`devpool select merge`: publish the generation of a complete set of shards' parts."""
-    from devpool.history.place import HistoryUrl, history_spec
-    from devpool.project import find_pyproject
+    from devpool.select.cli import Project
 
-    spec = history_spec(args.history) if args.history else None
-    store: Any
-    if isinstance(spec, HistoryUrl):
-        store = PgStore(spec.url, "--devpool-history")
-    else:
-        from devpool.folders import devpool_dir
-        from devpool.select.baseline import Store
-
-        pyproject = find_pyproject(Path.cwd())
-        root = pyproject.parent if pyproject is not None else Path.cwd()
-        store = Store(devpool_dir(root) / "select")  # as session.store_for
+    store = Project(Path.cwd(), args.history).store
     if args.parts:
         manifest, tests = _from_files(args.parts)
         run = None
@@ -127,7 +116,11 @@ def merge(args: argparse.Namespace) -> int:
             "their parts"
         )
     database = database_of(Path.cwd(), tests)
-    written = store.write(manifest, database, run=run) if run else store.write(manifest, database)
+    written: Path | str | None
+    if isinstance(store, PgStore) and run:
+        written = store.write(manifest, database, run=run)
+    else:
+        written = store.write(manifest, database)
     if written is None:
         print(f"devpool select: run {run!r}'s baseline was published already")
         return 0

@@ -24,7 +24,7 @@ from typing import Any
 
 from devpool.database import connect, driver, shown
 from devpool.errors import DevpoolError
-from devpool.select.baseline import BaselineProblem, identity_key
+from devpool.select.baseline import BaselineProblem, check_generation, identity_key
 
 SCHEMA = "devpool_history"
 TABLES = 1  # the version of these tables; a newer devpool's are read by none older
@@ -205,17 +205,91 @@ class PgStore:
                     "VALUES (%s, %s, %s, %s, %s)",
                     (full["generation"], bucket, key, text, zlib.compress(data, 1)),
                 )
-                conn.execute(
-                    f"DELETE FROM {table} WHERE bucket = %s AND identity = %s AND id NOT IN "
-                    f"(SELECT id FROM {table} WHERE bucket = %s AND identity = %s "
-                    "ORDER BY id DESC LIMIT %s)",
-                    (bucket, key, bucket, key, KEEP),
-                )
+                self._keep_newest(conn, bucket, key)
                 if run is not None:
                     conn.execute(f"DELETE FROM {SCHEMA}.select_parts WHERE run = %s", (run,))
         except driver(self.option).Error as exc:
             raise DevpoolError(f"cannot write a baseline to {self.where}: {_said(exc)}") from None
         return str(full["generation"])
+
+    # ---- what a person reads and moves: `devpool select`, export, import ------------------
+
+    def shapes(self, bucket_id: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+        """The newest generation of every bucket and identity key (of one bucket): (id, key,
+        manifest), the newest first; [] when there is none. DevpoolError when unreadable."""
+        conn = self._connect(make=False)
+        if conn is None:
+            return []
+        where, params = ("WHERE bucket = %s", (bucket_id,)) if bucket_id else ("", ())
+        try:
+            with conn:
+                rows = conn.execute(
+                    f"SELECT * FROM (SELECT DISTINCT ON (bucket, identity) id, generation, "
+                    f"identity, manifest FROM {SCHEMA}.select_generations {where} "
+                    "ORDER BY bucket, identity, id DESC) newest ORDER BY id DESC",
+                    params,
+                ).fetchall()
+        except driver(self.option).Error as exc:
+            raise DevpoolError(f"cannot read baselines in {self.where}: {_said(exc)}") from None
+        return [(str(row[1]), str(row[2]), json.loads(row[3])) for row in rows]
+
+    def generation(self, name: str) -> tuple[str, bytes, bytes]:
+        """One generation by its id: (id, manifest, database); DevpoolError when gone."""
+        conn = self._connect(make=False)
+        row = None
+        try:
+            if conn is not None:
+                with conn:
+                    row = conn.execute(
+                        f"SELECT generation, manifest, deps FROM {SCHEMA}.select_generations "
+                        "WHERE generation = %s",
+                        (name,),
+                    ).fetchone()
+        except driver(self.option).Error as exc:
+            raise DevpoolError(f"cannot read baselines in {self.where}: {_said(exc)}") from None
+        if row is None:
+            raise DevpoolError(f"baseline {name} is no longer in {self.where}")
+        return str(row[0]), str(row[1]).encode(), zlib.decompress(bytes(row[2]))
+
+    def add(self, manifest_bytes: bytes, database_bytes: bytes) -> str:
+        """Add a checked generation (an import) under its own id, in the transaction that
+        keeps the newest KEEP of its bucket and identity: "added"; "present" when it is
+        there; "older" (not added) when a newer one of its bucket and identity is there,
+        so that an import never hides what the fleet recorded since."""
+        manifest, _ = check_generation(manifest_bytes, database_bytes, "the archive's baseline")
+        bucket, name = str(manifest["bucket"]["id"]), str(manifest["generation"])
+        pool = (manifest.get("shape") or {}).get("pool")
+        key = identity_key(bucket, manifest.get("platform"), pool, manifest.get("identity", {}))
+        table = f"{SCHEMA}.select_generations"
+        conn = self._connect(make=True)
+        assert conn is not None  # made
+        try:
+            with conn, conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (key,))
+                if conn.execute(f"SELECT 1 FROM {table} WHERE generation = %s", (name,)).fetchone():
+                    return "present"
+                newest = conn.execute(_NEWEST, (bucket, key)).fetchone()
+                if newest is not None and str(newest[0]) > name:
+                    return "older"
+                conn.execute(
+                    f"INSERT INTO {table} (generation, bucket, identity, manifest, deps) "
+                    "VALUES (%s, %s, %s, %s, %s)",
+                    (name, bucket, key, manifest_bytes.decode(), zlib.compress(database_bytes, 1)),
+                )
+                self._keep_newest(conn, bucket, key)
+        except driver(self.option).Error as exc:
+            raise DevpoolError(f"cannot write a baseline to {self.where}: {_said(exc)}") from None
+        return "added"
+
+    @staticmethod
+    def _keep_newest(conn: Any, bucket: str, key: str) -> None:
+        table = f"{SCHEMA}.select_generations"
+        conn.execute(
+            f"DELETE FROM {table} WHERE bucket = %s AND identity = %s AND id NOT IN "
+            f"(SELECT id FROM {table} WHERE bucket = %s AND identity = %s "
+            "ORDER BY id DESC LIMIT %s)",
+            (bucket, key, bucket, key, KEEP),
+        )
 
     # ---- one recording across jobs ---------------------------------------------------------
 

@@ -1,0 +1,175 @@
+"""End to end: `devpool select`, `select export` and `select import` on a fleet's baselines in
+PostgreSQL (issue 48): a person on any runner reads what the runs read, and moves baselines
+between a database and files either way.
+
+The expected selections come from real `--devpool-select on` runs in the same test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from select_project import PROJECT, git_project
+from test_select_fleet import EIGHT, MUL, Session, clone, database_of, sql, turn_mul
+
+from devpool.select.store_pg import PgStore
+
+pytestmark = pytest.mark.usefixtures("selective_env")
+
+DEVPOOL = "import sys; from devpool.cli import main; sys.exit(main(sys.argv[1:]))"
+GENERATIONS = "SELECT generation FROM devpool_history.select_generations ORDER BY id"
+
+
+def devpool(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", DEVPOOL, *args],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def selected(done: subprocess.CompletedProcess[str]) -> set[str]:
+    """The node ids `devpool select` lists as selected."""
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    return {line.split()[1].rstrip(":") for line in lines if line.startswith("selected ")}
+
+
+def same_as_the_run(done: subprocess.CompletedProcess[str], run: Session, url: str) -> None:
+    """`devpool select` chose the generation the run chose and selected what the run
+    selected from it; the run also runs the tests its baseline does not hold."""
+    assert run.select["full_run"] is False, run.output
+    generation = run.select["generation"]
+    assert f"(baseline {generation}," in done.stdout, done.stdout
+    _, _, database = PgStore(url).generation(generation)
+    held = set(json.loads(database)["tests"])
+    assert selected(done) == run.ran & held and run.ran - held <= {EIGHT}, done.stdout
+
+
+def recorded_at_two_shapes(postgres: Any, tmp: Path) -> tuple[str, Path]:
+    """A database holding the baselines of a 2-device and then an 8-device runner."""
+    url = database_of(postgres)
+    first = git_project(tmp / "runner" / "x", PROJECT)
+    for devices in ("sim:0-1", "sim:0-7"):
+        done = Session(first, tmp, f"rec{devices[-1]}", f"--devpool-history={url}",
+                       "--devpool-select", "record", "--devices", devices)  # fmt: skip
+        assert done.done.returncode == 0, done.output
+    return url, first
+
+
+def test_devpool_select_reads_the_database_for_the_runner_shape_it_names(
+    postgres: Any, tmp_path: Path
+) -> None:
+    url, first = recorded_at_two_shapes(postgres, tmp_path)
+    second = clone(first, tmp_path / "home" / "ci" / "x")
+    turn_mul(second)
+    history = f"--devpool-history={url}"
+    for devices in ("sim:0-1", "sim:0-7"):
+        run = Session(second, tmp_path, f"on{devices[-1]}", history, "--devpool-select", "on",
+                      "--devices", devices)  # fmt: skip
+        said = devpool(second, "select", history, "--devices", devices, "--explain", "tests")
+        same_as_the_run(said, run, url)
+        other = "sim with 2 devices" if devices.endswith("7") else "sim with 8 devices"
+        assert f"also has {other} (choose with --devices)" in said.stdout
+        assert not (second / ".devpool" / "select").exists()
+    # No --devices: the newest recorded shape (8 devices), and the other named.
+    said = devpool(second, "select", history, "tests")
+    assert selected(said) == MUL, said.stdout
+    assert "runner shape sim with 8 devices (the newest recorded)" in said.stdout
+
+
+def test_devpool_select_reads_the_database_and_shape_the_project_configures(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """[tool.devpool] history and devices say it as the run's options would."""
+    url = database_of(postgres)
+    configured = {
+        **PROJECT,
+        "pyproject.toml": f"""
+            [tool.pytest.ini_options]
+            pythonpath = ["."]
+
+            [tool.devpool]
+            history = "{url}"
+            devices = "sim:0-7"
+            """,
+    }
+    first = git_project(tmp_path / "x", configured)
+    for devices in ("sim:0-7", "sim:0-1"):  # the 2-device runner's baseline is the newest
+        done = Session(first, tmp_path, f"rec{devices[-1]}", "--devpool-select", "record",
+                       "--devices", devices)  # fmt: skip
+        assert done.done.returncode == 0, done.output
+    second = clone(first, tmp_path / "home" / "x")
+    turn_mul(second)
+    said = devpool(second, "select", "tests")
+    run = Session(second, tmp_path, "on", "--devpool-select", "on", "--devices", "sim:0-7")
+    same_as_the_run(said, run, url)
+    assert selected(said) == MUL
+
+
+def test_baselines_move_from_a_database_to_files_and_to_another_database(
+    postgres: Any, tmp_path: Path
+) -> None:
+    url, first = recorded_at_two_shapes(postgres, tmp_path)
+    archive = tmp_path / "fleet.tar.gz"
+    exported = devpool(first, "select", "export", str(archive), f"--devpool-history={url}")
+    assert exported.returncode == 0, exported.stderr
+    names = [row[0] for row in sql(url, GENERATIONS)]
+    assert [line.split()[4] for line in exported.stdout.splitlines()] == names  # both shapes
+
+    # into another fleet's database: a fresh checkout selects from it as from the first
+    other = database_of(postgres)
+    for said in ("imported baseline", "is already in"):
+        done = devpool(first, "select", "import", str(archive), f"--devpool-history={other}")
+        assert done.returncode == 0 and done.stdout.count(said) == 2, done.stdout + done.stderr
+    assert [row[0] for row in sql(other, GENERATIONS)] == names
+    second = clone(first, tmp_path / "home" / "x")
+    turn_mul(second)
+    on = ("--devpool-select", "on", "--devices", "sim:0-7")
+    expected = Session(second, tmp_path, "first-db", f"--devpool-history={url}", *on)
+    moved = Session(second, tmp_path, "other-db", f"--devpool-history={other}", *on)
+    assert moved.select["full_run"] is False and moved.ran == expected.ran == MUL
+    assert moved.select["generation"] == expected.select["generation"]
+
+    # into a project's files, for a fleet without PostgreSQL
+    imported = devpool(second, "select", "import", str(archive))
+    assert imported.returncode == 0, imported.stderr
+    from_files = Session(second, tmp_path, "files", *on)
+    assert from_files.select["full_run"] is False and from_files.ran == MUL, from_files.output
+
+    # a database that recorded since keeps its newer baseline: the import does not hide it
+    again = Session(first, tmp_path, "newer", f"--devpool-history={other}", "--devpool-select",
+                    "record", "--devices", "sim:0-7")  # fmt: skip
+    assert again.done.returncode == 0, again.output
+    done = devpool(first, "select", "import", str(archive), f"--devpool-history={other}")
+    assert done.returncode == 0 and "is already in" in done.stdout, done.stdout
+    assert sql(other, GENERATIONS)[-1][0] not in names
+
+
+def test_the_select_commands_name_a_bad_database_or_shape_in_one_sentence(
+    postgres: Any, tmp_path: Path
+) -> None:
+    url = database_of(postgres)
+    root = git_project(tmp_path / "x", PROJECT)
+    cases = {
+        ("select", "--devpool-history=mysql://h/db"): "--devpool-history mysql://h/db: expected",
+        ("select", f"--devpool-history={url}", "--devices", "sim"): "--devices sim names no",
+        ("select", "export", "a.tar.gz", f"--devpool-history={url}"): "no baseline for any",
+        ("select", "import", "none.tar.gz", f"--devpool-history={url}"): "none.tar.gz: no such",
+    }
+    for args, said in cases.items():
+        done = devpool(root, *args)
+        assert done.returncode == 4, done.stdout + done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and said in lines[0], done.stderr
+    (root / "junk.tar.gz").write_bytes(b"not a tar")
+    done = devpool(root, "select", "import", "junk.tar.gz", f"--devpool-history={url}")
+    assert done.returncode == 4 and "is not a devpool baseline export" in done.stderr, done
+    # an unreachable database: `devpool select` says a full run, and why, as a run would
+    away = devpool(root, "select", "--devpool-history=postgresql://devpool@127.0.0.1:1/x", "tests")
+    assert away.returncode == 0, away.stderr
+    assert "full run: " in away.stdout and "cannot reach PostgreSQL" in away.stdout, away.stdout
+    assert "Traceback" not in away.stdout + away.stderr
