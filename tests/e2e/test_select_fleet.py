@@ -575,3 +575,30 @@ def test_auto_under_the_queue_records_in_the_merge_queue_and_selects_on_a_pull_r
     assert run.done.returncode == 0, run.output
     assert run.select["full_run"] is True and "cannot reach PostgreSQL" in run.select["reason"]
     assert run.ran == {*MATH_IDS, *DATA_IDS} and "Traceback" not in run.output
+
+
+def test_a_queue_run_on_runners_of_two_sizes_publishes_a_generation_for_each(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """A 2-device job records what it can hold and ends; an 8-device job runs the rest
+    (test_eight) and publishes: runners of both sizes read the run's baseline."""
+    url = database_of(postgres)
+    first = git_project(tmp_path / "runner" / "x", PROJECT)
+    outputs = []
+    for devices in ("sim:0-1", "sim:0-7"):
+        started = job(first, tmp_path, f"size{devices[-1]}", url, "sizes-1",
+                      "--devpool-select=record", f"--devices={devices}")  # fmt: skip
+        outputs.append(started.communicate(timeout=240)[0])
+        assert started.returncode == 0, outputs[-1]
+    assert "for runners of 2 devices and 8 devices" in outputs[-1], outputs
+    rows = sql(url, "SELECT manifest FROM devpool_history.select_generations ORDER BY id")
+    manifests = [json.loads(row[0]) for row in rows]
+    assert sorted(m["shape"]["pool"] for m in manifests) == [2, 8]
+    assert {m["db_sha256"] for m in manifests} == {manifests[0]["db_sha256"]}  # one database
+    second = clone(first, tmp_path / "home" / "x")
+    turn_mul(second)
+    history = f"--devpool-history={url}"
+    for devices in ("sim:0-1", "sim:0-7"):
+        run = Session(second, tmp_path, f"on{devices[-1]}", history, "--devpool-select", "on",
+                      "--devices", devices)  # fmt: skip
+        assert run.select["full_run"] is False and run.ran == MUL, run.output

@@ -25,6 +25,23 @@ from devpool.wording import counted
 _KEPT = ("outcome", "devices", "recorded", "why", "blocks", "files", "globs")
 _TABLED = ("blocks", "files")  # indices into a packed batch's tables
 SHARD_MARK = "::shard "  # a part row naming one shard and its manifest (no node id starts so)
+POOL_MARK = "::pool "  # a part row naming the runner shape of a job that sent tests
+
+
+def pool_mark(platform: str, pool: int) -> dict[str, Any]:
+    """The marks that say a job of this platform and pool size recorded tests of the run."""
+    return {f"{POOL_MARK}{platform} {pool}": [platform, pool]}
+
+
+def pools_of(marks: Mapping[str, Any], platform: str) -> list[int]:
+    """The pool sizes of the run's jobs on this platform that recorded tests, ascending."""
+    return sorted(
+        {
+            int(value[1])
+            for key, value in marks.items()
+            if key.startswith(POOL_MARK) and value[0] == platform
+        }
+    )
 
 
 def entry_of(
@@ -92,6 +109,7 @@ class JobPart:
         self.sent: set[str] = set()
         self.hashes: dict[str, str | None] = {}
         self.error = ""
+        self.marks: dict[str, Any] = {}  # sent with every batch: the job's runner shape
 
     def unsent(self) -> dict[str, dict[str, Any]]:
         """Entries of the tests recorded since the last send."""
@@ -109,7 +127,7 @@ class JobPart:
         if not entries or self.error:
             return
         try:
-            store.send_parts(run, pack_part(self.root, entries))
+            store.send_parts(run, pack_part(self.root, entries, self.marks))
         except DevpoolError as exc:
             self.error = str(exc)
             return

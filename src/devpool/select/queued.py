@@ -11,8 +11,9 @@ from devpool.errors import DevpoolError
 from devpool.queue.selection import note_selection
 from devpool.queue.store import QueueStore
 from devpool.select.diff import Selection
-from devpool.select.fleet import database_of, missing, unpack_parts
+from devpool.select.fleet import database_of, missing, pools_of, unpack_parts
 from devpool.select.store_pg import PgStore
+from devpool.wording import counted
 
 
 def tell_queue(url: str, run: str, selection: Selection, mode: str, collected: int) -> str:
@@ -50,12 +51,18 @@ def publish_when_complete(
         )
     # Tests no job could hold never ran: they are new to the next selection, as at home.
     required = [row.test_id for row in rows if not (row.result or {}).get("unsatisfiable")]
-    entries, _ = unpack_parts(store.parts(run))
+    entries, marks = unpack_parts(store.parts(run))
     why = missing(required, entries)
     if why:
         raise DevpoolError(f"queue run {run!r}: {why}")
     database = database_of(root, {test: entries[test] for test in required})
-    name = store.write(manifest, database, run=run)
+    # Runners of every size that took part read the run's baseline: a generation for each.
+    pools = sorted({*pools_of(marks, manifest["platform"]), manifest["shape"]["pool"]})
+    name = store.write(manifest, database, run=run, pools=pools)
     if name is None:
         return None, f"queue run {run!r}'s baseline was published by another of its jobs"
-    return name, f"published queue run {run!r}'s baseline {name} ({len(required)} tests)"
+    shapes = " and ".join(counted(pool, "device") for pool in pools)
+    return name, (
+        f"published queue run {run!r}'s baseline {name} ({len(required)} tests), "
+        f"for runners of {shapes}"
+    )

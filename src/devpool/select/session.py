@@ -34,7 +34,7 @@ from devpool.select.baseline import (
 )
 from devpool.select.diff import BaselineStore, Current, Selection, select
 from devpool.select.fingerprints import project_rel
-from devpool.select.fleet import JobPart
+from devpool.select.fleet import JobPart, pool_mark
 from devpool.select.options import SelectOptions
 from devpool.select.policy import auto_mode
 from devpool.select.record import DEPS_ATTR
@@ -320,6 +320,8 @@ class SelectSession:
         from devpool.select.store_pg import PgStore
 
         if isinstance(self.store, PgStore) and self.run is not None:
+            inventory = self.controller.inventory
+            self.part.marks = pool_mark(inventory.platform.name, len(inventory.devices))
             self.part.send(self.store, self.run)
 
     def _publish_queue_run(self, run: str) -> str | None:

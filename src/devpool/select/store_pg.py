@@ -19,7 +19,7 @@ import json
 import time
 import uuid
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from devpool.database import connect, driver, shown
@@ -171,18 +171,25 @@ class PgStore:
     # ---- writing ---------------------------------------------------------------------------
 
     def write(
-        self, manifest: Mapping[str, Any], database: Mapping[str, Any], run: str | None = None
+        self,
+        manifest: Mapping[str, Any],
+        database: Mapping[str, Any],
+        run: str | None = None,
+        pools: Sequence[int] = (),
     ) -> str | None:
         """Publish one generation in one transaction, the oldest beyond KEEP of its bucket
         and identity dropped; its id. With `run`: once for that run (None when another job
-        of it published first). DevpoolError when the database cannot take it."""
-        full, data = sealed(manifest, database)
-        bucket = str(full["bucket"]["id"])
-        key = identity_key(bucket, full.get("platform"), full["shape"]["pool"], full["identity"])
+        of it published first). With `pools` (a queue run whose jobs had runners of several
+        sizes): one generation for each, alike but for the pool, in the same transaction;
+        the first one's id. DevpoolError when the database cannot take it."""
+        shapes = [
+            {**manifest, "shape": {**manifest["shape"], "pool": pool}}
+            for pool in (pools or [manifest["shape"]["pool"]])
+        ]
+        sealed_all = [sealed(shape, database) for shape in shapes]
+        bucket = str(manifest["bucket"]["id"])
         conn = self._connect(make=True)
         assert conn is not None  # made
-        text = json.dumps(full, sort_keys=True)
-        table = f"{SCHEMA}.select_generations"
         try:
             with conn, conn.transaction():
                 if run is not None:
@@ -198,19 +205,27 @@ class PgStore:
                         f"INSERT INTO {SCHEMA}.select_runs (run, bucket, generation, published) "
                         "VALUES (%s, %s, %s, true) ON CONFLICT (run, bucket) DO UPDATE "
                         "SET generation = EXCLUDED.generation, published = true",
-                        (run, bucket, full["generation"]),
+                        (run, bucket, sealed_all[0][0]["generation"]),
                     )
-                conn.execute(
-                    f"INSERT INTO {table} (generation, bucket, identity, manifest, deps) "
-                    "VALUES (%s, %s, %s, %s, %s)",
-                    (full["generation"], bucket, key, text, zlib.compress(data, 1)),
-                )
-                self._keep_newest(conn, bucket, key)
+                for full, data in sealed_all:
+                    self._insert(conn, full, data)
                 if run is not None:
                     conn.execute(f"DELETE FROM {SCHEMA}.select_parts WHERE run = %s", (run,))
         except driver(self.option).Error as exc:
             raise DevpoolError(f"cannot write a baseline to {self.where}: {_said(exc)}") from None
-        return str(full["generation"])
+        return str(sealed_all[0][0]["generation"])
+
+    def _insert(self, conn: Any, full: Mapping[str, Any], data: bytes) -> None:
+        """One sealed generation, and its bucket and identity trimmed to the newest KEEP."""
+        bucket = str(full["bucket"]["id"])
+        key = identity_key(bucket, full.get("platform"), full["shape"]["pool"], full["identity"])
+        conn.execute(
+            f"INSERT INTO {SCHEMA}.select_generations (generation, bucket, identity, manifest, "
+            "deps) VALUES (%s, %s, %s, %s, %s)",
+            (full["generation"], bucket, key, json.dumps(full, sort_keys=True),
+             zlib.compress(data, 1)),
+        )  # fmt: skip
+        self._keep_newest(conn, bucket, key)
 
     # ---- what a person reads and moves: `devpool select`, export, import ------------------
 
@@ -271,12 +286,7 @@ class PgStore:
                 newest = conn.execute(_NEWEST, (bucket, key)).fetchone()
                 if newest is not None and str(newest[0]) > name:
                     return "older"
-                conn.execute(
-                    f"INSERT INTO {table} (generation, bucket, identity, manifest, deps) "
-                    "VALUES (%s, %s, %s, %s, %s)",
-                    (name, bucket, key, manifest_bytes.decode(), zlib.compress(database_bytes, 1)),
-                )
-                self._keep_newest(conn, bucket, key)
+                self._insert(conn, manifest, database_bytes)
         except driver(self.option).Error as exc:
             raise DevpoolError(f"cannot write a baseline to {self.where}: {_said(exc)}") from None
         return "added"
