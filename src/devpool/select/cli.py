@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from devpool.capacity.cli import also_usage
-from devpool.config import check_tables, read_table
 from devpool.errors import DevpoolError
-from devpool.project import find_pyproject
 from devpool.select.archive import (
     Generation,
     bucket_words,
@@ -41,44 +39,13 @@ from devpool.select.baseline import (
     identity_key,
 )
 from devpool.select.diff import Current, select
-from devpool.select.options import SelectOptions, select_options
-from devpool.select.session import store_for
+from devpool.select.place import Project
 from devpool.wording import counted
 
 if TYPE_CHECKING:
     from devpool.select.store_pg import PgStore
 
 Shape = tuple[Any, Any]  # (platform, pool size) of a runner; (None, None): not known
-
-
-class Project:
-    """The rootdir (the folder of the nearest pyproject.toml, else here), its [tool.devpool]
-    table and selection options, and where its baselines are."""
-
-    def __init__(self, cwd: Path, history: str | None = None) -> None:
-        pyproject = find_pyproject(cwd)
-        self.root = pyproject.parent if pyproject is not None else cwd
-        self.table = read_table(pyproject)
-        check_tables(self.table, str(pyproject))  # every [tool.devpool…] table, as a run does
-        self.options: SelectOptions = select_options(self.table, str(pyproject))
-        self.store: Store | PgStore = baseline_store(history, self.root, self.table)
-
-
-def baseline_store(history: str | None, root: Path, table: Any) -> Store | PgStore:
-    """The fleet's PostgreSQL when the history (--devpool-history, else [tool.devpool]
-    history) is a postgresql:// URL, as a run reads it; else the project's folder."""
-    from devpool.history.place import HistoryUrl, history_spec
-
-    text = history or table.get("history")
-    try:
-        spec = history_spec(str(text)) if text else None
-    except ValueError as exc:
-        raise DevpoolError(f"--devpool-history {text}: expected {exc}") from None
-    if isinstance(spec, HistoryUrl):
-        from devpool.select.store_pg import PgStore
-
-        return PgStore(spec.url)
-    return store_for(root)
 
 
 def _bucket(args: argparse.Namespace, root: Path, cwd: Path) -> Bucket:

@@ -19,7 +19,6 @@ import pytest
 from devpool import __version__
 from devpool.config import Settings
 from devpool.errors import DevpoolError
-from devpool.folders import devpool_dir
 from devpool.plan.markers import request_for
 from devpool.select.baseline import (
     SCHEMA,
@@ -36,16 +35,12 @@ from devpool.select.diff import BaselineStore, Current, Selection, select
 from devpool.select.fingerprints import project_rel
 from devpool.select.fleet import JobPart, pool_mark
 from devpool.select.options import SelectOptions
+from devpool.select.place import store_for as store_for
 from devpool.select.policy import auto_mode
 from devpool.select.record import DEPS_ATTR
 from devpool.select.tables import expand
 
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
-
-
-def store_for(root: Path) -> Store:
-    """The project's baseline store: <rootdir>/.devpool/select."""
-    return Store(devpool_dir(root) / "select")
 
 
 def store_of(settings: Settings, root: Path) -> BaselineStore:

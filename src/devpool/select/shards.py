@@ -98,7 +98,7 @@ def _from_database(store: PgStore, run: str) -> tuple[dict[str, Any], dict[str, 
 
 def merge(args: argparse.Namespace) -> int:
     """`devpool select merge`: publish the generation of a complete set of shards' parts."""
-    from devpool.select.cli import Project
+    from devpool.select.place import Project
 
     store = Project(Path.cwd(), args.history).store
     if args.parts:

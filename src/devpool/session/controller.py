@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import time
-from collections.abc import Generator, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Generator, Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,7 +28,7 @@ from devpool.errors import DevpoolError
 from devpool.folders import devpool_dir
 from devpool.history import preload
 from devpool.history.durations import TestResult, default_history_path
-from devpool.history.place import HistorySpec, pending_place, preload_file
+from devpool.history.place import HistorySpec, preload_file
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
 from devpool.plan import chains, skips
@@ -47,17 +46,11 @@ from devpool.run.threads import ThreadBudget
 from devpool.session import jobs, past_runs, summary, workers
 from devpool.session.plain_collection import PlainCollection
 from devpool.session.run_folder import prune_runs, run_id
+from devpool.session.sharding import keep_shard, parse_shard
+from devpool.session.signals import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from devpool.queue.source import QueueSource
-
-
-def _parse_shard(text: str) -> tuple[int, int]:
-    # Imported here, as the queue's modules are: a run that neither shards nor queues loads
-    # neither (the fixed cost of a run, issue 45).
-    from devpool.capacity import shards
-
-    return shards.parse_shard(text)
 
 
 class Listener(Protocol):
@@ -108,7 +101,7 @@ class Controller:
         self.cpu_loads: dict[str, float] = {}  # device tests' cores kept busy, from history
         self.history_path: HistorySpec = settings.history or default_history_path(config.rootpath)
         self.preload_file = preload_file(self.history_path, config.rootpath)
-        self.shard = _parse_shard(settings.shard) if settings.shard else None
+        self.shard = parse_shard(settings.shard) if settings.shard else None
         self.releasable: list[str] = []
         self.items: dict[str, pytest.Item] = {}
         self.loop_ran = False  # the loop froze, then unfroze, the collector's objects
@@ -338,44 +331,8 @@ class Controller:
             self.history_path, self.shard, self.quarantine_notes, platform.name, split
         )
         if self.shard is not None:
-            self._keep_shard(config, items)
+            keep_shard(self, config, items)
         self.failed_before = jobs.failed_before(config)
-
-    def _keep_shard(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """--devpool-shard K/N: keep the tests of shard K, split by estimated device-seconds."""
-        from devpool.capacity import shards
-
-        assert self.shard is not None
-        k, n = self.shard
-        default = self.settings.default_estimate
-        capacity = shards.shard_capacity(self.inventory.platform, self.settings.memory_reserve)
-        pieces = [
-            shards.shard_item(
-                item.nodeid,
-                self.requests[item.nodeid],
-                self.estimates.get(item.nodeid, default),
-                by_module=self.settings.shard_by_module,
-                capacity=capacity,
-            )
-            for item in items
-        ]
-        split = shards.split_suite([item.nodeid for item in items], pieces, n)
-        chosen = split.members(k)
-        # The record gets the whole split right after session_start, for `devpool shard verify`.
-        self.listeners.append(
-            shards.SplitStamp(
-                k,
-                split,
-                self.emit,
-                lambda: self.items,
-                history=str(self.history_path),
-                pending=pending_place(self.history_path, self.run_id),
-            )
-        )
-        others = [item for item in items if item.nodeid not in chosen]
-        if others:
-            config.hook.pytest_deselected(items=others)
-            items[:] = [item for item in items if item.nodeid in chosen]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
@@ -453,7 +410,7 @@ class Controller:
         if terminal is not None and progress.wanted(self.config.option):
             live = progress.LiveProgress(terminal._tw)
         try:
-            with _sigterm_as_interrupt(), live or nullcontext():
+            with sigterm_as_interrupt(), live or nullcontext():
                 loop.live = live
                 self.loop_ran = True
                 if self.record is not None:
@@ -514,25 +471,3 @@ class Controller:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         summary.write_summary(terminalreporter, self)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, ended as Ctrl-C: pytest's banner names the signal, with no source line."""
-
-
-# pytest's banner shows the exception as Python prints it: `SIGTERM: ...`, not a class path.
-Terminated.__module__, Terminated.__name__, Terminated.__qualname__ = "builtins", *["SIGTERM"] * 2
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """A CI step timeout sends SIGTERM: end the run as Ctrl-C would, workers and leases freed."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise Terminated("the run was ended as at Ctrl-C, its workers and leases freed")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

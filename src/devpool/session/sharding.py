@@ -1,0 +1,58 @@
+"""--devpool-shard K/N in the controller: the shard's tests kept, the split stamped into the
+run record. The capacity package does the arithmetic; it is imported only by a run that
+shards (the fixed cost of a run, issue 45).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from devpool.history.place import pending_place
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """K/N of --devpool-shard."""
+    from devpool.capacity import shards
+
+    return shards.parse_shard(text)
+
+
+def keep_shard(controller: Any, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--devpool-shard K/N: keep the tests of shard K, split by estimated device-seconds.
+    controller: the run's session.controller.Controller (its shard, requests, estimates)."""
+    from devpool.capacity import shards
+
+    assert controller.shard is not None
+    k, n = controller.shard
+    settings = controller.settings
+    default = settings.default_estimate
+    capacity = shards.shard_capacity(controller.inventory.platform, settings.memory_reserve)
+    pieces = [
+        shards.shard_item(
+            item.nodeid,
+            controller.requests[item.nodeid],
+            controller.estimates.get(item.nodeid, default),
+            by_module=settings.shard_by_module,
+            capacity=capacity,
+        )
+        for item in items
+    ]
+    split = shards.split_suite([item.nodeid for item in items], pieces, n)
+    chosen = split.members(k)
+    # The record gets the whole split right after session_start, for `devpool shard verify`.
+    controller.listeners.append(
+        shards.SplitStamp(
+            k,
+            split,
+            controller.emit,
+            lambda: controller.items,
+            history=str(controller.history_path),
+            pending=pending_place(controller.history_path, controller.run_id),
+        )
+    )
+    others = [item for item in items if item.nodeid not in chosen]
+    if others:
+        config.hook.pytest_deselected(items=others)
+        items[:] = [item for item in items if item.nodeid in chosen]
