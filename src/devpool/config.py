@@ -450,7 +450,9 @@ def read_table(pyproject: Path | None) -> dict[str, Any]:
     return table
 
 
-SELECT_KEYS = frozenset({"mode", "inputs", "ignore", "key-packages", "max-age-days", "full-on"})
+SELECT_KEYS = frozenset(
+    {"mode", "inputs", "ignore", "key-packages", "max-age-days", "full-on", "keep"}
+)
 
 
 def check_tables(table: Mapping[str, Any], where: str) -> None:

@@ -173,3 +173,37 @@ def test_the_select_commands_name_a_bad_database_or_shape_in_one_sentence(
     assert away.returncode == 0, away.stderr
     assert "full run: " in away.stdout and "cannot reach PostgreSQL" in away.stdout, away.stdout
     assert "Traceback" not in away.stdout + away.stderr
+
+
+@pytest.mark.parametrize("where", ["files", "database"])
+def test_keep_bounds_the_generations_kept_in_files_and_in_the_database(
+    where: str, postgres: Any, tmp_path: Path
+) -> None:
+    """[tool.devpool.select] keep = 2: a third recording drops the oldest, the newest stays."""
+    url = database_of(postgres) if where == "database" else ""
+    history = f'history = "{url}"' if url else ""
+    project = {
+        **PROJECT,
+        "pyproject.toml": f"""
+            [tool.pytest.ini_options]
+            pythonpath = ["."]
+
+            [tool.devpool]
+            {history}
+            [tool.devpool.select]
+            keep = 2
+            """,
+    }
+    root = git_project(tmp_path / "x", project)
+    for n in range(3):
+        done = Session(root, tmp_path, f"rec{n}", "--devpool-select", "record")
+        assert done.done.returncode == 0, done.output
+    if url:
+        kept = [row[0] for row in sql(url, GENERATIONS)]
+    else:
+        kept = sorted(p.parent.name for p in root.glob(".devpool/select/*/*/manifest.json"))
+    (newest,) = [e["generation"] for e in done.events if e["type"] == "select_baseline"]
+    assert kept[-1] == newest and len(kept) == 2, kept
+    turn_mul(root)
+    run = Session(root, tmp_path, "on", "--devpool-select", "on")
+    assert run.select["generation"] == kept[-1] and run.ran == MUL | {EIGHT}, run.output

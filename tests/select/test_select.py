@@ -101,6 +101,10 @@ def test_options_table_and_globs() -> None:
         select_options({"select": {"full_on": []}}, "pyproject.toml")
     with pytest.raises(DevpoolError, match="key-packages must be a list of strings"):
         select_options({"select": {"key-packages": "torch"}}, "pyproject.toml")
+    assert select_options({"select": {"keep": 2}}, "p").keep == 2
+    for bad in (0, -1, "3", True, 2.5):
+        with pytest.raises(DevpoolError, match=r"^p: \[tool.devpool.select\] keep must be a whole"):
+            select_options({"select": {"keep": bad}}, "p")
     assert matches("docs/a/b.md", ("*.md",)) and matches("kernels/x.cu", ("kernels/*.cu",))
     assert not matches("src/x.cu", ("kernels/*.cu",))
 

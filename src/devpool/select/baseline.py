@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 import threading
@@ -334,8 +335,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
 class Store:
     """The generations of every bucket under <rootdir>/.devpool/select."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, keep: int = 5) -> None:
         self.path = path
+        self.keep = keep  # generations kept per bucket ([tool.devpool.select] keep)
 
     def write(self, manifest: dict[str, Any], database: Mapping[str, Any]) -> Path:
         """Write one generation: a temporary folder renamed into place, never rewritten."""
@@ -358,16 +360,25 @@ class Store:
             json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8"
         )
         os.rename(tmp, folder / generation)
+        self._drop_oldest(folder)
         return folder / generation
+
+    def _drop_oldest(self, folder: Path) -> None:
+        """All but the newest `keep` generations of a bucket removed (ids sort by time): each
+        renamed aside first, so that a reader finds a whole generation or none."""
+        names = _generations(folder)
+        for name in names[: max(0, len(names) - self.keep)]:
+            aside = folder / f".old-{name}"
+            try:
+                os.rename(folder / name, aside)
+            except OSError:
+                continue  # another run dropped it first
+            shutil.rmtree(aside, ignore_errors=True)
 
     def latest(self, bucket_id: str) -> Path | None:
         """The newest generation of a bucket (ids sort by time); None when it has none."""
         folder = self.path / bucket_id
-        if not folder.is_dir():
-            return None
-        names = sorted(
-            p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
-        )
+        names = _generations(folder) if folder.is_dir() else []
         return folder / names[-1] if names else None
 
     def newest(
@@ -433,6 +444,11 @@ def load_generation(generation: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except OSError as exc:
         raise BaselineProblem(f"baseline {generation.name} cannot be read: {exc}") from None
     return check_generation(manifest_bytes, database_bytes, f"baseline {generation.name}")
+
+
+def _generations(folder: Path) -> list[str]:
+    """A bucket folder's generation ids, the oldest first (ids sort by time)."""
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def check_generation(

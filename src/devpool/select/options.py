@@ -13,6 +13,7 @@ from devpool.errors import DevpoolError, check_keys
 DEFAULT_IGNORE = ("*.md", "*.rst", "docs/*", "LICENSE*", ".gitignore")
 DEFAULT_KEY_PACKAGES = ("pytest",)
 DEFAULT_FULL_ON = ("main", "master", "merge-queue", "schedule")
+DEFAULT_KEEP = 5  # generations kept per bucket (and identity, in a database)
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class SelectOptions:
     key_packages: tuple[str, ...] = DEFAULT_KEY_PACKAGES  # exact versions in the identity
     max_age_days: float = 14.0
     full_on: tuple[str, ...] = DEFAULT_FULL_ON  # where `auto` runs everything and records
+    keep: int = DEFAULT_KEEP  # the newest generations kept, older ones dropped on writing
 
     def ignored(self, rel: str) -> bool:
         """Whether a changed file matches the ignore globs."""
@@ -50,6 +52,11 @@ def select_options(table: Mapping[str, Any], where: str) -> SelectOptions:
         if isinstance(age, bool) or not isinstance(age, (int, float)) or age <= 0:
             raise DevpoolError(f"{where}: [tool.devpool.select] max-age-days must be a number > 0")
         values["max_age_days"] = float(age)
+    if "keep" in section:
+        keep = section["keep"]
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise DevpoolError(f"{where}: [tool.devpool.select] keep must be a whole number >= 1")
+        values["keep"] = keep
     return SelectOptions(**values)
 
 

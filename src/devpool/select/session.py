@@ -35,24 +35,12 @@ from devpool.select.diff import BaselineStore, Current, Selection, select
 from devpool.select.fingerprints import project_rel
 from devpool.select.fleet import JobPart, pool_mark
 from devpool.select.options import SelectOptions
-from devpool.select.place import store_for as store_for
+from devpool.select.place import baseline_store, store_for
 from devpool.select.policy import auto_mode
 from devpool.select.record import DEPS_ATTR
 from devpool.select.tables import expand
 
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
-
-
-def store_of(settings: Settings, root: Path) -> BaselineStore:
-    """Where this run's baselines live: beside a fleet's history in PostgreSQL
-    (--devpool-history=postgresql://…), else in the project's .devpool/select."""
-    from devpool.history.place import HistoryUrl
-
-    if isinstance(settings.history, HistoryUrl):
-        from devpool.select.store_pg import PgStore
-
-        return PgStore(settings.history.url, settings.history.option)
-    return store_for(root)
 
 
 def recording_run(settings: Settings, mode: str) -> str | None:
@@ -105,7 +93,7 @@ class SelectSession:
         if self.mode == "auto":
             self.mode, self.policy = auto_mode(options.full_on, os.environ, config.rootpath)
         self.root = config.rootpath
-        self.store = store_of(settings, self.root)
+        self.store: BaselineStore = baseline_store(settings.history, self.root, options.keep)
         self.selection: Selection | None = None
         self.builder = Builder(self.root, own_folders(self.root, settings, controller.run_dir))
         # A recording spread over jobs (queue, shards): this job's part, and the run's name.

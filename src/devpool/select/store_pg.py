@@ -25,10 +25,11 @@ from typing import Any
 from devpool.database import connect, driver, shown
 from devpool.errors import DevpoolError
 from devpool.select.baseline import BaselineProblem, check_generation, identity_key
+from devpool.select.options import DEFAULT_KEEP
 
 SCHEMA = "devpool_history"
 TABLES = 1  # the version of these tables; a newer devpool's are read by none older
-KEEP = 5  # generations kept per bucket and identity
+KEEP = DEFAULT_KEEP  # generations kept per bucket and identity, unless keep says
 _LOCK = 0x64707365  # pg_advisory_xact_lock key: two runners making the tables at once
 _CREATE = f"""
 CREATE SCHEMA IF NOT EXISTS {SCHEMA};
@@ -91,9 +92,10 @@ def sealed(
 class PgStore:
     """The generations of every bucket in one PostgreSQL database; a connection per use."""
 
-    def __init__(self, url: str, option: str = "--devpool-history") -> None:
+    def __init__(self, url: str, option: str = "--devpool-history", keep: int = KEEP) -> None:
         self.url = url
         self.option = option
+        self.keep = keep  # generations kept per bucket and identity ([tool.devpool.select])
         self.where = shown(url)
         self._kept: Any = None  # the connection a job sends its parts on, for the run
 
@@ -291,14 +293,13 @@ class PgStore:
             raise DevpoolError(f"cannot write a baseline to {self.where}: {_said(exc)}") from None
         return "added"
 
-    @staticmethod
-    def _keep_newest(conn: Any, bucket: str, key: str) -> None:
+    def _keep_newest(self, conn: Any, bucket: str, key: str) -> None:
         table = f"{SCHEMA}.select_generations"
         conn.execute(
             f"DELETE FROM {table} WHERE bucket = %s AND identity = %s AND id NOT IN "
             f"(SELECT id FROM {table} WHERE bucket = %s AND identity = %s "
             "ORDER BY id DESC LIMIT %s)",
-            (bucket, key, bucket, key, KEEP),
+            (bucket, key, bucket, key, self.keep),
         )
 
     # ---- one recording across jobs ---------------------------------------------------------
