@@ -36,3 +36,13 @@ def test_header_says_the_budget_once_and_each_nonsense_variable() -> None:
     lines = budget(8, 4, 4, 0, OMP_NUM_THREADS="abc", MKL_NUM_THREADS="2").header()
     assert lines[0].endswith("yours kept: OMP_NUM_THREADS=abc, MKL_NUM_THREADS=2")
     assert len(lines) == 2 and "OMP_NUM_THREADS='abc' is not a whole number" in lines[1]
+
+
+def test_on_a_ray_cluster_the_nodes_set_the_variables_and_the_header_says_so() -> None:
+    cores = Cores(2, 2)
+    ray = ThreadBudget.of(cores, 8, 2, 8, {"MKL_NUM_THREADS": "3"}, per_node=True)
+    assert ray.env() == {} and ray.env(cpus=2) == {}  # the controller's 2 cores are not a node's
+    (line,) = ray.header()
+    assert line.startswith("devpool: threads: each Ray node's own cores, ")
+    assert "k of its D devices gets cores × k ÷ D" in line and "cpus(n) gets n" in line
+    assert line.endswith("yours kept: MKL_NUM_THREADS=3")

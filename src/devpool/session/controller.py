@@ -108,7 +108,12 @@ class Controller:
         devices = len(inventory.devices)
         self.max_parallel = settings.max_parallel or max(devices, settings.cpu_slots)
         self.threads = ThreadBudget.of(
-            usable_cores(), self.max_parallel, settings.cpu_slots, devices, os.environ
+            usable_cores(),
+            self.max_parallel,
+            settings.cpu_slots,
+            devices,
+            os.environ,
+            per_node=settings.backend == "ray",  # each node's own cores (backends/ray/threads)
         )
         self.host = host_name()
         self.record_path = settings.run_record or self.run_dir / "record.jsonl"

@@ -15,7 +15,20 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-BUDGET_ENV = "DEVPOOL_THREADS"  # run/threads.py sets it beside OMP_NUM_THREADS and its kin
+BUDGET_ENV = "DEVPOOL_THREADS"  # set beside OMP_NUM_THREADS and its kin (run/threads.py)
+
+# Read at load by the libraries a test suite uses: OpenMP (torch's CPU ops, libgomp,
+# libiomp, libomp), the BLAS builds numpy and scipy ship, numexpr, Apple's Accelerate.
+# Here, where the controller (run/threads.py) and a Ray node (backends/ray/threads.py) read
+# them both.
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 # What apply_budget reads: a fork that reads the same as its template needs no resize.

@@ -25,6 +25,7 @@ from typing import Any
 
 from devpool.backends.ray import ports as ray_ports
 from devpool.backends.ray.cluster import import_ray
+from devpool.backends.ray.threads import node_budget
 from devpool.backends.spawn import pytest_process
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import LockDir
@@ -56,6 +57,10 @@ class RankSpec:
     # A rank of a ranks(n) test: the devices it sees (its node's ranks', in rank order)
     # besides its own (claim()); empty: it sees its own.
     visible: tuple[int, ...] = ()
+    # Its thread budget on its node (threads.py): a cpus(n) test's n (0: its share of the
+    # node's cores), and the run's CPU slots, which a CPU-only rank's share counts.
+    cpus: int = 0
+    cpu_slots: int = 1
 
 
 # The file of modules to collect (paths) the controller names in a worker's environment.
@@ -283,8 +288,10 @@ class RankProcess:
 
 
 def node_env(spec: RankSpec, devices: list[int], node_id: str) -> dict[str, str]:
-    """A worker's (or template's) environment on this node: its devices' ids bound."""
+    """A worker's (or template's) environment on this node: its devices' ids bound, its
+    threads its share of this node's cores (threads.py)."""
     env = dict(spec.env)
+    env.update(node_budget(env, spec.count, spec.node_total, spec.cpus, spec.cpu_slots))
     ids = ",".join(str(d) for d in (spec.visible or devices))
     env["DEVPOOL_DEVICES"] = ids
     env["DEVPOOL_RAY_NODE_ID"] = node_id

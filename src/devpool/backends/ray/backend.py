@@ -204,6 +204,7 @@ class RayBackend(NodeForks):
             ship_code=ship,
             node_total=node_total,
             lists=shipped_lists(env, self.cwd) if ship else {},
+            cpu_slots=self.settings.cpu_slots,
         )
 
     # ---- one worker's life ------------------------------------------------------------------
@@ -338,6 +339,7 @@ class RayBackend(NodeForks):
                     if rank.rank > 0
                     else None,
                     template=self._template_path(worker, rank.node_id),
+                    cpus=request.cpus,
                 )
             )
         if layout.torchrun:
