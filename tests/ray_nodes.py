@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import pytest
@@ -37,17 +37,21 @@ def _free_port() -> int:
 
 
 @contextmanager
-def two_node_cluster(dashboard: bool = False) -> Iterator[Cluster]:
+def two_node_cluster(
+    dashboard: bool = False, second_env: Mapping[str, str] | None = None
+) -> Iterator[Cluster]:
     """Two Ray nodes on 127.0.0.1, 4 NPU each; stopped through its own API. With
     ``dashboard`` the head serves Ray's dashboard, and so its state API, on a free
-    loopback port."""
+    loopback port. ``second_env``: variables of the second node's processes alone (its
+    raylet's, so its actors' too), e.g. a cgroup root that gives it fewer cores."""
     head: dict[str, object] = {"num_cpus": 1, "resources": dict(NODE_RESOURCES)}
     if dashboard:
         head.update(include_dashboard=True, dashboard_host="127.0.0.1")
         head["dashboard_port"] = _free_port()
     started = Cluster(initialize_head=True, head_node_args=head)
     try:
-        started.add_node(num_cpus=1, resources=dict(NODE_RESOURCES))
+        extra = {"env_vars": dict(second_env)} if second_env else {}
+        started.add_node(num_cpus=1, resources=dict(NODE_RESOURCES), **extra)
         started.wait_for_nodes()
         yield started
     finally:
