@@ -146,3 +146,16 @@ def test_a_ray_node_actor_imports_no_pytest() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_no_two_test_modules_share_a_basename() -> None:
+    """Test folders have no __init__.py: pytest imports each test module by its basename, and
+    a second file of the same name stops the whole suite's collection ("import file
+    mismatch"), which a run of one folder never shows."""
+    tests = Path(__file__).resolve().parent
+    seen: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("*.py")):
+        plain = path.name != "conftest.py" and "__pycache__" not in path.parts  # pytest's own
+        if plain and not (path.parent / "__init__.py").exists():
+            seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}
