@@ -108,6 +108,7 @@ def test_devpool_select_reads_the_database_and_shape_the_project_configures(
     run = Session(second, tmp_path, "on", "--devpool-select", "on", "--devices", "sim:0-7")
     same_as_the_run(said, run, url)
     assert selected(said) == MUL
+    assert "runner shape sim with 8 devices ([tool.devpool] devices)" in said.stdout, said.stdout
 
 
 def test_baselines_move_from_a_database_to_files_and_to_another_database(
@@ -140,13 +141,17 @@ def test_baselines_move_from_a_database_to_files_and_to_another_database(
     from_files = Session(second, tmp_path, "files", *on)
     assert from_files.select["full_run"] is False and from_files.ran == MUL, from_files.output
 
-    # a database that recorded since keeps its newer baseline: the import does not hide it
-    again = Session(first, tmp_path, "newer", f"--devpool-history={other}", "--devpool-select",
+    # a database that recorded since the archive was made keeps its newer baseline
+    third = database_of(postgres)
+    again = Session(first, tmp_path, "newer", f"--devpool-history={third}", "--devpool-select",
                     "record", "--devices", "sim:0-7")  # fmt: skip
-    assert again.done.returncode == 0, again.output
-    done = devpool(first, "select", "import", str(archive), f"--devpool-history={other}")
-    assert done.returncode == 0 and "is already in" in done.stdout, done.stdout
-    assert sql(other, GENERATIONS)[-1][0] not in names
+    (newer,) = [e["generation"] for e in again.events if e["type"] == "select_baseline"]
+    done = devpool(first, "select", "import", str(archive), f"--devpool-history={third}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("not imported: ") == 1 and "has a newer one" in done.stdout
+    assert done.stdout.count("imported baseline") == 1  # the 2-device one: none newer there
+    run = Session(second, tmp_path, "third", f"--devpool-history={third}", *on)
+    assert run.select["generation"] == newer and run.ran == MUL, run.output
 
 
 def test_the_select_commands_name_a_bad_database_or_shape_in_one_sentence(
@@ -159,12 +164,26 @@ def test_the_select_commands_name_a_bad_database_or_shape_in_one_sentence(
         ("select", f"--devpool-history={url}", "--devices", "sim"): "--devices sim names no",
         ("select", "export", "a.tar.gz", f"--devpool-history={url}"): "no baseline for any",
         ("select", "import", "none.tar.gz", f"--devpool-history={url}"): "none.tar.gz: no such",
+        ("select", "merge", f"--devpool-history={url}", "--devpool-queue-run=q-1"): "not in shards",
     }
+    # a queue run's parts, never published: merge is for shards, and says so
+    from devpool.select.fleet import pack_part, pool_mark
+
+    entry = {"outcome": "passed", "devices": 0, "recorded": True, "blocks": {}, "files": {}}
+    PgStore(url).send_parts("q-1", pack_part(root, {"tests/t.py::t": entry}, pool_mark("sim", 2)))
     for args, said in cases.items():
         done = devpool(root, *args)
         assert done.returncode == 4, done.stdout + done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and said in lines[0], done.stderr
+    recorded = Session(root, tmp_path, "rec", f"--devpool-history={url}", "--devpool-select",
+                       "record")  # fmt: skip
+    assert recorded.done.returncode == 0, recorded.output
+    folder_missing = devpool(root, "select", "export", str(tmp_path / "no" / "a.tar.gz"),
+                             f"--devpool-history={url}")  # fmt: skip
+    assert folder_missing.returncode == 4, folder_missing.stdout + folder_missing.stderr
+    assert folder_missing.stderr.startswith("devpool: error: cannot export to ")
+    assert len(folder_missing.stderr.strip().splitlines()) == 1
     (root / "junk.tar.gz").write_bytes(b"not a tar")
     done = devpool(root, "select", "import", "junk.tar.gz", f"--devpool-history={url}")
     assert done.returncode == 4 and "is not a devpool baseline export" in done.stderr, done
@@ -207,3 +226,30 @@ def test_keep_bounds_the_generations_kept_in_files_and_in_the_database(
     turn_mul(root)
     run = Session(root, tmp_path, "on", "--devpool-select", "on")
     assert run.select["generation"] == kept[-1] and run.ran == MUL | {EIGHT}, run.output
+
+
+def test_a_generation_a_selective_queue_run_pinned_outlives_keep(
+    postgres: Any, tmp_path: Path
+) -> None:
+    """A pull request's queue run selects from the generation its first job chose; the merge
+    queue recording twice meanwhile, with keep = 1, drops it only once the run is over."""
+    url = database_of(postgres)
+    root = git_project(tmp_path / "x", PROJECT)
+    store = PgStore(url, keep=1)
+    record = ("--devpool-history=" + url, "--devpool-select", "record")
+    first = Session(root, tmp_path, "rec1", *record)
+    rows = sql(url, "SELECT bucket, identity, generation FROM devpool_history.select_generations")
+    ((bucket, key, generation),) = rows
+    assert first.done.returncode == 0 and store.newest(bucket, key, pin="pr-1")[0] == generation
+    manifest = json.loads(store.generation(generation)[1])
+    empty = {"blocks": [], "files": [], "libs": [], "tests": {}}
+    for _ in range(2):  # two recordings meanwhile; keep = 1
+        store.write(manifest, empty)
+    assert store.newest(bucket, key, pin="pr-1")[0] == generation  # the run's jobs still see it
+    assert store.newest(bucket, key)[0] != generation  # a new run sees the newest
+    kept = {row[0] for row in sql(url, GENERATIONS)}
+    assert len(kept) == 2 and generation in kept
+    # the run is over (its row forgotten): the next recording keeps `keep` only
+    sql(url, "UPDATE devpool_history.select_runs SET made = now() - interval '2 days'")
+    store.write(manifest, empty)
+    assert len(sql(url, GENERATIONS)) == 1

@@ -38,7 +38,7 @@ from devpool.select.identity import VERSION_FILES as VERSION_FILES
 from devpool.select.identity import identity as identity
 from devpool.select.identity import identity_key as identity_key
 from devpool.select.identity import toolkits as toolkits
-from devpool.select.options import SelectOptions
+from devpool.select.options import DEFAULT_KEEP, SelectOptions
 
 SCHEMA = 1
 MANIFEST, DATABASE = "manifest.json", "deps.json"
@@ -335,7 +335,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 class Store:
     """The generations of every bucket under <rootdir>/.devpool/select."""
 
-    def __init__(self, path: Path, keep: int = 5) -> None:
+    def __init__(self, path: Path, keep: int = DEFAULT_KEEP) -> None:
         self.path = path
         self.keep = keep  # generations kept per bucket ([tool.devpool.select] keep)
 

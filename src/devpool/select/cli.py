@@ -118,7 +118,8 @@ def _shape(project: Project, bucket: Bucket, ident: Any, devices: str | None) ->
 
     if not isinstance(project.store, PgStore):
         return (None, None), ""
-    wanted = _spec_shape(devices or project.table.get("devices"), bool(devices))
+    configured = project.table.get("devices")
+    wanted = _spec_shape(devices or configured, bool(devices))
     try:
         rows = project.store.shapes(bucket.id)
     except DevpoolError:
@@ -130,14 +131,16 @@ def _shape(project: Project, bucket: Bucket, ident: Any, devices: str | None) ->
             ours.append(shape)
     if rows and not ours:
         return wanted, (
-            f"{counted(len(rows), 'generation')} of this bucket in {project.store.where}, none "
-            "recorded with this machine's Python, key packages and drivers"
+            f"this bucket's baselines in {project.store.where} were all recorded with another "
+            "Python, other key packages or drivers than this machine's"
         )
     chosen = wanted if wanted != (None, None) else (ours[0] if ours else wanted)
     others = [_shape_words(shape) for shape in ours if shape != chosen]
     if not others:
         return chosen, ""
-    how = "--devices" if devices else "the newest recorded"
+    how = "the newest recorded"
+    if wanted != (None, None):
+        how = "--devices" if devices else "[tool.devpool] devices"
     return chosen, (
         f"runner shape {_shape_words(chosen)} ({how}); {project.store.where} also has "
         f"{', '.join(others)} (choose with --devices)"
@@ -151,7 +154,10 @@ def _spec_shape(spec: Any, named: bool) -> Shape:
 
     name, colon, ids = str(spec or "").strip().partition(":")
     if name and colon:
-        return name, len(parse_ids(ids))
+        try:
+            return name, len(parse_ids(ids))
+        except DevpoolError as exc:
+            raise DevpoolError(f"--devices {spec}: {exc}") from None
     if named:
         raise DevpoolError(
             f"--devices {spec} names no device ids; devpool select needs PLATFORM:IDS "
@@ -169,8 +175,11 @@ def _export(args: argparse.Namespace) -> int:
     project = Project(cwd, args.history)
     named = bool(args.paths or args.markexpr or args.keyword)
     bucket = _bucket(args, project.root, cwd) if named else None
-    chosen = _chosen(project.store, bucket)
-    write_archive(chosen, Path(args.archive))
+    try:
+        chosen = _chosen(project.store, bucket)
+        write_archive(chosen, Path(args.archive))
+    except OSError as exc:  # a folder that is not there, a generation a recording dropped
+        raise DevpoolError(f"cannot export to {args.archive}: {exc.strerror or exc}") from None
     for name, manifest, _ in chosen:
         words = manifest_words(json.loads(manifest)) if manifest else "?"
         print(f"devpool select: exported baseline {name} ({words}) to {args.archive}")

@@ -91,8 +91,14 @@ def _from_database(store: PgStore, run: str) -> tuple[dict[str, Any], dict[str, 
     parts: dict[tuple[int, int], Any] = {}
     tests, marks = unpack_parts(store.parts(run))
     for mark, manifest in marks.items():
-        index, _, total = mark[len(SHARD_MARK) :].partition("/")
-        parts[(int(index), int(total))] = manifest
+        if mark.startswith(SHARD_MARK):  # a queue recording's jobs mark their runner shape
+            index, _, total = mark[len(SHARD_MARK) :].partition("/")
+            parts[(int(index), int(total))] = manifest
+    if tests and not parts:
+        raise DevpoolError(
+            f"run {run!r} in {store.where} was recorded through the queue, not in shards: "
+            "its last job publishes it"
+        )
     return merged(parts, tests, f"run {run!r} in {store.where}")
 
 

@@ -30,6 +30,9 @@ from devpool.select.options import DEFAULT_KEEP
 SCHEMA = "devpool_history"
 TABLES = 1  # the version of these tables; a newer devpool's are read by none older
 KEEP = DEFAULT_KEEP  # generations kept per bucket and identity, unless keep says
+# A selective queue run's jobs select from the generation its first job pinned: kept, however
+# many are recorded meanwhile, for this long; a run's row is forgotten after it.
+PINNED = "interval '1 day'"
 _LOCK = 0x64707365  # pg_advisory_xact_lock key: two runners making the tables at once
 _CREATE = f"""
 CREATE SCHEMA IF NOT EXISTS {SCHEMA};
@@ -56,6 +59,7 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.select_runs (
     bucket TEXT NOT NULL,
     generation TEXT,
     published BOOLEAN NOT NULL DEFAULT false,
+    made TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (run, bucket)
 );
 CREATE TABLE IF NOT EXISTS {SCHEMA}.select_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -221,6 +225,9 @@ class PgStore:
         """One sealed generation, and its bucket and identity trimmed to the newest KEEP."""
         bucket = str(full["bucket"]["id"])
         key = identity_key(bucket, full.get("platform"), full["shape"]["pool"], full["identity"])
+        # One writer of a bucket and identity at a time: an import's "is there a newer one"
+        # and its insert see no recording publish between them (the lock is re-entrant).
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (key,))
         conn.execute(
             f"INSERT INTO {SCHEMA}.select_generations (generation, bucket, identity, manifest, "
             "deps) VALUES (%s, %s, %s, %s, %s)",
@@ -294,11 +301,16 @@ class PgStore:
         return "added"
 
     def _keep_newest(self, conn: Any, bucket: str, key: str) -> None:
+        """All but the newest `keep` of a bucket and identity dropped, but for a generation a
+        queue run still selecting from pinned; runs' rows older than PINNED forgotten."""
         table = f"{SCHEMA}.select_generations"
+        runs = f"{SCHEMA}.select_runs"
+        conn.execute(f"DELETE FROM {runs} WHERE made < now() - {PINNED}")
         conn.execute(
             f"DELETE FROM {table} WHERE bucket = %s AND identity = %s AND id NOT IN "
             f"(SELECT id FROM {table} WHERE bucket = %s AND identity = %s "
-            "ORDER BY id DESC LIMIT %s)",
+            "ORDER BY id DESC LIMIT %s) AND generation NOT IN "
+            f"(SELECT generation FROM {runs} WHERE NOT published AND generation IS NOT NULL)",
             (bucket, key, bucket, key, self.keep),
         )
 
