@@ -1,10 +1,12 @@
 """The thread budget on a real two-node Ray cluster on loopback: each test's threads are
 its share of its own node's cores, not the controller's (backends/ray/threads.py).
 
-The second node's processes read a cgroup root that gives them one core, so the two
-nodes differ and the expected value of every test comes from its node's own cores: a
-test holding k of a node's 4 devices gets cores × k ÷ 4, a CPU test cores ÷ (4 + the
-CPU slots), a cpus(2) test 2, on whichever node Ray put it. The templates the ranks fork
+The second node's processes read a cgroup root that gives them one core, and the
+expected value of every test comes from its node's own cores: a test holding k of a
+node's 4 devices gets cores × k ÷ (4 + the CPU slots), a CPU test cores ÷ (4 + the CPU
+slots), a cpus(2) test 2, on whichever node Ray put it. (On a host of 2 cores every
+share is 1: that a node's own cores count, not the controller's, is shown in
+tests/backends/test_ray_node_budget.py with a 128-core node.) The templates the ranks fork
 from are sized the same way, and a variable the user set on the controller is kept.
 """
 
@@ -104,9 +106,9 @@ def node_cores(cluster: Cluster, one_core: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def share(cores: int, devices: int) -> int:
-    if devices:
-        return max(1, cores * devices // NODE_NPU)
-    return max(1, cores // (NODE_NPU + CPU_SLOTS))
+    """A node runs its NODE_NPU device tests and the CPU slots at once: each test's share of
+    its cores, by the devices it holds (a CPU test one share)."""
+    return max(1, cores * max(1, devices) // (NODE_NPU + CPU_SLOTS))
 
 
 def test_each_test_gets_its_share_of_its_own_nodes_cores(
@@ -132,7 +134,7 @@ def test_each_test_gets_its_share_of_its_own_nodes_cores(
     header = [line for line in result.outlines if line.startswith("devpool: threads:")]
     assert header == [
         "devpool: threads: each Ray node's own cores, a test holding k of its D devices gets "
-        "cores × k ÷ D, a CPU test cores ÷ (D + cpu slots); cpus(n) gets n; "
+        "cores × k ÷ (D + cpu slots), a CPU test cores ÷ (D + cpu slots); cpus(n) gets n; "
         "yours kept: MKL_NUM_THREADS=3"
     ]
     seen = {path.stem.rsplit("-", 1)[0]: json.loads(path.read_text()) for path in out.iterdir()}

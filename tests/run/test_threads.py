@@ -44,5 +44,6 @@ def test_on_a_ray_cluster_the_nodes_set_the_variables_and_the_header_says_so() -
     assert ray.env() == {} and ray.env(cpus=2) == {}  # the controller's 2 cores are not a node's
     (line,) = ray.header()
     assert line.startswith("devpool: threads: each Ray node's own cores, ")
-    assert "k of its D devices gets cores × k ÷ D" in line and "cpus(n) gets n" in line
+    assert "k of its D devices gets cores × k ÷ (D + cpu slots)" in line
+    assert "cpus(n) gets n" in line
     assert line.endswith("yours kept: MKL_NUM_THREADS=3")

@@ -72,7 +72,8 @@ class ThreadBudget:
         if self.per_node:
             line = (
                 "devpool: threads: each Ray node's own cores, a test holding k of its D "
-                "devices gets cores × k ÷ D, a CPU test cores ÷ (D + cpu slots); cpus(n) gets n"
+                "devices gets cores × k ÷ (D + cpu slots), a CPU test cores ÷ (D + cpu slots); "
+                "cpus(n) gets n"
             )
         line += f"; yours kept: {kept}" if kept else f"; in {THREAD_VARIABLES[0]} and its kin"
         lines = [line]

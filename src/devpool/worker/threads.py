@@ -32,7 +32,13 @@ THREAD_VARIABLES = (
 
 
 # What apply_budget reads: a fork that reads the same as its template needs no resize.
-_VARIABLES = (BUDGET_ENV, "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_VARIABLES = (
+    BUDGET_ENV,
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+)
 
 
 def sized_as(environ: Mapping[str, str]) -> tuple[str | None, ...]:
@@ -57,7 +63,14 @@ def apply_budget() -> None:
     if budget is None:
         return
     openmp = _count("OMP_NUM_THREADS") or budget
-    blas = _count("OPENBLAS_NUM_THREADS") or _count("MKL_NUM_THREADS") or openmp
+    # Each BLAS by its own variable, else OMP_NUM_THREADS, as the libraries read them: a
+    # user's MKL_NUM_THREADS=3 stays 3 while devpool's budget sizes OpenBLAS.
+    limits = {
+        "openmp": openmp,
+        "mkl": _count("MKL_NUM_THREADS") or openmp,
+        "openblas": _count("OPENBLAS_NUM_THREADS") or openmp,
+        "blis": _count("BLIS_NUM_THREADS") or openmp,
+    }
     torch: Any = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "set_num_threads"):
         try:
@@ -68,11 +81,15 @@ def apply_budget() -> None:
     if not _loaded_native_pools():
         return
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import ThreadpoolController
     except ImportError:  # an optional resize: the variables still reach new processes
         return
     with contextlib.suppress(Exception):  # a library threadpoolctl cannot drive: leave it
-        threadpool_limits(limits={"openmp": openmp, "blas": blas})
+        loaded = ThreadpoolController()  # one scan of the loaded libraries
+        for api, size in limits.items():
+            pools = loaded.select(internal_api=api)
+            if pools.lib_controllers:
+                pools.limit(limits=size)
 
 
 def _loaded_native_pools() -> bool:

@@ -314,6 +314,9 @@ class RayBackend(NodeForks):
         port = ports[0] if ports else 0
         master = worker.ranks[0].address if n > 1 else "127.0.0.1"
         totals = {node.node_id: node.count for node in self.nodes}
+        if any(rank.node_id not in totals for rank in worker.ranks):  # a node joined since
+            self.nodes = alive_nodes(self.resource)
+            totals = {node.node_id: node.count for node in self.nodes}
         ship = self.settings.ray_ship_code
         layout = Layout.of(request)
         specs = []

@@ -3,11 +3,12 @@
 The controller's cores say nothing of a node's: a run driven from a 2-core CI box would
 give every test on a 128-core, 8-device node one thread. So on a cluster the controller
 sets no thread variable (run/threads.py) and each node's actor sizes the budget of the
-ranks and templates it starts from the cores it may use there (devices/cores.py): a rank
-holding k of the node's D devices gets cores × k ÷ D threads; a CPU-only rank, which runs
-beside the node's device tests as on a host, cores ÷ (D + the run's CPU slots); at least
-one either way. A cpus(n) test gets n. A thread variable already in the environment was
-set by the user on the controller, and is kept.
+ranks and templates it starts from the cores it may use there (devices/cores.py), divided
+as on a host among the tests that may run there at once, its D device tests and the run's
+CPU slots: a rank holding k of the node's devices gets cores × k ÷ (D + CPU slots) threads,
+a CPU-only rank cores ÷ (D + CPU slots); at least one either way. A cpus(n) test gets n.
+A thread variable already in the environment was set by the user on the controller, and
+is kept.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from devpool.worker.threads import BUDGET_ENV, THREAD_VARIABLES
 
 def node_share(cores: int, devices: int, node_devices: int, cpu_slots: int) -> int:
     """Threads for a rank holding `devices` of its node's `node_devices` (0: CPU-only)."""
-    if devices and node_devices:
-        return max(1, cores * min(devices, node_devices) // node_devices)
-    return max(1, cores // max(1, node_devices + cpu_slots))
+    at_once = max(1, node_devices + cpu_slots)
+    return max(1, cores * max(1, min(devices, node_devices)) // at_once)
 
 
 def node_budget(
