@@ -38,6 +38,7 @@ SCHEMA = 1
 ASK_SECONDS = 2.0
 RETRY_SECONDS = 10.0
 STATE_TIMEOUT = 5  # seconds one call of Ray's state API may take
+DASHBOARD_WAIT = 30  # seconds a cluster still starting may take to register its dashboard
 CONNECT_TIMEOUT = 2.0  # seconds to reach the cluster's GCS port before asking Ray
 LIMIT = 10_000  # nodes or actors listed per call (Ray's default is 100)
 RANK_CLASS = "RankProcess"  # backends/ray/actor.py: the class of every devpool rank actor
@@ -85,18 +86,26 @@ def ask_state_api(address: str) -> tuple[list[dict[str, Any]], list[dict[str, An
             "the Ray view needs Ray in devpool serve's environment: "
             "pip install '/path/to/devpool[ray]'"
         ) from None
-    nodes = state.list_nodes(
-        address=address, limit=LIMIT, timeout=STATE_TIMEOUT, raise_on_missing_output=False
-    )
-    actors = state.list_actors(
-        address=address,
-        filters=[("class_name", "=", RANK_CLASS), ("state", "!=", "DEAD")],
-        limit=LIMIT,
-        detail=True,  # required_resources is a detail
-        timeout=STATE_TIMEOUT,
-        raise_on_missing_output=False,
-    )
-    return [dataclasses.asdict(n) for n in nodes], [dataclasses.asdict(a) for a in actors]
+    deadline = time.monotonic() + DASHBOARD_WAIT
+    while True:
+        try:
+            nodes = state.list_nodes(
+                address=address, limit=LIMIT, timeout=STATE_TIMEOUT, raise_on_missing_output=False
+            )
+            actors = state.list_actors(
+                address=address,
+                filters=[("class_name", "=", RANK_CLASS), ("state", "!=", "DEAD")],
+                limit=LIMIT,
+                detail=True,  # required_resources is a detail
+                timeout=STATE_TIMEOUT,
+                raise_on_missing_output=False,
+            )
+        except ConnectionError as exc:  # the head's dashboard not registered in the GCS yet
+            if time.monotonic() > deadline:
+                raise DevpoolError(f"Ray at {address} answers no state query: {exc}") from None
+            time.sleep(0.5)
+            continue
+        return [dataclasses.asdict(n) for n in nodes], [dataclasses.asdict(a) for a in actors]
 
 
 def ask_waiting(address: str) -> list[dict[str, Any]]:
