@@ -14,12 +14,20 @@ from sessions import PRELUDE, events, run
 SLOW = """
 import os
 
+def ended(path):
+    # The tests the run record has as ended so far (the controller writes them as they end).
+    lines = path.read_text().splitlines() if path.exists() else []
+    events = [json.loads(line) for line in lines if line.endswith("}")]
+    return {e["nodeid"] for e in events if e["type"] == "job_end"}
+
+
 def test_slow_failure():
-    # Under devpool it ends after the later files' tests (plain pytest runs it first).
-    if os.environ.get("WAIT_FOR_OTHERS"):
-        deadline = time.monotonic() + 30
-        while len(list(OUT.glob("*.json"))) < 4 and time.monotonic() < deadline:
-            time.sleep(0.02)
+    # Under devpool it ends after the later files' failing tests (plain pytest runs it
+    # first): it waits until the run record has them ended, not only started.
+    record_file = os.environ.get("WAIT_FOR_OTHERS")
+    if record_file:
+        others = {"test_b.py::test_fails_fast", "test_c.py::test_fails_fast"}
+        wait_until(lambda: others <= ended(Path(record_file)), "the others' failures")
     assert "slow" == "fast"
 
 def test_passes_first():
@@ -86,7 +94,7 @@ def test_summaries_list_tests_in_collection_order(
     for path in out.glob("*.json"):
         path.unlink()
 
-    monkeypatch.setenv("WAIT_FOR_OTHERS", "1")
+    monkeypatch.setenv("WAIT_FOR_OTHERS", str(pytester.path / "record.jsonl"))
     result = run(
         pytester,
         lock,
