@@ -59,6 +59,9 @@ NEEDS: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     "tests/test_benchmark_guard.py::test_devpool_stays_faster_than_xdist": CPUS_2,
     "tests/e2e/test_concurrent_runs.py": CPUS_2,
     "tests/e2e/test_fault_matrix.py": CPUS_2,
+    # They measure a test's CPU load: another test on the other core moves it past their bounds.
+    "tests/e2e/test_cpu_slots.py": CPUS_2,
+    "tests/worker/test_cpu_load.py": CPUS_2,
     # Its module fixture runs every row's command at once: once, in one worker.
     "tests/e2e/test_bad_input.py::test_a_mistake_gets_one_sentence": (pytest.mark.dependency(),),
     "tests/e2e/test_ray.py": ONE_CLUSTER,
