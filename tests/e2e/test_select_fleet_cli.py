@@ -160,7 +160,7 @@ def test_the_select_commands_name_a_bad_database_or_shape_in_one_sentence(
     url = database_of(postgres)
     root = git_project(tmp_path / "x", PROJECT)
     cases = {
-        ("select", "--devpool-history=mysql://h/db"): "--devpool-history mysql://h/db: expected",
+        ("select", "--devpool-history=mysql://h/db"): "--devpool-history must be a file",
         ("select", f"--devpool-history={url}", "--devices", "sim"): "--devices sim names no",
         ("select", "export", "a.tar.gz", f"--devpool-history={url}"): "no baseline for any",
         ("select", "import", "none.tar.gz", f"--devpool-history={url}"): "none.tar.gz: no such",

@@ -19,13 +19,9 @@ if TYPE_CHECKING:
 
 
 def _spec(text: str, option: str) -> HistorySpec:
-    from devpool.database import shown
-    from devpool.history.place import history_spec
+    from devpool.history.place import named_history
 
-    try:
-        return history_spec(text, option)
-    except ValueError as exc:
-        raise DevpoolError(f"{option} must be {exc}, got {shown(text)!r}") from None
+    return named_history(text, option)
 
 
 def _history_path(args: argparse.Namespace) -> tuple[HistorySpec, bool]:

@@ -48,6 +48,15 @@ def history_spec(value: str | Path, option: str = "--devpool-history") -> Histor
     return HistoryUrl(text, option)
 
 
+def named_history(text: str, option: str) -> HistorySpec:
+    """A history a user named on a command line or in a config: history_spec, its mistake
+    one sentence naming the option (a URL shown without its password)."""
+    try:
+        return history_spec(text, option)
+    except ValueError as exc:
+        raise DevpoolError(f"{option} must be {exc}, got {shown(text)!r}") from None
+
+
 def open_history(spec: HistorySpec, read_only: bool = False) -> SqlHistory:
     """The history a spec names, opened (and made, unless read_only); DevpoolError when it
     cannot be, in one sentence."""

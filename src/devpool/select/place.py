@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from devpool.config import check_tables, read_table
-from devpool.errors import DevpoolError
 from devpool.folders import devpool_dir
 from devpool.project import find_pyproject
 from devpool.select.baseline import Store
@@ -31,7 +30,7 @@ class Project:
     command's --devpool-history, else [tool.devpool] history)."""
 
     def __init__(self, cwd: Path, history: str | None = None) -> None:
-        from devpool.history.place import history_spec
+        from devpool.history.place import named_history
 
         pyproject = find_pyproject(cwd)
         self.root = pyproject.parent if pyproject is not None else cwd
@@ -39,10 +38,7 @@ class Project:
         check_tables(self.table, str(pyproject))  # every [tool.devpool…] table, as a run does
         self.options: SelectOptions = select_options(self.table, str(pyproject))
         text = history or self.table.get("history")
-        try:
-            spec = history_spec(str(text)) if text else None
-        except ValueError as exc:
-            raise DevpoolError(f"--devpool-history {text}: expected {exc}") from None
+        spec = named_history(str(text), "--devpool-history") if text else None
         self.store = baseline_store(spec, self.root, self.options.keep)
 
 

@@ -303,8 +303,9 @@ class SelectSession:
         from devpool.select.store_pg import PgStore
 
         if isinstance(self.store, PgStore) and self.run is not None:
-            inventory = self.controller.inventory
-            self.part.marks = pool_mark(inventory.platform.name, len(inventory.devices))
+            if not self.part.marks:  # this job's runner shape, said with every batch
+                inventory = self.controller.inventory
+                self.part.marks = pool_mark(inventory.platform.name, len(inventory.devices))
             self.part.send(self.store, self.run)
 
     def _publish_queue_run(self, run: str) -> str | None:
