@@ -29,6 +29,7 @@ from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.endings import Endings
 from devpool.run.health import FOREIGN_RETRY, DeviceHealth, Foreign
+from devpool.run.leaks import Leaks
 from devpool.run.memory_watch import MemoryWatches
 from devpool.run.placing import Placing
 from devpool.run.pool import Slot, WorkerPool
@@ -102,6 +103,8 @@ class Loop:
             source,
         )
         self.renamed: set[str] = set()  # tests a worker collected under another parametrize id
+        self.leaks = Leaks(ctx, self.say, backend.local_leases)
+        self.pool.leaks = self.leaks
 
     @property
     def ended(self) -> dict[str, int]:
@@ -162,6 +165,7 @@ class Loop:
             self.placing.leave()
             self.health.close()
             self.pool.shutdown()
+            self.leaks.close()
             self.warned.finish()
             # Back in the collector's sight before plugins' summaries run: frozen objects
             # are no referrers to gc.get_referrers, and e.g. hypothesis's register_random
@@ -283,6 +287,8 @@ class Loop:
                 self._finished(slot, attempt)
                 location = tuple(message["location"])
                 self.hook.pytest_runtest_logfinish(nodeid=attempt.display, location=location)
+        elif event == "leak":
+            self._leak(slot, message)
         elif event == "warning":
             self._warning(slot, message)
         elif event == "renamed":
@@ -310,6 +316,16 @@ class Loop:
                 self.endings.requeue(slot, attempt, why, not trimmed)
             slot.sent = []
             self._job_done(slot)
+
+    def _leak(self, slot: Slot, message: dict[str, Any]) -> None:
+        """What a test left in its worker, ended there (worker/leaks.py); a worker that
+        could not be made clean again is retired after this test."""
+        attempt = slot.current
+        if attempt is not None and attempt.nodeid != message.get("nodeid"):
+            attempt = None  # a wider fixture's, found at its teardown
+        self.leaks.reported(attempt, message, list(slot.worker.devices))
+        if message.get("ended") in ("retired", "not permitted"):
+            slot.dirty = True
 
     def _warning(self, slot: Slot, message: dict[str, Any]) -> None:
         """A warning a test raised in its worker: for pytest's warnings summary and count."""
@@ -408,6 +424,7 @@ class Loop:
             self.placing.spawn(placement, time.monotonic())
 
     def _tend_health(self, now: float) -> None:
+        self.health.retired += self.leaks.take_stuck()  # a leftover we may not end sees them
         self.health.poll(now)
         self.health.start_checks(self.pool.all_devices(), now)
         if self.health.retired:

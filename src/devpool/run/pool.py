@@ -27,7 +27,9 @@ from devpool.plan.scheduler import Placement
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.host_leases import host_env, stamp
+from devpool.run.leaks import Leaks
 from devpool.run.warm import Warm, device_env, template_kind
+from devpool.worker import leaks
 
 STACKS_WAIT = 0.5  # seconds given to faulthandler to write the stacks before SIGTERM
 STOP_GRACE = 10.0  # seconds a worker told to stop has before it is killed
@@ -100,6 +102,7 @@ class WorkerPool:
         self.modules_for, self.modules_of_size = _module_lists(ctx, plan)
         # Device and CPU workers fork from a warm template of their kind (run/warm.py).
         self.warm = Warm(ctx, backend, plan, self.modules_of_size)
+        self.leaks: Leaks | None = None  # the run's leak sweeps (run/leaks.py), set by the loop
 
     # ---- what is held ---------------------------------------------------------------------
 
@@ -125,6 +128,9 @@ class WorkerPool:
             if self.ctx.inventory.platform.kind == "sim":
                 memory_file = self.ctx.log_dir / f"memory-{job.id}-{job.attempt}.json"
                 env[memory.SIM_MEMORY_FILE] = str(memory_file)
+        if placement.devices and self.ctx.inventory.platform.kind == "sim":
+            # What a sim worker keeps allocated between tests (worker/leaks.py's model).
+            env[leaks.SIM_HELD_ENV] = str(self.ctx.log_dir / f"held-{job.id}-{job.attempt}.json")
         env.update(host_env(lease))  # DEVPOOL_PORTS, MASTER_ADDR/PORT (run/host_leases.py)
         if job.shape and isinstance(self.backend, LocalBackend):  # Ray places its own ranks
             worker = self._group(placement.devices, lease, env, job)
@@ -343,6 +349,10 @@ class WorkerPool:
         # the loop does not wait for the template's word (backends/local.py).
         code = self.backend.reap(worker, 0.0 if asked and self.forks is not None else 5.0)
         worker.signal_group(signal.SIGKILL)  # nothing the test started may outlive it
+        if self.leaks is not None and not (asked and code == 0):
+            # It died without ending what its tests left (it would have): those left its
+            # group too. They end before its devices and ports go to another test.
+            self.leaks.sweep(slot.current, list(worker.devices))
         if worker.lease is not None:
             worker.lease.release()
         self.slots.pop(worker.key, None)

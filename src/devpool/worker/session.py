@@ -20,7 +20,7 @@ from devpool import compat
 from devpool.devices import memory
 from devpool.devices.probes import report_text
 from devpool.history import preload
-from devpool.worker import capture, cpu_load, native_threads, protocol, warned, worklist
+from devpool.worker import capture, cpu_load, leaks, native_threads, protocol, warned, worklist
 from devpool.worker import template as forkserver
 
 # Options that select or stop tests belong to the controller alone: the worker must be
@@ -134,6 +134,10 @@ class WorkerSession:
         self.culprit: str | None = None
         self.once = warned.OnceWarnings()  # warnings plain pytest shows once per run
         config.pluginmanager.register(self.once, "devpool-once-warnings")
+        # What each test leaves behind (processes, threads, device memory): worker/leaks.py.
+        self.leaks = leaks.LeakWatch()
+        if self.leaks.active:
+            config.pluginmanager.register(self.leaks, "devpool-leaks")
 
     def _exit_forked(self) -> None:
         """A forked worker ends here, once pytest and the plugins are done: the atexit
@@ -293,9 +297,9 @@ class WorkerSession:
         if self.selected is not None:
             session.items[:] = worklist.restrict(self.collected, session.items, self.selected)
 
-    def send(self, message: protocol.Message) -> None:
+    def send(self, *messages: protocol.Message) -> None:
         held, self._held = self._held, []  # messages keep their order
-        protocol.write(self.fd_out, *held, message)
+        protocol.write(self.fd_out, *held, *messages)
 
     def _send_held(self) -> None:
         if self._held:
@@ -316,6 +320,7 @@ class WorkerSession:
         order = {item.nodeid: index for index, item in enumerate(session.items)}
         self.known = set(sys.modules)
         memory.apply_torch_limit()  # a share of a device: torch's allocator stays inside it
+        self.leaks.start_worker()
         self.send({"ev": "ready", "pid": os.getpid(), "collected": len(items)})
         setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
         commands = protocol.Commands(self.fd_in)
@@ -363,6 +368,10 @@ class WorkerSession:
             setup_state.teardown_exact(None)
         except Exception as exc:  # noqa: BLE001 - a teardown error must not hide the run's end
             print(f"devpool worker: error tearing down fixtures: {exc!r}", file=sys.stderr)
+        left = self.leaks.at_exit()
+        if left:
+            with contextlib.suppress(OSError):  # the controller is gone: nobody to tell
+                self.send(*left)
         if self.forked:
             # Every test and fixture has ended. pytest collects the cycles five times at exit
             # (unraisableexception); over the template's whole heap each pass would write
@@ -414,6 +423,7 @@ class WorkerSession:
         nodeid = self.renamed.get(nodeid, nodeid)
         self.send({"ev": "start", "nodeid": nodeid, "location": location})
         self._keep_imports()
+        self.leaks.before(nodeid)
         if os.environ.get("DEVPOOL_DEVICES"):
             self.cpu.start()
 
@@ -458,7 +468,36 @@ class WorkerSession:
             self.just_imported = [name for name in sys.modules if name not in self.known]
             self.known.update(self.just_imported)
         measured = {} if load is None else {"cpu": round(load, 3)}
+        self._check_leaks(self.renamed.get(nodeid, nodeid))
         self._held.append({"ev": "finish", "nodeid": nodeid, "location": location, **measured})
+
+    def _check_leaks(self, nodeid: str) -> None:
+        """What the test left is ended before its finish goes out; in fail mode its own
+        leaks fail its teardown. A leak the worker cannot undo sends the rest of the batch
+        back (a fresh process runs it)."""
+        found = self.leaks.after(nodeid)
+        if not found:
+            return
+        text = self.leaks.failure_text(found, nodeid)
+        teardown = next(
+            (
+                m
+                for m in reversed(self._held)
+                if m["ev"] == "report" and m["data"].get("when") == "teardown"
+            ),
+            None,
+        )
+        if text and teardown is not None:
+            data = teardown["data"]
+            data["outcome"] = "failed"
+            data["longrepr"] = text
+            self.failed = True
+        # Before the teardown report and the finish: the controller knows the leak when it
+        # concludes the test.
+        at = self._held.index(teardown) if teardown is not None else len(self._held)
+        self._held[at:at] = found
+        if self.leaks.retire:
+            self.poisoned = True
 
 
 def _tears_down(setup_state: Any, item: pytest.Item) -> bool:
