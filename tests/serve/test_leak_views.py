@@ -85,7 +85,7 @@ def test_report_diff_and_the_host_page_name_what_tests_left(
     status, page = server.get("/")
     assert status == 200
     body = page.decode().replace("<wbr>", "")
-    assert body.count('class="holder leak"') == 2 and DAEMON in body
+    assert body.count('<div class="leak"') == 2 and DAEMON in body
     assert "<img src=x" not in body and "&lt;img src=x" in body
     status, run_page = server.get(f"/runs/proj/{old.name}")
     assert status == 200

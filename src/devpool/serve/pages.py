@@ -32,6 +32,7 @@ th{background:#eceff1}.num{text-align:right}
 .device{border-radius:4px;padding:4px 8px;color:#fff;font-size:12px;min-width:0}
 .device b{font-size:13px}.device a{color:#fff}
 .device .holder{border-top:1px solid rgba(255,255,255,.4);margin-top:2px}
+.device .leak{border-top:1px dashed rgba(255,255,255,.7);margin-top:2px;font-style:italic}
 .state-free{background:#2e7d32}.state-held{background:#1565c0}.state-shared{background:#6a1b9a}
 #live td,#recent td,#waiting td{white-space:nowrap}#live td.wrap,#recent td.wrap{white-space:normal}
 #live td.wrap{min-width:14em}
@@ -178,7 +179,7 @@ def _last_leak(leak: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]], n
     pid = leak["pid"] if leak["pid"] is not None else "?"
     command = f" <code>{breakable(leak['command'])}</code>" if leak["command"] else ""
     return (
-        f'<div class="holder leak" data-test="{escape(leak["test"])}">last leak '
+        f'<div class="leak" data-test="{escape(leak["test"])}">last leak '
         f"{_ago(leak['time'], now)} ago: "
         f'<span class="test">{breakable(leak["test"])}</span> left {escape(leak["kind"])} '
         f"pid {escape(pid)}{command}, {escape(leak['ended'])} · run "
