@@ -164,7 +164,9 @@ def command(pid: int) -> str:
             raw = handle.read(4096)
     except OSError:
         return ""
-    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+    # One line, however the arguments were written (a `python -c` script spans several).
+    words = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+    return " ".join(words.split())
 
 
 def user(uid: int) -> str:

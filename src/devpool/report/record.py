@@ -193,7 +193,7 @@ class JobRun:
 class Leak:
     """What one attempt (or a wider fixture it set up) left behind: a `leak` line."""
 
-    job: int
+    job: int  # -1: no job of this run's (found at the run's end)
     nodeid: str  # the test charged (display id)
     kind: str  # process, thread, memory
     pid: int | None  # the process; a thread's or memory's: the worker
@@ -212,7 +212,7 @@ class Leak:
         pid = event.get("pid")
         fixture = event.get("fixture")
         return cls(
-            job=int(event["job"]),
+            job=int(event.get("job") if event.get("job") is not None else -1),
             nodeid=str(event["nodeid"]),
             kind=str(event.get("kind") or "process"),
             pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from devpool.devices import leftovers
+from devpool.report.record import Leak
 from devpool.run.attempts import Attempt
 from devpool.run.context import RunContext
-from devpool.worker.leaks import line
 
 
 class Leaks:
@@ -73,16 +73,16 @@ class Leaks:
             k: message.get(k)
             for k in ("kind", "pid", "command", "user", "holds", "fixture", "ended")
         }
-        self.ctx.emit(
-            "leak",
-            job=attempt.job.id if attempt is not None else None,
-            nodeid=nodeid,
-            attempt=attempt.number if attempt is not None else None,
-            devices=devices,
-            mode=self.mode,
+        event = {
+            "job": attempt.job.id if attempt is not None else -1,
+            "nodeid": nodeid,
+            "attempt": attempt.number if attempt is not None else 0,
+            "devices": devices,
+            "mode": self.mode,
             **fields,
-        )
-        self.say(f"LEAK {nodeid}: {line(message)}")
+        }
+        self.ctx.emit("leak", **event)
+        self.say(f"LEAK {nodeid}: {Leak.of(event).what()}")
         if message.get("ended") == "not permitted":
             self.stuck.update(devices)
             self.say(

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from devpool.devices import leftovers, memory
+from devpool.report.record import Leak
 
 LEAKS_ENV = "DEVPOOL_LEAKS"  # MODE[:SHARE]: warn | fail | off, and the memory share
 SIM_HELD_ENV = "DEVPOOL_SIM_HELD_FILE"  # sim: bytes per device this process keeps allocated
@@ -155,6 +156,10 @@ class LeakWatch:
         if not procs:
             return []
         described = [leftovers.describe(p) for p in procs]
+        own = leftovers.command(os.getpid())
+        for left in described:
+            if left.command == own:  # a fork that never exec'd shows the worker's
+                left.command = f"fork of the test's process pid {os.getpid()} (never exec'd)"
         # Only the outermost of each tree is signalled to its group; its children go with it.
         how = leftovers.end(procs)
         messages = []
@@ -266,7 +271,7 @@ def _holds(left: leftovers.Leftover) -> list[str]:
 def _thread_name(thread: threading.Thread) -> str:
     target = getattr(thread, "_target", None)
     where = getattr(target, "__qualname__", "") if target is not None else ""
-    return f"thread {thread.name!r}" + (f" running {where}" if where else "")
+    return thread.name + (f" running {where}" if where else "")
 
 
 def _size(count: int) -> str:
@@ -274,18 +279,5 @@ def _size(count: int) -> str:
 
 
 def line(message: dict[str, Any]) -> str:
-    """One leak in words: pid 4242 `python -m http.server` (sees sim:0; port 30001): terminated."""
-    kind = message.get("kind")
-    if kind == "thread":
-        text = f"{message.get('command')} still running"
-    elif kind == "memory":
-        text = "device memory left allocated in the worker: " + ", ".join(message.get("holds", ()))
-    else:
-        text = f"pid {message.get('pid')} `{message.get('command')}`"
-        if message.get("holds"):
-            text += " (sees " + "; ".join(message["holds"]) + ")"
-    if message.get("fixture"):
-        text += f", set up by fixture {message['fixture']}"
-    if message.get("ended"):
-        text += f": {message['ended']}"
-    return text
+    """One leak in words, as every report says it (report/record.py)."""
+    return Leak.of(message).what()

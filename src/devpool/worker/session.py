@@ -487,11 +487,17 @@ class WorkerSession:
             ),
             None,
         )
-        if text and teardown is not None:
+        if teardown is not None:
             data = teardown["data"]
-            data["outcome"] = "failed"
-            data["longrepr"] = text
-            self.failed = True
+            # JUnit's <properties> of the test name each of its leaks (junitxml writes a
+            # teardown report's user_properties).
+            own = [m for m in found if m["nodeid"] == nodeid and not m.get("fixture")]
+            data.setdefault("user_properties", [])
+            data["user_properties"] += [["devpool_leak", leaks.line(m)] for m in own]
+            if text:
+                data["outcome"] = "failed"
+                data["longrepr"] = text
+                self.failed = True
         # Before the teardown report and the finish: the controller knows the leak when it
         # concludes the test.
         at = self._held.index(teardown) if teardown is not None else len(self._held)
