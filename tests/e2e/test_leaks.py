@@ -8,6 +8,7 @@ what it saw, so "the next test sees nothing of them" is the target's own observa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -100,10 +101,12 @@ def _sees_nothing_left():
         left = json.loads(line)
         if left["kind"] == "process" and alive(left["pid"]):
             seen.append(left)
-        if left["kind"] == "thread" and os.path.exists(f"/proc/{{left['pid']}}/task/{{left['tid']}}"):
+        task = f"/proc/{{left.get('pid')}}/task/{{left.get('tid')}}"
+        if left["kind"] == "thread" and os.path.exists(task):
             seen.append(left)
     with open(OUT / "checks.jsonl", "a") as handle:
-        handle.write(json.dumps(dict(test=os.environ.get("DEVPOOL_TEST_ID"), pid=os.getpid(), seen=seen)) + "\\n")
+        test = os.environ.get("DEVPOOL_TEST_ID")
+        handle.write(json.dumps(dict(test=test, pid=os.getpid(), seen=seen)) + "\\n")
     yield
 """
 
@@ -175,10 +178,8 @@ def _gone(pids: list[int], bound: float = 10.0) -> list[int]:
 def _end(pids: list[int]) -> None:
     """Leftovers of a plain pytest run (nothing ends them there): ours to end."""
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _record(pytester: pytest.Pytester) -> Path:
