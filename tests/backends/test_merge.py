@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devpool.backends.merge import ENDED, Merge, merge_phase
+from devpool.worker import protocol
 
 OUTCOMES = ("passed", "failed", "skipped")
 
@@ -30,9 +31,15 @@ def report(nodeid: str, when: str, outcome: str, rank: int) -> dict[str, Any]:
     return dict(data)
 
 
+def feed(merge: Merge, rank: int, message: dict[str, Any]) -> list[dict[str, Any]]:
+    """One event as a worker's pipe carries it, through the merge; what comes out, as sent."""
+    out = merge.feed(rank, protocol.EVENTS.decode_object(dict(message)))
+    return [protocol.to_object(event) for event in out]
+
+
 def stream(rank: int, tests: list[str], phases: dict[str, list[str]]) -> list[dict[str, Any]]:
     """One rank's events for a batch: ready, then per test start, its reports, finish."""
-    events: list[dict[str, Any]] = [{"ev": "ready"}]
+    events: list[dict[str, Any]] = [{"ev": "ready", "pid": rank}]
     for nodeid in tests:
         location = ["t.py", 0, nodeid]
         events.append({"ev": "start", "nodeid": nodeid, "location": location})
@@ -69,9 +76,10 @@ def test_any_interleaving_gives_one_ordered_story_per_test(
     out: list[dict[str, Any]] = []
     for pick in order + [r for r in range(world) for _ in range(len(queues[r]))]:
         if queues[pick]:
-            out += merge.feed(pick, queues[pick].pop(0))
+            out += feed(merge, pick, queues[pick].pop(0))
     assert [m["ev"] for m in out].count("ready") == 1
-    assert [m for m in out if m["ev"] == "done"] == [{"ev": "done", "job": 1, "skipped": []}]
+    done = {"ev": "done", "job": 1, "skipped": [], "through": 0}
+    assert [m for m in out if m["ev"] == "done"] == [done]
     lifecycle = [
         (m["ev"], m.get("nodeid") or m["data"]["nodeid"])
         for m in out
@@ -112,14 +120,14 @@ def test_any_interleaving_gives_one_ordered_story_per_test(
 def test_a_rank_ended_by_devpool_completes_the_test_and_reads_ended() -> None:
     merge = Merge(2)
     start = {"ev": "start", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]}
-    merge.feed(0, start)
-    merge.feed(1, start)
+    feed(merge, 0, start)
+    feed(merge, 1, start)
     for rank in (0, 1):
-        merge.feed(rank, {"ev": "report", "data": report("t.py::a", "setup", "passed", rank)})
-    merge.feed(1, {"ev": "report", "data": report("t.py::a", "call", "failed", 1)})
-    merge.feed(1, {"ev": "report", "data": report("t.py::a", "teardown", "passed", 1)})
-    assert merge.feed(1, {"ev": "finish", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]}) == []
-    out = merge.end_rank(0, f"{ENDED}rank 1 failed")
+        feed(merge, rank, {"ev": "report", "data": report("t.py::a", "setup", "passed", rank)})
+    feed(merge, 1, {"ev": "report", "data": report("t.py::a", "call", "failed", 1)})
+    feed(merge, 1, {"ev": "report", "data": report("t.py::a", "teardown", "passed", 1)})
+    assert feed(merge, 1, {"ev": "finish", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]}) == []
+    out = [protocol.to_object(m) for m in merge.end_rank(0, f"{ENDED}rank 1 failed")]
     assert [m["ev"] for m in out] == ["report", "report", "report", "finish"]
     call = out[1]["data"]
     assert call["outcome"] == "failed"
@@ -135,13 +143,13 @@ def test_a_rank_ended_still_in_its_setup_keeps_the_failing_ranks_call() -> None:
     ERROR at setup saying only that rank 0 was ended, rank 1's failure dropped)."""
     merge = Merge(2)
     start = {"ev": "start", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]}
-    merge.feed(0, start)
-    merge.feed(1, start)
-    merge.feed(1, {"ev": "report", "data": report("t.py::a", "setup", "passed", 1)})
-    merge.feed(1, {"ev": "report", "data": report("t.py::a", "call", "failed", 1)})
-    merge.feed(1, {"ev": "report", "data": report("t.py::a", "teardown", "passed", 1)})
-    merge.feed(1, {"ev": "finish", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]})
-    out = merge.end_rank(0, f"{ENDED}rank 1 failed")
+    feed(merge, 0, start)
+    feed(merge, 1, start)
+    feed(merge, 1, {"ev": "report", "data": report("t.py::a", "setup", "passed", 1)})
+    feed(merge, 1, {"ev": "report", "data": report("t.py::a", "call", "failed", 1)})
+    feed(merge, 1, {"ev": "report", "data": report("t.py::a", "teardown", "passed", 1)})
+    feed(merge, 1, {"ev": "finish", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]})
+    out = [protocol.to_object(m) for m in merge.end_rank(0, f"{ENDED}rank 1 failed")]
     reports = {m["data"]["when"]: m["data"] for m in out if m["ev"] == "report"}
     assert reports["setup"]["outcome"] == "passed"
     assert reports["call"]["outcome"] == "failed"

@@ -136,9 +136,9 @@ class Merge:
         self.reports: dict[str, list[tuple[int, dict[str, Any]]]] = {}
         self.finished: dict[str, set[int]] = {}
         self.started: set[str] = set()
-        self.starts: dict[str, protocol.Message] = {}  # each open test's first start
+        self.starts: dict[str, protocol.Start] = {}  # each open test's first start
         self.current: str | None = None  # the test whose start went out, not yet finished
-        self.held: list[protocol.Message] = []  # starts of tests behind the current one
+        self.held: list[protocol.Start] = []  # starts of tests behind the current one
         self.where: dict[int, str] = {}  # rank → the test it runs now
         self.ready: set[int] = set()
         self.gone: set[int] = set()  # ranks that will say nothing more
@@ -148,14 +148,17 @@ class Merge:
     def feed(self, rank: int, message: protocol.Message) -> list[protocol.Message]:
         if self.world == 1:
             return [message]
-        event = message.get("ev")
-        if event == "ready":  # ready once every rank is: the test runs on all of them
+        if isinstance(message, protocol.Ready):  # once every rank is: the test runs on all
             self.ready.add(rank)
             return [message] if len(self.ready) == self.world else []
-        if event in ("warning", "renamed", "imported", "output"):  # once, as by one process
+        if isinstance(message, (protocol.Warned, protocol.Renamed, protocol.Imported)):
+            return [message] if rank == 0 else []  # once, as by one process
+        if isinstance(message, protocol.Output):
             return [message] if rank == 0 else []
-        if event == "start":
-            nodeid = message["nodeid"]
+        if isinstance(message, protocol.Leak):
+            return [message]  # each rank's own leftovers: a ranks(n) test counts them all
+        if isinstance(message, protocol.Start):
+            nodeid = message.nodeid
             self.where[rank] = nodeid
             if nodeid in self.started:
                 return []
@@ -166,31 +169,31 @@ class Merge:
                 return []
             self.current = nodeid
             return [message]
-        if event == "report":
-            data = message["data"]
+        if isinstance(message, protocol.Report):
+            data = message.data
             self.reports.setdefault(data["nodeid"], []).append((rank, data))
             return []
-        if event == "finish":
-            nodeid = message["nodeid"]
+        if isinstance(message, protocol.Finish):
+            nodeid = message.nodeid
             self.where.pop(rank, None)
             ranks = self.finished.setdefault(nodeid, set())
             ranks.add(rank)
             return self._complete(nodeid, message)
-        if event == "missing":
-            if message["nodeid"] in self.missing:
+        if isinstance(message, protocol.Missing):
+            if message.nodeid in self.missing:
                 return []
-            self.missing.add(message["nodeid"])
+            self.missing.add(message.nodeid)
             return [message]
-        if event == "done":
-            job = int(message["job"])
+        if isinstance(message, protocol.Done):
+            job = message.job
             ranks_done = self.done.setdefault(job, {})
-            ranks_done[rank] = list(message.get("skipped", ()))
+            ranks_done[rank] = list(message.skipped)
             if len(ranks_done) < self.world:
                 return []
             skipped = sorted({n for names in ranks_done.values() for n in names})
             del self.done[job]
-            return [{"ev": "done", "job": job, "skipped": skipped}]
-        return []
+            return [protocol.Done(job=job, skipped=skipped)]
+        raise protocol.ProtocolError(f"the rank merge has no rule for {message!r:.200}")
 
     def phases(self, nodeid: str, rank: int) -> set[str]:
         """The phases of a test this rank has reported."""
@@ -204,7 +207,7 @@ class Merge:
         if nodeid is None or rank in self.finished.get(nodeid, set()):
             return []
         start = self.starts.get(nodeid)
-        location = start["location"] if start is not None else [nodeid, None, nodeid]
+        location = start.location if start is not None else [nodeid, None, nodeid]
         seen = self.phases(nodeid, rank)
         # A rank still in its setup when another's body ended the test (a slow rank on a
         # loaded host): its part is of the body too, else the merged setup would fail and
@@ -223,10 +226,10 @@ class Merge:
                 (rank, ended_report(nodeid, location, when, why))
             )
         self.finished.setdefault(nodeid, set()).add(rank)
-        finish = {"ev": "finish", "nodeid": nodeid, "location": list(location)}
+        finish = protocol.Finish(nodeid=nodeid, location=list(location))
         return self._complete(nodeid, finish)
 
-    def _complete(self, nodeid: str, finish: protocol.Message) -> list[protocol.Message]:
+    def _complete(self, nodeid: str, finish: protocol.Finish) -> list[protocol.Message]:
         if len(self.finished.get(nodeid, ())) < self.world:
             return []
         out = [*self._merged(nodeid), finish]
@@ -234,7 +237,7 @@ class Merge:
             self.current = None
             if self.held:
                 start = self.held.pop(0)
-                self.current = start["nodeid"]
+                self.current = start.nodeid
                 out.append(start)
         return out
 
@@ -249,7 +252,7 @@ class Merge:
             if not phase:
                 continue
             merged = merge_phase(phase)
-            out.append({"ev": "report", "data": merged})
+            out.append(protocol.Report(data=merged))
             if when == "setup" and merged.get("outcome") != "passed":
                 # pytest runs no call after a failed or skipped setup: nor does the merge.
                 reports = [(r, d) for r, d in reports if d.get("when") != "call"]

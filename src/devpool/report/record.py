@@ -212,7 +212,7 @@ class Leak:
         pid = event.get("pid")
         fixture = event.get("fixture")
         return cls(
-            job=int(event.get("job") if event.get("job") is not None else -1),
+            job=int(event.get("job") or 0) if event.get("job") is not None else -1,
             nodeid=str(event["nodeid"]),
             kind=str(event.get("kind") or "process"),
             pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,

@@ -26,6 +26,7 @@ import pytest
 
 from devpool.devices import leftovers, memory
 from devpool.report.record import Leak
+from devpool.worker import protocol
 
 LEAKS_ENV = "DEVPOOL_LEAKS"  # MODE[:SHARE]: warn | fail | off, and the memory share
 SIM_HELD_ENV = "DEVPOOL_SIM_HELD_FILE"  # sim: bytes per device this process keeps allocated
@@ -59,7 +60,7 @@ class LeakWatch:
         except ValueError:
             self.share = DEFAULT_SHARE
         self.active = self.mode != "off"
-        self.pending: list[dict[str, Any]] = []  # leak messages not yet sent
+        self.pending: list[protocol.Leak] = []  # leak messages not yet sent
         self.retire = False  # a leak the worker cannot undo: retire it after this test
         self._threads: set[int] = set()
         self._held: dict[int, int] = {}
@@ -80,7 +81,7 @@ class LeakWatch:
         self._threads = {t.ident or 0 for t in threading.enumerate()}
         self._held = self._memory()
 
-    def after(self, nodeid: str) -> list[dict[str, Any]]:
+    def after(self, nodeid: str) -> list[protocol.Leak]:
         """The test's leaks, each already ended where it can be; pending fixture leaks too."""
         if not self.active:
             return []
@@ -91,9 +92,9 @@ class LeakWatch:
         messages, self.pending = [*self.pending, *found], []
         return messages
 
-    def failure_text(self, messages: list[dict[str, Any]], nodeid: str) -> str:
+    def failure_text(self, messages: list[protocol.Leak], nodeid: str) -> str:
         """fail mode: the text of the teardown failure a test's own leaks become."""
-        own = [m for m in messages if m["nodeid"] == nodeid and not m.get("fixture")]
+        own = [m for m in messages if m.nodeid == nodeid and not m.fixture]
         if self.mode != "fail" or not own:
             return ""
         return "\n".join(f"[devpool] LEAK {line(m)}" for m in own)
@@ -126,7 +127,7 @@ class LeakWatch:
             below += [p for p in leftovers.descendants(proc.pid, procs.values()) if p not in alive]
         self.pending += self._processes(owned.nodeid, owned.label, alive + below)
 
-    def at_exit(self) -> list[dict[str, Any]]:
+    def at_exit(self) -> list[protocol.Leak]:
         """The worker ends: whatever is still below it is ended with it."""
         if not self.active or not leftovers.has_children():
             return self.pending
@@ -152,7 +153,7 @@ class LeakWatch:
 
     def _processes(
         self, nodeid: str, fixture: str | None, procs: list[leftovers.Proc]
-    ) -> list[dict[str, Any]]:
+    ) -> list[protocol.Leak]:
         if not procs:
             return []
         described = [leftovers.describe(p) for p in procs]
@@ -168,21 +169,20 @@ class LeakWatch:
             if ended == "not permitted":
                 self.retire = True
             messages.append(
-                {
-                    "ev": "leak",
-                    "nodeid": nodeid,
-                    "kind": "process",
-                    "pid": proc.pid,
-                    "command": left.command,
-                    "user": left.user,
-                    "holds": _holds(left),
-                    "fixture": fixture,
-                    "ended": ended,
-                }
+                protocol.Leak(
+                    nodeid=nodeid,
+                    kind="process",
+                    pid=proc.pid,
+                    command=left.command,
+                    user=left.user,
+                    holds=_holds(left),
+                    fixture=fixture,
+                    ended=ended,
+                )
             )
         return messages
 
-    def _leaked_threads(self, nodeid: str) -> list[dict[str, Any]]:
+    def _leaked_threads(self, nodeid: str) -> list[protocol.Leak]:
         alive = [
             t
             for t in threading.enumerate()
@@ -192,17 +192,16 @@ class LeakWatch:
             return []
         self.retire = True  # it runs on beside the next test: a fresh process instead
         return [
-            {
-                "ev": "leak",
-                "nodeid": nodeid,
-                "kind": "thread",
-                "pid": os.getpid(),
-                "command": _thread_name(t),
-                "user": leftovers.user(os.getuid()),
-                "holds": [],
-                "fixture": None,
-                "ended": "retired",
-            }
+            protocol.Leak(
+                nodeid=nodeid,
+                kind="thread",
+                pid=os.getpid(),
+                command=_thread_name(t),
+                user=leftovers.user(os.getuid()),
+                holds=[],
+                fixture=None,
+                ended="retired",
+            )
             for t in alive
         ]
 
@@ -221,7 +220,7 @@ class LeakWatch:
         except Exception:  # noqa: BLE001 - a broken context is the health check's to name
             return {}
 
-    def _leaked_memory(self, nodeid: str) -> list[dict[str, Any]]:
+    def _leaked_memory(self, nodeid: str) -> list[protocol.Leak]:
         now = self._memory()
         grown = {d: b - self._held.get(d, 0) for d, b in now.items() if b > self._held.get(d, 0)}
         if not grown:
@@ -236,17 +235,16 @@ class LeakWatch:
             for d, b in sorted(grown.items())
         ]
         return [
-            {
-                "ev": "leak",
-                "nodeid": nodeid,
-                "kind": "memory",
-                "pid": os.getpid(),
-                "command": "",
-                "user": leftovers.user(os.getuid()),
-                "holds": holds,
-                "fixture": None,
-                "ended": "retired" if retire else "",
-            }
+            protocol.Leak(
+                nodeid=nodeid,
+                kind="memory",
+                pid=os.getpid(),
+                command="",
+                user=leftovers.user(os.getuid()),
+                holds=holds,
+                fixture=None,
+                ended="retired" if retire else "",
+            )
         ]
 
 
@@ -278,6 +276,6 @@ def _size(count: int) -> str:
     return f"{count / (1 << 30):.1f} GiB" if count >= 1 << 30 else f"{count / (1 << 20):.1f} MiB"
 
 
-def line(message: dict[str, Any]) -> str:
+def line(message: protocol.Leak) -> str:
     """One leak in words, as every report says it (report/record.py)."""
-    return Leak.of(message).what()
+    return Leak.of(protocol.to_object(message)).what()
