@@ -29,8 +29,17 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from devpool.devices.untrusted import (
+    PID_MAX,
+    Untrusted,
+    first_line_json,
+    integer,
+    moment,
+    read_fd,
+)
+from devpool.devices.untrusted import text as untrusted_text
 from devpool.errors import DevpoolError
 
 LOCK_NAME = re.compile(r"^(?P<platform>.+)-(?P<device>0|[1-9][0-9]*)\.lock$")
@@ -87,36 +96,25 @@ class Holder:
 
     @classmethod
     def from_json(cls, text: str) -> Holder | None:
-        """Parse a record written by ``to_json``; None for empty or malformed text."""
+        """Parse a record written by ``to_json``; None for empty or malformed text. Any user
+        can write a lock file's record: every field is checked for its type and range."""
+        where = Path("holder record")
         try:
-            data: Any = json.loads(text)
-        except ValueError:
+            record = first_line_json(text.encode(), where)
+            worker_pid = record.get("worker_pid")
+            return cls(
+                pid=integer(record, "pid", 0, PID_MAX, where),
+                host=untrusted_text(record, "host", where),
+                session=untrusted_text(record, "session", where),
+                job=untrusted_text(record, "job", where),
+                since=moment(record, "since", where),
+                user=untrusted_text(record, "user", where),
+                worker_pid=None
+                if worker_pid is None
+                else integer(record, "worker_pid", 0, PID_MAX, where),
+            )
+        except Untrusted:
             return None
-        if not isinstance(data, dict):
-            return None
-        pid: Any = data.get("pid")
-        since: Any = data.get("since")
-        worker_pid: Any = data.get("worker_pid")
-        texts = [data.get(key) for key in ("host", "session", "job", "user")]
-        if not _is_int(pid) or not all(isinstance(value, str) for value in texts):
-            return None
-        if not (_is_int(since) or isinstance(since, float)):
-            return None
-        if worker_pid is not None and not _is_int(worker_pid):
-            return None
-        return cls(
-            pid=pid,
-            host=data["host"],
-            session=data["session"],
-            job=data["job"],
-            since=float(since),
-            user=data["user"],
-            worker_pid=worker_pid,
-        )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _clock(since: float) -> str:
@@ -343,9 +341,11 @@ def _write_record(handle: _Handle, holder: Holder, amount: int | None = None) ->
 
 
 def _read_record(fd: int) -> Holder | None:
+    """The holder record of an open lock file; None unless it is a regular file that holds
+    a whole, well-typed record (any user may have written it)."""
     try:
-        raw = os.pread(fd, _RECORD_LIMIT, 0)
-    except OSError:
+        raw = read_fd(fd, Path("lock file"), _RECORD_LIMIT).data
+    except Untrusted:
         return None
     return Holder.from_json(raw.decode("utf-8", errors="replace").split("\n", 1)[0])
 

@@ -37,6 +37,7 @@ from devpool.devices.leases import (
     _write_record,
     lock_path,
 )
+from devpool.devices.untrusted import Untrusted, read_fd
 
 MUTEX_WAIT = 5.0  # seconds: the mutex is held for a directory scan, never longer
 _RECORD_MODE = 0o644  # others only test its lock and read it
@@ -86,7 +87,11 @@ def read_shares(
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder, amount = _amount_of(os.pread(fd, _READ_LIMIT, 0))
+                try:
+                    data = read_fd(fd, path, _READ_LIMIT).data
+                except Untrusted:
+                    continue  # not a regular file, or too big: no run made it
+                holder, amount = _amount_of(data)
                 share = Share(holder, unknown if amount is None else amount)
                 found.append((holder.since if holder else 0.0, share, path))
                 continue

@@ -60,7 +60,9 @@ class Placing:
         # The runs that share our devices: a host's lock folder, or a Ray cluster's store.
         room = getattr(backend, "waiting_room", None)
         self.room: Room = (
-            room(ctx.run_id) if room is not None else WaitingRoom(ctx.lock_dir.path, ctx.run_id)
+            room(ctx.run_id)
+            if room is not None
+            else WaitingRoom(ctx.lock_dir.path, ctx.run_id, foreign.say)
         )
         self.limit: int | None = None  # most devices we may hold while other runs wait
         self.shared_at = 0.0
