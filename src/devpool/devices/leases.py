@@ -151,6 +151,7 @@ class Blocked:
     holder: Holder | None
     shares: tuple[Share, ...] = ()
     free: int | None = None
+    unusable: str | None = None  # why its lock file cannot be used (planted): not waited for
 
 
 def describe_blockers(platform: str, blocked: Sequence[Blocked]) -> str:
@@ -177,6 +178,12 @@ class _Handle:
     # False when the file belongs to another user and only opened read-only:
     # flock still works, but the holder record cannot be rewritten.
     writable: bool = True
+    created: bool = False  # this open made the file
+
+
+class Unusable(DevpoolError):
+    """A lock file that cannot be used: another user planted a symlink, folder or FIFO, or
+    a file this user may not open. The device is skipped, not waited for."""
 
 
 class Attached(Protocol):
@@ -203,6 +210,7 @@ class Lease:
         handles: Sequence[_Handle],
         records: Sequence[_Handle] = (),
         amount: int | None = None,
+        markers: Sequence[_Handle] = (),
     ) -> None:
         self.platform = platform
         self.devices: tuple[int, ...] = tuple(handle.device for handle in handles)
@@ -210,6 +218,9 @@ class Lease:
         self.amount = amount
         self._handles = list(handles)
         self._records = list(records)
+        # Held beside a lock file that another user could remove (lockdir.py): a run that
+        # finds the file gone and makes a new one sees that the device is still held.
+        self._markers = list(markers)
         self._released = False
         self.host: Attached | None = None  # ports and resources held with it (resources.py)
 
@@ -226,7 +237,7 @@ class Lease:
         """The open lock descriptors (device files, then share records); pass them all to a
         worker to share the lease."""
         extra = self.host.fds() if self.host is not None else []
-        return [handle.fd for handle in self._handles + self._records] + extra
+        return [handle.fd for handle in self._handles + self._records + self._markers] + extra
 
     def set_job(self, job: str, worker_pid: int | None = None) -> None:
         """Rewrite the holder record in every lock file for a new job or worker."""
@@ -252,7 +263,8 @@ class Lease:
             return
         self._released = True
         handles, self._handles = self._handles, []
-        records, self._records = self._records, []
+        records, self._records = self._records + self._markers, []
+        self._markers = []
         if self.host is not None:
             self.host.release(unlock=unlock)
         for handle in records:
@@ -302,8 +314,8 @@ def _open_lock_file(device: int, path: Path) -> _Handle:
             raise _open_error(path, exc) from None
         with contextlib.suppress(PermissionError):
             os.fchmod(fd, _FILE_MODE)  # the umask narrowed it; other users must open it too
-        return _checked(device, path, fd, True)
-    raise DevpoolError(f"lock file {path} keeps changing; cannot open it")
+        return replace(_checked(device, path, fd, True), created=True)
+    raise Unusable(f"lock file {path} keeps changing; cannot open it")
 
 
 def _open_read_only(device: int, path: Path) -> _Handle:
@@ -317,13 +329,15 @@ def _open_read_only(device: int, path: Path) -> _Handle:
 def _checked(device: int, path: Path, fd: int, writable: bool) -> _Handle:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise DevpoolError(f"lock file {path} is not a regular file; refusing to use it")
+        raise Unusable(f"lock file {path} is not a regular file; refusing to use it")
     return _Handle(device, path, fd, writable)
 
 
 def _open_error(path: Path, exc: OSError) -> DevpoolError:
     if exc.errno == errno.ELOOP:
-        return DevpoolError(f"lock file {path} is a symlink; refusing to use it")
+        return Unusable(f"lock file {path} is a symlink; refusing to use it")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.ENXIO, errno.EISDIR, errno.EWOULDBLOCK):
+        return Unusable(f"lock file {path} cannot be opened: {exc.strerror}")
     return DevpoolError(f"lock file {path} cannot be opened: {exc.strerror}")
 
 

@@ -29,6 +29,7 @@ from devpool.devices.leases import (
     Holder,
     Lease,
     Share,
+    Unusable,
     _close,
     _close_all,
     _Handle,
@@ -217,7 +218,10 @@ def acquire_shares(
     try:
         # One device at a time, in a fixed order, each under its own mutex: no deadlock.
         for device in sorted(devices):
-            got = _take_one(folder, platform, device, amount, capacity[device], holder)
+            try:
+                got = _take_one(folder, platform, device, amount, capacity[device], holder)
+            except Unusable as exc:  # planted by another user: skipped, not waited for
+                got = Blocked(device, None, unusable=str(exc))
             if isinstance(got, Blocked):
                 blocked.append(got)
             else:

@@ -217,7 +217,12 @@ class Placing:
                     self.host.wait(job, got.host, now)
                 else:
                     self.scheduler.unplace(job)
-                    self.foreign.mark(got.devices, now, job.devices_needed)
+                    for planted in [b for b in got.devices if b.unusable]:
+                        # Another user made its lock file unusable: the run does without it.
+                        self.health.retire(planted.device, str(planted.unusable))
+                        self.scheduler.retire_device(planted.device)  # not placed there again
+                    held = [b for b in got.devices if not b.unusable]
+                    self.foreign.mark(held, now, job.devices_needed)
                 return False
             lease = got
             self.host.leased(job, lease)
