@@ -305,3 +305,16 @@ def test_a_token_in_argv_is_refused_and_the_cookie_holds_no_token(
     assert server.get("/api/v1/devices", {"Cookie": value})[0] == 200  # the cookie will do
     raw = {"Cookie": "devpool_serve_token=T0KEN"}
     assert server.get("/api/v1/devices", raw)[0] == 401  # the token itself is no cookie
+
+
+def test_one_damaged_run_record_leaves_the_others_on_the_page(tmp_path: Path) -> None:
+    folder = tmp_path / ".devpool"
+    _record(folder, "good", pid=_dead_pid(), end=0)
+    bad = folder / "runs" / "bad" / "record.jsonl"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(
+        '{"v": 1, "type": "session_start", "time": "zz", "run_id": 5, "devices": 3}\n'
+        '{"v": 1, "type": "job_end", "job": "x", "outcome": [], "time": null}\n'
+    )
+    found = views.RunIndex(views.projects_of([folder])).summaries()
+    assert [summary.run_id for summary in found] == ["good"]

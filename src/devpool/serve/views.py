@@ -428,9 +428,11 @@ class RunIndex:
             return None
         try:
             record = read_record(path)
-        except DevpoolError:
+            # A record is a file anyone who can write the run folder may have damaged: one
+            # whose fields have the wrong types is left off the page, never a 500.
+            return summarise(project.key, record, _is_live(record))
+        except (DevpoolError, ValueError, TypeError, KeyError, AttributeError, OverflowError):
             return None
-        return summarise(project.key, record, _is_live(record))
 
 
 def runs_view(summaries: Sequence[RunSummary], live: bool) -> dict[str, Any]:
