@@ -19,6 +19,7 @@ import pytest
 from devpool.backends import Backend
 from devpool.backends.local import LocalBackend
 from devpool.config import Settings
+from devpool.database import shown, shown_args
 from devpool.devices import memory, probes
 from devpool.devices.cores import usable_cores
 from devpool.devices.inventory import Inventory
@@ -177,7 +178,7 @@ class Controller:
         self.record = RecordWriter(self.record_path)
         inventory = self.inventory
         options = {
-            name: str(value) if isinstance(value, Path) else value
+            name: shown(str(value)) if isinstance(value, (Path, str)) else value
             for name, value in vars(self.settings).items()
             if name not in ("platforms", "devices")
         }
@@ -186,7 +187,7 @@ class Controller:
             run_id=self.run_id,
             host=self.host,
             pid=os.getpid(),
-            args=list(session.config.invocation_params.args),
+            args=shown_args(session.config.invocation_params.args),
             cwd=str(session.config.invocation_params.dir),
             platform=inventory.platform.name,
             kind=inventory.platform.kind,
