@@ -213,7 +213,10 @@ class QueueStore:
             return False
 
     def published(self) -> bool:
-        return self.classes() is not None
+        row = self.db.execute(
+            "SELECT 1 FROM devpool_queue_runs WHERE run_id = %(run)s", self._args()
+        ).fetchone()
+        return row is not None
 
     def classes(self) -> list[str] | None:
         """The classes the run declared it covers ([] all); None when it was never started."""
