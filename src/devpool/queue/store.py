@@ -57,6 +57,16 @@ _CHAIN_FREE = """(t.chain IN ('', t.test_id) OR NOT EXISTS (SELECT 1 FROM devpoo
 
 # A test of a class the claiming job's platform (%(name)s, %(kind)s) is or runs as.
 _MINE = FITS.format(j="x").replace("x.platform", "%(name)s").replace("x.kind", "%(kind)s")
+# No live job of another platform may take test t: a job claims those first, since only its
+# class can run them, then the tests any class may run (each longest first); in a run of one
+# platform every test is so, and the order is longest first.
+_ONLY_MINE = (
+    "(NOT EXISTS (SELECT 1 FROM devpool_queue_jobs o WHERE o.run_id = t.run_id AND "
+    + _LIVE.format(j="o")
+    + " AND o.platform <> %(name)s AND "
+    + FITS.format(j="o")
+    + "))"
+)
 # Jobs whose lease ran out lose their claims, which go back to the queue untouched.
 _REAP = """
 WITH dead AS (
@@ -150,15 +160,23 @@ class QueueStore:
                     f"no devpool queue at {where(url)} yet: no job of a run has reached it"
                 )
             return
-        ready = self.db.execute(
-            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
-            "AND table_name = 'devpool_queue_tests' AND column_name = %s",
-            (NEWEST_COLUMN,),
-        ).fetchone()
-        if ready is None:  # the first job ever on this database, or an older devpool's
+        if not self._ready():  # the first job ever on this database, or an older devpool's
             with self.db.transaction():
                 self.db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-                self.db.execute(SCHEMA)
+                # Made by the job this one waited for: its ALTERs again would lock table after
+                # table while other jobs read them, and two such orders deadlock.
+                if not self._ready():
+                    self.db.execute(SCHEMA)
+
+    def _ready(self) -> bool:
+        return (
+            self.db.execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+                "AND table_name = 'devpool_queue_tests' AND column_name = %s",
+                (NEWEST_COLUMN,),
+            ).fetchone()
+            is not None
+        )
 
     def close(self) -> None:
         self.db.close()
@@ -328,7 +346,8 @@ class QueueStore:
                 "SELECT position, estimate * greatest(devices, 1) FROM devpool_queue_tests t "
                 "WHERE run_id = %(run)s AND state = 'queued' AND devices <= %(devices)s "
                 f"AND NOT (test_id = ANY(%(skip)s)) AND {_MINE} AND {_MAY_TAKE} "
-                f"AND {_CHAIN_FREE} ORDER BY estimate * greatest(devices, 1) DESC, position "
+                f"AND {_CHAIN_FREE} ORDER BY {_ONLY_MINE} DESC, "
+                "estimate * greatest(devices, 1) DESC, position "
                 "LIMIT %(most)s FOR UPDATE SKIP LOCKED",
                 args,
             ).fetchall()
