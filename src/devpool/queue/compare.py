@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from devpool.wording import counted
 
-if TYPE_CHECKING:
-    from devpool.queue.store import QueuedTest
-
 SHOWN = 3  # node ids named in a sentence about a differing collection
+
+
+@dataclass(frozen=True)
+class QueuedTest:
+    """One test as the run publishes it: its id, what it needs, and how long it should take."""
+
+    test_id: str
+    devices: int
+    request: str  # the request in words, for sentences ("2 devices", "cpu")
+    estimate: float
+    chain: str = ""  # the first test of its pytest-order/-dependency chain (plan/chains.py)
+    platforms: str = ""  # its class: the platforms it runs on, comma-joined ('' any)
 
 
 def fingerprint(tests: Sequence[QueuedTest]) -> str:

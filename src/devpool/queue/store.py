@@ -16,6 +16,7 @@ from typing import Any
 from devpool.database import connect, where
 from devpool.errors import DevpoolError
 from devpool.queue.classes import FITS, covered, kind_conflict
+from devpool.queue.compare import QueuedTest as QueuedTest
 from devpool.queue.compare import difference, fingerprint
 from devpool.queue.schema import NEWEST_COLUMN, SCHEMA, SCHEMA_LOCK
 from devpool.wording import counted
@@ -77,18 +78,6 @@ WITH dead AS (
 UPDATE devpool_queue_tests SET state = 'queued', job_id = NULL, token = NULL
 WHERE run_id = %(run)s AND state = 'claimed' AND job_id IN (SELECT job_id FROM dead)
 """
-
-
-@dataclass(frozen=True)
-class QueuedTest:
-    """One test as the run publishes it: its id, what it needs, and how long it should take."""
-
-    test_id: str
-    devices: int
-    request: str  # the request in words, for sentences ("2 devices", "cpu")
-    estimate: float
-    chain: str = ""  # the first test of its pytest-order/-dependency chain (plan/chains.py)
-    platforms: str = ""  # its class: the platforms it runs on, comma-joined ('' any)
 
 
 @dataclass(frozen=True)
