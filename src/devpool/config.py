@@ -327,10 +327,11 @@ TABLE_KEYS = frozenset(_BY_NAME) | {
     "resources",
     "paths",
     "markers",
+    "once",
 }
-# A profile changes how a run runs, never what a test asks for (paths, markers): a
+# A profile changes how a run runs, never what a test asks for (paths, markers, once): a
 # capacity report and every profile's run see the same requests.
-PROFILE_KEYS = TABLE_KEYS - {"profiles", "profile", "paths", "markers"}
+PROFILE_KEYS = TABLE_KEYS - {"profiles", "profile", "paths", "markers", "once"}
 
 
 def spaced_paths(args: Sequence[str]) -> list[tuple[str, str]]:
@@ -474,6 +475,8 @@ class Settings:
     queue_run: str | None = None
     queue_lease: float = 30.0
     queue_classes: tuple[str, ...] = ()  # the classes a queue run covers ((): all)
+    # [tool.devpool.once]: fixture name → its request table, checked by plan/once.py
+    once: Mapping[str, Any] = field(default_factory=dict)
 
 
 def read_table(pyproject: Path | None) -> dict[str, Any]:
@@ -586,7 +589,11 @@ def settings_from(
         except ValueError as exc:
             given = shown(raw) if isinstance(raw, str) else raw  # a URL's password hidden
             raise DevpoolError(f"{source} must be {exc}, got {given!r}") from None
-    for key, name in (("quarantine", "quarantine"), ("fatal_patterns", "fatal-patterns")):
+    for key, name in (
+        ("quarantine", "quarantine"),
+        ("fatal_patterns", "fatal-patterns"),
+        ("once", "once"),
+    ):
         if name in table:
             if not isinstance(table[name], dict):
                 raise DevpoolError(f"{where}: [tool.devpool.{name}] must be a table")

@@ -25,6 +25,8 @@ from devpool.devices.inventory import resolve_inventory
 from devpool.devices.lockdir import LockDir
 from devpool.errors import DevpoolError
 from devpool.plan.markers import MARKERS
+from devpool.plan.once import PLUGIN as ONCE_PLUGIN
+from devpool.plan.once import OnceCheck, parse_once
 from devpool.plan.rules import RuleMarkers, rules_from
 from devpool.report.terminal import file_name
 from devpool.select import DEPENDS_ON_MARKER
@@ -163,6 +165,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
             register_worker(config, select, table)
         _register_rules(config, table, str(_pyproject(config)), warn=False)
+        if isinstance(table.get("once"), dict) and table["once"]:
+            from devpool.worker.once import register_worker as register_once
+
+            register_once(config, frozenset(table["once"]))
         return
     try:
         _configure_controller(config)
@@ -183,6 +189,7 @@ def _configure_controller(config: pytest.Config) -> None:
     )
     selecting = select_options(table, str(pyproject))  # checked whether or not selection is on
     rules = rules_from(table, str(pyproject), settings)  # checked whether or not devpool is on
+    once = parse_once(table, str(pyproject), settings.platforms, settings.resources)
     if settings.devices is None:
         if config.getoption("devpool_queue"):  # else every job would run every test
             raise DevpoolError(
@@ -251,6 +258,15 @@ def _configure_controller(config: pytest.Config) -> None:
         Controller(config, settings, inventory, lock_dir), "devpool-controller"
     )
     config.pluginmanager.register(FinishGuard(), "devpool-finish-guard")
+    if once:  # [tool.devpool.once]: checked against the collected suite (plan/once.py)
+        platform = (inventory.platform.name, inventory.platform.kind)
+        devices, cpus, skip = (
+            len(inventory.devices),
+            settings.cpu_slots,
+            settings.skip_unsatisfiable,
+        )
+        check = OnceCheck(once, str(pyproject), devices, cpus, platform, skip)
+        config.pluginmanager.register(check, ONCE_PLUGIN)
     if settings.select != "off":  # selection's modules load only for a run that selects
         from devpool.select.session import register_controller
 

@@ -157,6 +157,8 @@ class Merge:
             return [message] if rank == 0 else []
         if isinstance(message, protocol.Leak):
             return [message]  # each rank's own leftovers: a ranks(n) test counts them all
+        if isinstance(message, (protocol.OnceUp, protocol.OnceDown)):
+            return [message]  # a once-fixture's process is never a rank: passed on as said
         if isinstance(message, protocol.Start):
             nodeid = message.nodeid
             self.where[rank] = nodeid

@@ -251,6 +251,13 @@ def _request(
     return RuleRequest(values)
 
 
+def request_values(
+    raw: dict[str, Any], where: str, platforms: Collection[str], resources: Mapping[str, int]
+) -> dict[str, Any]:
+    """One request table's checked values, as a path rule takes them (plan/once.py too)."""
+    return dict(_request(raw, where, False, platforms, resources).values)
+
+
 def _path_key(key: str, where: str) -> str:
     path = PurePosixPath(key.replace("\\", "/"))
     if not key.strip() or path.is_absolute() or ".." in path.parts:

@@ -30,6 +30,7 @@ from devpool.run.endings import Endings
 from devpool.run.health import FOREIGN_RETRY, DeviceHealth, Foreign
 from devpool.run.leaks import Leaks
 from devpool.run.memory_watch import MemoryWatches
+from devpool.run.once import OnceFixtures
 from devpool.run.placing import Placing
 from devpool.run.pool import Slot, WorkerPool
 from devpool.run.replay import Replay
@@ -105,6 +106,7 @@ class Loop:
         self.renamed: set[str] = set()  # tests a worker collected under another parametrize id
         self.leaks = Leaks(ctx, self.say, backend.local_leases)
         self.pool.leaks = self.leaks
+        self.once = OnceFixtures(self)  # [tool.devpool.once]: processes of their own
         # Each worker event's handler, `_on_<tag>`: an event without one stops the run here.
         self.handlers = protocol.handlers(self, protocol.EVENTS)
 
@@ -132,6 +134,7 @@ class Loop:
                     for overrun in self.memory.overrunning(list(self.pool.slots.values())):
                         self.pool.kill(overrun)  # its exit ends the attempt with the overrun
                 self._tend_health(now)
+                self.once.tend(now)  # before placing: a once-fixture's devices go first
                 placed = False
                 if not self.stopped:
                     if self.source is not None:
@@ -148,6 +151,7 @@ class Loop:
                 for worker, messages, eof in self.backend.poll(self._sleep(now)):
                     slot = self.pool.slots.get(worker.key)
                     if slot is None:
+                        self.once.feed(worker, messages, eof)  # a once-fixture's process
                         continue
                     for message in messages:
                         self._on_message(slot, message)
@@ -164,6 +168,7 @@ class Loop:
                 if self.live is not None:
                     self.live.update(self._snapshot())
         finally:
+            self.once.close()
             self.placing.leave()
             self.health.close()
             self.pool.shutdown()
@@ -183,7 +188,8 @@ class Loop:
             if self.source is not None and job.id not in self.claimed:
                 self.claimed.add(job.id)  # a queue's job: its progress counts what it claimed
                 self.session.testscollected += 1
-            if job.chain is None or job.chain[0] is job:  # the rest go with their chain
+            head = job.chain is None or job.chain[0] is job  # the rest go with their chain
+            if head and not self.once.hold(job):  # users wait for their once-fixtures
                 self.scheduler.add(job)
 
     def _withdraw(self, jobs: list[Job]) -> None:
@@ -202,7 +208,8 @@ class Loop:
         queued = bool(len(self.scheduler.queue) or self.placing.delayed) and not self.stopped
         if self.source is not None and not self.stopped and self.source.open():
             return True
-        return bool(self.pool.slots or self.pool.starting or self.health.pending or queued)
+        once = self.once.busy()
+        return bool(self.pool.slots or self.pool.starting or self.health.pending or queued or once)
 
     def _sleep(self, now: float) -> float:
         due = [now + (progress.REFRESH if self.live is not None else TICK)]
@@ -331,6 +338,12 @@ class Loop:
     def _on_output(self, slot: Slot, event: protocol.Output) -> None:
         compat.outputs.received(self.session.config, event.pid, event.data)
 
+    def _on_once_up(self, slot: Slot, event: protocol.OnceUp) -> None:
+        raise protocol.ProtocolError(f"a test worker sent {event!r:.200}")  # run/once.py's
+
+    def _on_once_down(self, slot: Slot, event: protocol.OnceDown) -> None:
+        raise protocol.ProtocolError(f"a test worker sent {event!r:.200}")  # run/once.py's
+
     def _on_missing(self, slot: Slot, event: protocol.Missing) -> None:
         attempt = self._sent(slot, event.nodeid)
         if attempt is not None:
@@ -456,6 +469,7 @@ class Loop:
             self.dropped.add(job.id)
             self.dropped.update(member.id for member in job.chain or ())
         self.dropped.update(job.id for job in self.placing.stop())
+        self.dropped.update(self.once.stop())
         for job_id, (placement, _) in list(self.pool.starting.items()):
             self.scheduler.finish(placement.job)
             self.dropped.add(placement.job.id)

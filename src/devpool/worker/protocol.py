@@ -327,6 +327,31 @@ class Done(Message):
     through: int = 0
 
 
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class OnceUp(Message):
+    """A once-fixture's setup ended in the process of its own (worker/once.py): outcome
+    value, error or skip (its file holds what the tests get); text: the error, one line."""
+
+    tag: ClassVar[str] = "once_up"
+    fixture: str
+    outcome: str
+    seconds: float
+    text: str = ""
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class OnceDown(Message):
+    """A once-fixture was torn down in its process; error: the teardown report pytest would
+    make of the exception (serialized), when the teardown raised."""
+
+    tag: ClassVar[str] = "once_down"
+    fixture: str
+    seconds: float
+    error: dict[str, Any] | None = None
+
+
 # ---- the fork server: controller or rank actor → template → asker ---------------------------
 
 

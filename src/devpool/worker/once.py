@@ -1,0 +1,264 @@
+"""A once-fixture in devpool's processes: one process of its own sets it up and tears it
+down; every worker's tests get its value instead of running it ([tool.devpool.once]).
+
+The process of its own is a worker started with ONCE_ENV naming its fixture (run/once.py).
+It sets the fixture up as the setup of the first collected test that uses it would, writes
+what the tests get to the run's once folder (ONCE_DIR_ENV), says so (protocol.OnceUp),
+waits for the controller's stop, then tears the fixture down and says so (OnceDown).
+
+In a worker, a test's setup finds the file of each once-fixture it uses: the fixture's
+definition no longer asks for the fixtures it uses (those run in its own process only), the
+test's closure drops the ones only it needed, and pytest_fixture_setup answers with the
+value, cached as pytest caches one. A setup that raised gives each test the report plain
+pytest would show; a skip, the same skip. No file (not a once-fixture on this run's
+platform, or not started): the fixture runs here as an ordinary one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import time
+from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devpool.worker import protocol
+
+ONCE_ENV = "DEVPOOL_ONCE_SETUP"  # in a once-fixture's own process: the fixture's name
+ONCE_DIR_ENV = "DEVPOOL_ONCE_DIR"  # in every process of a run with once-fixtures
+
+
+def result_path(folder: Path, name: str) -> Path:
+    """Where a once-fixture's outcome lies: ("value", pickled value), ("error", report) or
+    ("skip", message), pickled."""
+    return folder / f"{name}.pickle"
+
+
+def write_result(folder: Path, name: str, kind: str, payload: Any) -> None:
+    """Write a once-fixture's outcome whole (a reader never sees half of it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = result_path(folder, name)
+    partial = target.with_suffix(f".{os.getpid()}.part")
+    partial.write_bytes(pickle.dumps((kind, payload)))
+    os.replace(partial, target)
+
+
+def unpicklable(name: str, value: object, exc: BaseException) -> str:
+    """The sentence a test gets when its once-fixture's value cannot travel."""
+    kind = type(value)
+    return (
+        f"[tool.devpool.once] {name}'s value, of type {kind.__module__}.{kind.__qualname__}, "
+        f"cannot be pickled to reach the tests in other processes ({exc}); return what can "
+        "(an address, a path, a dataclass of them)"
+    )
+
+
+class OnceFailed(Exception):
+    """Raised in a worker for a test whose once-fixture's setup failed: its report shows
+    what the fixture's own process saw (longrepr: a report's, or one sentence)."""
+
+    def __init__(self, name: str, longrepr: Any) -> None:
+        super().__init__(f"once-fixture {name} failed in its own process")
+        self.longrepr = longrepr
+
+
+def closure_without(
+    closure: Sequence[str],
+    initial: Iterable[str],
+    definitions: Mapping[str, Sequence[Any]],
+    once: Collection[str],
+) -> list[str]:
+    """A test's fixture closure less what only its once-fixtures asked for."""
+    keep: set[str] = set()
+    todo = list(initial)
+    while todo:
+        name = todo.pop()
+        if name in keep:
+            continue
+        keep.add(name)
+        if name in once:
+            continue
+        for definition in definitions.get(name, ()):
+            todo.extend(definition.argnames)
+    return [name for name in closure if name in keep]
+
+
+class OnceValues:
+    """A worker's plugin: the tests' once-fixtures answered from their files."""
+
+    def __init__(self, config: pytest.Config, folder: Path, names: Collection[str]) -> None:
+        self.config = config
+        self.folder = folder
+        self.names = frozenset(names)
+        self.results: dict[str, tuple[str, Any]] = {}
+        self.answers: dict[int, str] = {}  # id(fixturedef) → its fixture's name
+
+    def _result(self, name: str) -> tuple[str, Any] | None:
+        if name in self.results:
+            return self.results[name]
+        try:
+            kind, payload = pickle.loads(result_path(self.folder, name).read_bytes())
+        except FileNotFoundError:
+            return None
+        if kind == "value":
+            try:
+                payload = pickle.loads(payload)
+            except Exception as exc:  # noqa: BLE001 - said to the tests that use it
+                kind = "error"
+                payload = f"[tool.devpool.once] {name}'s value cannot be unpickled here: {exc!r}"
+        elif kind == "error" and isinstance(payload, dict):
+            hook = self.config.hook
+            payload = hook.pytest_report_from_serializable(config=self.config, data=payload)
+            payload = payload.longrepr
+        self.results[name] = (kind, payload)
+        return self.results[name]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        used = [name for name in self.names if name in getattr(item, "fixturenames", ())]
+        info: Any = getattr(item, "_fixtureinfo", None)
+        if not used or info is None:
+            return
+        answered = set()
+        for name in used:
+            definitions = info.name2fixturedefs.get(name)
+            if not definitions or definitions[-1].scope != "session":
+                continue
+            if self._result(name) is None:
+                continue  # not run once here: an ordinary fixture
+            fixturedef = definitions[-1]
+            if id(fixturedef) not in self.answers:
+                self.answers[id(fixturedef)] = name
+                fixturedef.argnames = ()  # what it uses is set up in its own process only
+            answered.add(name)
+        if answered:
+            item.fixturenames = closure_without(  # type: ignore[attr-defined]
+                item.fixturenames,  # type: ignore[attr-defined]
+                info.initialnames,
+                info.name2fixturedefs,
+                answered,
+            )
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_fixture_setup(self, fixturedef: Any, request: Any) -> Any:
+        name = self.answers.get(id(fixturedef))
+        if name is None:
+            return None
+        result = self._result(name)
+        assert result is not None
+        kind, payload = result
+        key = fixturedef.cache_key(request)
+        if kind == "value":
+            fixturedef.cached_result = (payload, key, None)
+            return payload
+        try:
+            if kind == "skip":
+                raise pytest.skip.Exception(payload, _use_item_location=True)
+            raise OnceFailed(name, payload)
+        except BaseException as exc:
+            fixturedef.cached_result = (None, key, (exc, exc.__traceback__))
+            raise
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        excinfo = call.excinfo
+        if excinfo is not None and isinstance(excinfo.value, OnceFailed):
+            report.longrepr = excinfo.value.longrepr
+        return report
+
+
+class OnceProcess:
+    """The plugin of a once-fixture's own process: instead of running tests, set the
+    fixture up, say so, wait for the stop, tear it down, say so."""
+
+    def __init__(self, config: pytest.Config, name: str, folder: Path) -> None:
+        self.config = config
+        self.name = name
+        self.folder = folder
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        worker: Any = self.config.pluginmanager.get_plugin("devpool-worker")
+        worker.leaks.start_worker()  # what the fixture starts is found at its teardown
+        worker.send(protocol.Ready(pid=os.getpid(), collected=len(session.items)))
+        item = next((i for i in session.items if self.name in _fixturenames(i)), None)
+        setup_state: Any = session._setupstate  # noqa: SLF001 - pytest's own, as a test's setup
+        started = time.monotonic()
+        if item is None:
+            text = f"no test that uses {self.name} was collected in its process"
+            kind, payload = "error", f"[tool.devpool.once] {text}"
+        else:
+            setup_state.setup(session)  # the session's finalizers: the fixture's teardown
+            request: Any = getattr(item, "_request")  # noqa: B009 - pytest's own
+            call = pytest.CallInfo.from_call(
+                lambda: request.getfixturevalue(self.name),
+                when="setup",
+                reraise=(KeyboardInterrupt,),
+            )
+            kind, payload, text = self._outcome(item, call)
+        write_result(self.folder, self.name, kind, payload)
+        seconds = round(time.monotonic() - started, 3)
+        worker.send(protocol.OnceUp(fixture=self.name, outcome=kind, seconds=seconds, text=text))
+        commands = protocol.Commands(worker.fd_in)
+        while (message := commands.next()) is not None and not isinstance(message, protocol.Stop):
+            pass  # nothing but the stop is for it
+        started = time.monotonic()
+        call = pytest.CallInfo.from_call(
+            lambda: setup_state.teardown_exact(None), when="teardown", reraise=(KeyboardInterrupt,)
+        )
+        error = None
+        if call.excinfo is not None and item is not None:
+            report = pytest.TestReport.from_item_and_call(item, call)
+            error = self.config.hook.pytest_report_to_serializable(
+                config=self.config, report=report
+            )
+        left = worker.leaks.at_exit()
+        seconds = round(time.monotonic() - started, 3)
+        with contextlib.suppress(OSError):  # the controller is gone: nobody to tell
+            worker.send(*left, protocol.OnceDown(fixture=self.name, seconds=seconds, error=error))
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:  # the controller writes the summary
+            self.config.pluginmanager.unregister(reporter)
+        return True
+
+    def _outcome(self, item: pytest.Item, call: pytest.CallInfo[Any]) -> tuple[str, Any, str]:
+        """(kind, payload, one line) of the setup: the value pickled, a skip's message, or
+        the report plain pytest would make of the error."""
+        excinfo = call.excinfo
+        if excinfo is None:
+            value = call.result
+            try:
+                return "value", pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), ""
+            except Exception as exc:  # noqa: BLE001 - any pickling error is the user's to fix
+                sentence = unpicklable(self.name, value, exc)
+                return "error", sentence, sentence
+        if isinstance(excinfo.value, pytest.skip.Exception):
+            message = str(excinfo.value.msg)
+            return "skip", message, f"skipped: {message}"
+        report = pytest.TestReport.from_item_and_call(item, call)
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        return "error", data, excinfo.exconly().strip().splitlines()[-1]
+
+
+def _fixturenames(item: pytest.Item) -> Sequence[str]:
+    return getattr(item, "fixturenames", ())
+
+
+def register_worker(config: pytest.Config, names: Collection[str]) -> None:
+    """In a worker of a run with once-fixtures: answer for them, or (in a once-fixture's
+    own process) run one."""
+    folder = os.environ.get(ONCE_DIR_ENV)
+    if not folder:
+        return  # a run that runs none once (another backend): ordinary fixtures
+    own = os.environ.get(ONCE_ENV)
+    if own:
+        config.pluginmanager.register(OnceProcess(config, own, Path(folder)), "devpool-once")
+    else:
+        config.pluginmanager.register(OnceValues(config, Path(folder), names), "devpool-once")
