@@ -17,6 +17,7 @@ platform, or not started): the fixture runs here as an ordinary one.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import pickle
 import time
@@ -202,7 +203,7 @@ class OnceProcess:
                 when="setup",
                 reraise=(KeyboardInterrupt,),
             )
-            kind, payload, text = self._outcome(item, call)
+            kind, payload, text = self._outcome(item, _from_fixtures(call, session))
         write_result(self.folder, self.name, kind, payload)
         seconds = round(time.monotonic() - started, 3)
         worker.send(protocol.OnceUp(fixture=self.name, outcome=kind, seconds=seconds, text=text))
@@ -215,6 +216,7 @@ class OnceProcess:
         )
         error = None
         if call.excinfo is not None and item is not None:
+            call = _from_fixtures(call, session)
             report = pytest.TestReport.from_item_and_call(item, call)
             error = self.config.hook.pytest_report_to_serializable(
                 config=self.config, report=report
@@ -245,6 +247,26 @@ class OnceProcess:
         report = pytest.TestReport.from_item_and_call(item, call)
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         return "error", data, excinfo.exconly().strip().splitlines()[-1]
+
+
+def _from_fixtures(call: pytest.CallInfo[Any], session: pytest.Session) -> pytest.CallInfo[Any]:
+    """The call's traceback from the first fixture function on: what plain pytest shows of
+    a fixture's error (the frames above it, devpool's own here, are not the test's)."""
+    if call.excinfo is None:
+        return call
+    manager: Any = session._fixturemanager  # noqa: SLF001
+    codes = set()
+    for definitions in manager._arg2fixturedefs.values():  # noqa: SLF001
+        for definition in definitions:
+            func = inspect.unwrap(getattr(definition.func, "__func__", definition.func))
+            codes.add(getattr(func, "__code__", None))
+    tb = call.excinfo.tb
+    while tb is not None and tb.tb_frame.f_code not in codes:
+        tb = tb.tb_next
+    if tb is not None:
+        excinfo = call.excinfo
+        call.excinfo = pytest.ExceptionInfo.from_exc_info((excinfo.type, excinfo.value, tb))
+    return call
 
 
 def _fixturenames(item: pytest.Item) -> Sequence[str]:
