@@ -329,8 +329,7 @@ TABLE_KEYS = frozenset(_BY_NAME) | {
     "markers",
     "once",
 }
-# A profile changes how a run runs, never what a test asks for (paths, markers, once): a
-# capacity report and every profile's run see the same requests.
+# A profile changes how a run runs, not what a test asks for (paths, markers, once).
 PROFILE_KEYS = TABLE_KEYS - {"profiles", "profile", "paths", "markers", "once"}
 
 
@@ -475,8 +474,6 @@ class Settings:
     queue_run: str | None = None
     queue_lease: float = 30.0
     queue_classes: tuple[str, ...] = ()  # the classes a queue run covers ((): all)
-    # [tool.devpool.once]: fixture name → its request table, checked by plan/once.py
-    once: Mapping[str, Any] = field(default_factory=dict)
 
 
 def read_table(pyproject: Path | None) -> dict[str, Any]:
@@ -589,11 +586,7 @@ def settings_from(
         except ValueError as exc:
             given = shown(raw) if isinstance(raw, str) else raw  # a URL's password hidden
             raise DevpoolError(f"{source} must be {exc}, got {given!r}") from None
-    for key, name in (
-        ("quarantine", "quarantine"),
-        ("fatal_patterns", "fatal-patterns"),
-        ("once", "once"),
-    ):
+    for key, name in (("quarantine", "quarantine"), ("fatal_patterns", "fatal-patterns")):
         if name in table:
             if not isinstance(table[name], dict):
                 raise DevpoolError(f"{where}: [tool.devpool.{name}] must be a table")

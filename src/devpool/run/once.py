@@ -24,6 +24,7 @@ import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
@@ -41,7 +42,7 @@ from devpool.run.host_leases import host_env
 from devpool.run.leaks import Leaks
 from devpool.run.warm import device_env
 from devpool.worker import protocol
-from devpool.worker.once import ONCE_ENV
+from devpool.worker.once import ONCE_DIR_ENV, ONCE_ENV
 
 STOP_GRACE = 60.0  # seconds a teardown may take (unless its timeout says) before SIGKILL
 RETRY = 0.5  # seconds between tries of a lease another run holds
@@ -467,6 +468,13 @@ class OnceFixtures:
             where += ", port" + ("s " if len(ports) > 1 else " ") + ",".join(map(str, ports))
         pid = once.worker.pid if once.worker is not None else None
         return where + (f" (pid {pid})" if pid else "")
+
+
+def worker_env(config: pytest.Config, run_dir: Path) -> dict[str, str]:
+    """What every process of a run with once-fixtures gets: where their outcomes lie."""
+    if not config.pluginmanager.has_plugin(PLUGIN):
+        return {}
+    return {ONCE_DIR_ENV: str(run_dir / "once")}
 
 
 def _ports(lease: Lease | None) -> tuple[int, ...]:

@@ -17,7 +17,6 @@ from devpool.backends import Backend, Forks
 from devpool.history import preload
 from devpool.plan.jobs import Plan
 from devpool.run.context import RunContext
-from devpool.worker.once import ONCE_DIR_ENV
 
 RESTARTS = 3  # templates of a kind started again, each without one more unsafe test module
 
@@ -201,8 +200,6 @@ def device_env(ctx: Any, devices: tuple[int, ...]) -> dict[str, str]:
     env["DEVPOOL_PLATFORM"] = platform.name
     env["DEVPOOL_RUN_ID"] = ctx.run_id
     env["DEVPOOL_ARTIFACTS"] = str(ctx.artifacts_dir)
-    if getattr(ctx.settings, "once", None):  # where once-fixtures' values lie (worker/once.py)
-        env[ONCE_DIR_ENV] = str(ctx.run_dir / "once")
     if platform.visible_env:
         # A CPU-only test sees no device at all: a stray device use fails loudly
         # instead of silently sharing a card another test holds.

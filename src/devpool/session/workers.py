@@ -20,6 +20,7 @@ from devpool.config import Settings
 from devpool.devices import leftovers
 from devpool.devices.inventory import Inventory
 from devpool.folders import devpool_dir
+from devpool.run import once
 from devpool.run.warm import template_kind, templates_env
 from devpool.session.early_kinds import early_kinds
 from devpool.worker import leaks, worklist
@@ -64,6 +65,7 @@ def early_backend(
     if coverage.measuring() is not None:
         return None  # workers measure coverage: no template would be safe to fork (forkserver)
     args, env = worker_setup(config, settings)
+    env.update(once.worker_env(config, log_dir.parent))  # [tool.devpool.once]
     cwd = config.invocation_params.dir
     backend = LocalBackend(args, cwd, log_dir, env, settings.worker_start_timeout)
     if settings.run_dir is None:
@@ -114,6 +116,8 @@ def make_backend(
     if not settings.plan:  # --devpool-plan starts no worker and leaves no folder
         selected = worklist.write_selection(items.values(), run_dir / "collect")
         env[worklist.NODEIDS_ENV] = str(selected)
+    if settings.backend == "local":
+        env.update(once.worker_env(config, run_dir))  # [tool.devpool.once]
     if settings.backend == "ray":
         from devpool.backends.ray.backend import RayBackend
 

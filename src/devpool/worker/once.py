@@ -23,6 +23,7 @@ import pickle
 import time
 from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import pytest
@@ -260,7 +261,7 @@ def _from_fixtures(call: pytest.CallInfo[Any], session: pytest.Session) -> pytes
         for definition in definitions:
             func = inspect.unwrap(getattr(definition.func, "__func__", definition.func))
             codes.add(getattr(func, "__code__", None))
-    tb = call.excinfo.tb
+    tb: TracebackType | None = call.excinfo.tb
     while tb is not None and tb.tb_frame.f_code not in codes:
         tb = tb.tb_next
     if tb is not None:

@@ -1,0 +1,269 @@
+"""Setup once per run (issue 57): a session fixture named in [tool.devpool.once] is set up
+once, in a process of its own with a lease of its own, and torn down after its last user;
+real sessions on sim devices.
+
+The target's fixture records its setup and teardown, and its tests what they saw (their
+devices, their process, the fixture's value), in OUT (sessions.PRELUDE's record()).
+"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from sessions import IN_ORDER, events, records, suite
+
+pytestmark = pytest.mark.usefixtures("_no_autoload")
+
+
+@pytest.fixture
+def _no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+
+
+# A server on the fixture's leased port, in a process the fixture starts: set up once, its
+# address is the value every test gets.
+CONFTEST = """
+import json, os, socket, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+
+OUT = Path({out!r})
+
+
+def note(key, **data):
+    data.update(pid=os.getpid(), devices=os.environ.get("DEVPOOL_DEVICES"), at=time.time())
+    with open(OUT / (key + ".jsonl"), "a") as handle:
+        handle.write(json.dumps(data) + "\\n")
+
+
+@pytest.fixture(scope="session")
+def base():
+    note("base")
+    return "base"
+
+
+@pytest.fixture(scope="session")
+def server(base):
+    port = int(os.environ["DEVPOOL_PORTS"].split(",")[0])
+    code = (
+        "import socket, sys\\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\\n"
+        f"s.bind(('127.0.0.1', {{port}})); s.listen(64); print('up', flush=True)\\n"
+        "while True:\\n"
+        "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    proc.stdout.readline()
+    note("setup", port=port, server=proc.pid)
+    yield dict(port=port, server=proc.pid, devices=os.environ["DEVPOOL_DEVICES"], base=base)
+    proc.terminate()
+    proc.wait()
+    note("teardown")
+"""
+
+USERS = """
+import socket
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.parametrize("i", range({n}))
+def test_uses(server, i):
+    time.sleep(0.1)
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=10) as conn:
+        said = conn.recv(5)
+    record(f"{{__name__}}-{{i}}", server=server, said=said.decode(), end=time.time())
+"""
+
+
+def _project(pytester: pytest.Pytester, out: Path, table: str, conftest: str) -> None:
+    pytester.makefile(".toml", pyproject=f"[tool.devpool.once]\n{table}\n")
+    pytester.makeconftest(conftest.format(out=str(out)))
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _record(pytester: pytest.Pytester) -> Path:
+    [record] = pytester.path.glob(".devpool/runs/*/record.jsonl")
+    return record
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_server_fixture_is_set_up_once_on_a_device_and_port_of_its_own(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    _project(pytester, out, "server = { device_count = 1, ports = 1 }", CONFTEST)
+    suite(pytester, out, "test_one", USERS.format(n=6))
+    suite(pytester, out, "test_two", USERS.format(n=6) + "\n\ndef test_beside():\n    pass\n")
+    result = pytester.runpytest_subprocess(
+        *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-3", timeout=120
+    )
+    text = result.stdout.str()
+    assert result.ret == 0, text
+    [setup], [teardown] = _lines(out / "setup.jsonl"), _lines(out / "teardown.jsonl")
+    [base] = _lines(out / "base.jsonl")  # what it uses: set up in its process alone
+    assert base["pid"] == setup["pid"]
+    seen = records(out)
+    assert len(seen) == 12
+    workers = {r["pid"] for r in seen.values()}
+    assert len(workers) > 1 and setup["pid"] not in workers  # several workers, none its own
+    for test in seen.values():
+        assert test["said"] == "hello" and test["server"]["server"] == setup["server"]
+        assert test["server"]["base"] == "base"
+        assert setup["devices"] not in str(test["devices"]).split(",")  # its device: its own
+    assert teardown["pid"] == setup["pid"]
+    assert teardown["at"] >= max(float(r["end"]) for r in seen.values())  # after its last user
+    assert not _alive(int(setup["pid"])) and not _alive(int(setup["server"]))
+    record = _record(pytester)
+    [up], [down] = events(record, "once_setup"), events(record, "once_teardown")
+    assert up["devices"] == down["devices"] == [int(setup["devices"])]
+    assert up["ports"] == [setup["port"]] and up["outcome"] == "value"
+    assert "ONCE server set up in" in text
+    assert f"on sim:{setup['devices']}, port {setup['port']}" in text
+    assert "ONCE server torn down in" in text
+
+
+FAILING = """
+import pytest
+
+
+@pytest.fixture(scope="session")
+def server():
+    raise RuntimeError("no server today")
+"""
+
+FAILING_USERS = """
+@pytest.mark.parametrize("i", range(3))
+def test_uses(server, i):
+    pass
+
+
+def test_other():
+    pass
+"""
+
+
+def _outcomes(pytester: pytest.Pytester, *args: str) -> dict[str, tuple[str, str]]:
+    """Each test's outcome in JUnit, with the text of its error."""
+    junit = pytester.path / "oracle.xml"
+    pytester.runpytest_subprocess(*args, f"--junitxml={junit}", timeout=120)
+    found = {}
+    for case in ET.parse(junit).iter("testcase"):
+        kinds = [c for c in case if c.tag in ("failure", "error", "skipped")]
+        found[str(case.get("name"))] = (
+            ",".join(c.tag for c in kinds) or "passed",
+            "".join((c.text or "") for c in kinds),
+        )
+    return found
+
+
+def test_a_failing_setup_gives_its_tests_plain_pytests_outcomes(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    _project(pytester, out, "server = {}", FAILING)
+    suite(pytester, out, "test_failing", FAILING_USERS)
+    plain = _outcomes(pytester, "-p", "no:cacheprovider")  # devpool dormant: plain pytest
+    devpool = (*IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1")
+    under = _outcomes(pytester, *devpool)
+    assert under == plain
+    assert plain["test_uses[0]"][0] == "error" and "no server today" in plain["test_uses[0]"][1]
+
+
+KILLED = """
+import glob
+import signal
+
+
+def test_a_kill(server):
+    os.kill(server, signal.SIGKILL)
+    def lost():
+        return any("once_lost" in Path(p).read_text() for p in glob.glob(".devpool/runs/*/*.jsonl"))
+
+    wait_until(lost, "the run to see its once-fixture lost")
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_b_after(server, i):
+    pass
+
+
+def test_c_other():
+    pass
+"""
+
+
+def test_a_killed_once_process_ends_its_remaining_users_infra(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    conftest = "import os\nimport pytest\n\n@pytest.fixture(scope='session')\ndef server():\n"
+    _project(pytester, out, "server = { ports = 1 }", conftest + "    yield os.getpid()\n")
+    suite(pytester, out, "test_killed", KILLED)
+    result = pytester.runpytest_subprocess(
+        *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1",
+        "--devpool-max-parallel=1", "-rA", timeout=120,
+    )  # fmt: skip
+    text = result.stdout.str()
+    assert "2 passed, 4 infra" in text, text
+    for i in range(4):
+        assert f"INFRA test_killed.py::test_b_after[{i}] - once-fixture server's process" in text
+    [lost] = events(_record(pytester), "once_lost")
+    assert "killed by signal 9" in lost["why"]
+
+
+MODULE_SCOPED = FAILING.replace('scope="session"', 'scope="module"')
+UNKNOWN = "'servr' is not a session-scoped fixture of the collected suite; did you mean server?"
+
+
+@pytest.mark.parametrize(
+    ("table", "conftest", "said"),
+    [
+        ("servr = {}", FAILING, UNKNOWN),
+        ("server = {}", MODULE_SCOPED, "'server' is a module-scoped fixture"),
+        ("server = { ranks = 2 }", FAILING, "server has request key 'ranks', which it cannot"),
+        ("server = { device_count = 9 }", FAILING, "server asks for 9 devices; this run has 2"),
+    ],
+    ids=["unknown", "module", "key", "too-big"],
+)
+def test_bad_once_tables_are_one_sentence_and_exit_4(
+    pytester: pytest.Pytester, out: Path, lock: Path, table: str, conftest: str, said: str
+) -> None:
+    _project(pytester, out, table, conftest)
+    suite(pytester, out, "test_failing", FAILING_USERS)
+    result = pytester.runpytest_subprocess(
+        *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=60
+    )
+    assert result.ret == 4
+    error = [line for line in result.stderr.lines if line.startswith("ERROR")]
+    assert len(error) == 1 and said in error[0], result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
+    if "9 devices" in said:
+        skipped = pytester.runpytest_subprocess(
+            *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1",
+            "--devpool-skip-unsatisfiable", timeout=60,
+        )  # fmt: skip
+        assert "1 passed, 3 skipped" in skipped.stdout.str(), skipped.stdout.str()
+
+
+def test_plain_pytest_runs_a_once_fixture_as_an_ordinary_one(
+    pytester: pytest.Pytester, out: Path
+) -> None:
+    _project(pytester, out, "server = { device_count = 1, ports = 1 }", FAILING)
+    suite(pytester, out, "test_failing", FAILING_USERS)
+    result = pytester.runpytest_subprocess("-p", "devpool.plugin", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, errors=3)
+    assert os.environ.get("DEVPOOL_ONCE_DIR") is None
