@@ -244,7 +244,7 @@ class OnceProcess:
                 return "error", sentence, sentence
         if isinstance(excinfo.value, pytest.skip.Exception):
             message = str(excinfo.value.msg)
-            return "skip", message, f"skipped: {message}"
+            return "skip", message, message
         report = pytest.TestReport.from_item_and_call(item, call)
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         return "error", data, excinfo.exconly().strip().splitlines()[-1]
