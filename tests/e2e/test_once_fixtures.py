@@ -267,3 +267,28 @@ def test_plain_pytest_runs_a_once_fixture_as_an_ordinary_one(
     result = pytester.runpytest_subprocess("-p", "devpool.plugin", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, errors=3)
     assert os.environ.get("DEVPOOL_ONCE_DIR") is None
+
+
+STOPPED = """
+def test_a_fails():
+    assert 0
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_uses(server, i):
+    pass
+"""
+
+
+def test_a_run_stopped_by_x_tears_its_once_fixture_down_and_ends(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    _project(pytester, out, "server = { device_count = 1, ports = 1 }", CONFTEST)
+    suite(pytester, out, "test_stopped", STOPPED)
+    result = pytester.runpytest_subprocess(
+        *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", "-x", timeout=60
+    )
+    assert result.ret == 1 and "stopping after 1 failures" in result.stdout.str()
+    [setup] = _lines(out / "setup.jsonl")
+    assert len(_lines(out / "teardown.jsonl")) == 1
+    assert not _alive(int(setup["pid"])) and not _alive(int(setup["server"]))

@@ -61,6 +61,7 @@ class _LoopView(Protocol):  # run/loop.py's Loop, as far as once-fixtures read i
     dropped: set[int]
     leaks: Leaks
     source: Any
+    stopped: bool  # -x / --maxfail: nothing new starts
 
     @property
     def pool(self) -> Any: ...
@@ -440,9 +441,12 @@ class OnceFixtures:
         source = self.loop.source
         if source is not None and source.open():
             return False  # a queue may still hand this job more of its users
+        unrun = (State.QUEUED, State.LEASED) if self.loop.stopped else ()  # -x: they stay so
         for job_id in once.users:
             attempt = self.loop.attempts.get(job_id)
-            if attempt is not None and not attempt.final and job_id not in self.loop.dropped:
+            if attempt is None or attempt.final or job_id in self.loop.dropped:
+                continue
+            if attempt.state not in unrun:
                 return False
         return True
 
