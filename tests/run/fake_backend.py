@@ -10,6 +10,9 @@ send. What a test does is in its name:
 - `test_crash_once*` does so on its first attempt only, then passes;
 - `test_missing*` is not collected by the worker.
 
+A worker started for a once-fixture (DEVPOOL_ONCE_SETUP in its environment) sets it up at
+once and tears it down at its stop; one named `lost*` dies before its setup ends.
+
 Every event goes through worker/protocol.py's encoding and decoding, as on a pipe.
 """
 
@@ -34,8 +37,11 @@ PID = 4_000_000  # fake pids: no os.kill may ever reach a real process with thes
 class ScriptedWorker(WorkerHandle):
     """A worker that runs each batch at once, by the rules in the module's docstring."""
 
-    def __init__(self, key: int, devices: tuple[int, ...], lease: Lease | None, log: Path) -> None:
+    def __init__(
+        self, key: int, devices: tuple[int, ...], lease: Lease | None, log: Path, once: str = ""
+    ) -> None:
         self.key = key
+        self.once = once  # the once-fixture it sets up ("": a test worker)
         self.devices = devices
         self.lease = lease
         self.log = log
@@ -44,6 +50,10 @@ class ScriptedWorker(WorkerHandle):
         self.outbox: list[protocol.Message] = [protocol.Ready(pid=self.pid, collected=1)]
         self.eof = False
         log.write_text("")
+        if once.startswith("lost"):
+            self._end(-signal.SIGKILL)
+        elif once:
+            self.outbox.append(protocol.OnceUp(fixture=once, outcome="value", seconds=0.0))
 
     @property
     def pid(self) -> int:
@@ -58,6 +68,8 @@ class ScriptedWorker(WorkerHandle):
             return False
         command = protocol.COMMANDS.decode(protocol.encode(message))  # as a pipe carries it
         if isinstance(command, protocol.Stop):
+            if self.once:
+                self.outbox.append(protocol.OnceDown(fixture=self.once, seconds=0.0))
             self._end(0)
         elif isinstance(command, (protocol.Run, protocol.More)):
             self._run(command)
@@ -147,9 +159,9 @@ class ScriptedBackend(Backend):
     ) -> WorkerHandle:
         self.next_key += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        worker = ScriptedWorker(
-            self.next_key, devices, lease, self.log_dir / f"w{self.next_key}.log"
-        )
+        log = self.log_dir / f"w{self.next_key}.log"
+        once = env.get("DEVPOOL_ONCE_SETUP", "")
+        worker = ScriptedWorker(self.next_key, devices, lease, log, once)
         self.workers[worker.key] = worker
         return worker
 
