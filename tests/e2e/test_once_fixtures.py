@@ -184,6 +184,38 @@ def test_a_failing_setup_gives_its_tests_plain_pytests_outcomes(
     assert plain["test_uses[0]"][0] == "error" and "no server today" in plain["test_uses[0]"][1]
 
 
+TEARDOWN_FAILS = """
+import pytest
+
+
+@pytest.fixture(scope="session")
+def server():
+    yield 1
+    raise RuntimeError("could not stop the server")
+"""
+
+TEARDOWN_USERS = """
+def test_a(server):
+    pass
+
+
+def test_b(server):
+    pass
+"""
+
+
+def test_a_teardown_error_is_reported_as_plain_pytest_reports_it(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    _project(pytester, out, "server = {}", TEARDOWN_FAILS)
+    suite(pytester, out, "test_teardown", TEARDOWN_USERS)
+    plain = _outcomes(pytester, "-p", "no:cacheprovider", "-p", "no:randomly")
+    devpool = (*IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1")
+    under = _outcomes(pytester, *devpool, "--devpool-max-parallel=1")
+    assert under == plain
+    assert plain["test_b"][0] == "error" and "could not stop the server" in plain["test_b"][1]
+
+
 KILLED = """
 import glob
 import signal
