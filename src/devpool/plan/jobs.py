@@ -36,6 +36,7 @@ class Job:
     waited: float = 0.0  # queue wait of the current attempt, from queued to started
     display: str = ""  # the id reports carry: the node id, or with a repeat suffix
     failed_before: bool = False  # failed last run and --ff / --lf: starts before the rest
+    ahead: bool = False  # a once-fixture's user: starts before the rest (run/once.py)
     retries_failed: int = 0  # reruns spent on failed/error/timeout attempts
     retries_infra: int = 0  # reruns spent on crashed/infra attempts
     # Attempts that started and then failed, errored, timed out or crashed: only those make
@@ -97,8 +98,8 @@ class Job:
         return self.request.device_memory if self.devices_needed else None
 
     def priority(self) -> tuple[float, int, int]:
-        """Sort key, smallest first: last run's failures (--ff, --lf), then most
-        device-seconds, then the larger request."""
+        """Sort key, smallest first: last run's failures (--ff, --lf) and the users of a
+        once-fixture that is up, then most device-seconds, then the larger request."""
         # Device-seconds within a factor of ORDER_STEP of each other tie, and ties go by
         # request size, then by the order the user wrote the tests in. Near-equal costs
         # thus don't interleave 1-, 2- and 4-device jobs (each switch retires warm workers
@@ -107,7 +108,7 @@ class Job:
         cost = weight * max(self.estimate, ORDER_GRAIN)
         bucket = math.floor(math.log(cost / ORDER_GRAIN, ORDER_STEP))
         # Failures of the last run first (pytest's --ff / --lf), among them the same order.
-        first = -bucket - (FAILED_FIRST if self.failed_before else 0)
+        first = -bucket - (FAILED_FIRST if self.failed_before or self.ahead else 0)
         return (first, -self.devices_needed, self.index)
 
 

@@ -152,6 +152,8 @@ class OnceFixtures:
                 )
             return True
         if all(once.state == "up" for once in onces):
+            for member in members:
+                member.ahead = True  # it is up already: its users go first
             return False
         for once in onces:
             if once.state == "waiting" and not once.since:
@@ -418,6 +420,9 @@ class OnceFixtures:
                         self.loop.attempts[member.id], Outcome.INFRA, why, 0.0
                     )
             elif states == {"up"}:
+                # Its users go first: the fixture (and its lease) is up no longer than needed.
+                for member in job.chain or (job,):
+                    member.ahead = True
                 self.loop.scheduler.add(job)
             else:
                 keep.append(job)
