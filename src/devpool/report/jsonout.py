@@ -48,6 +48,7 @@ def render_json(record: RunRecord) -> str:
         "leaks_checked": summary.leaks_checked,
         "leaked": list(summary.leaked()),
         "leaks": [asdict(leak) for leak in summary.leaks],
+        "once": [asdict(once) for once in summary.onces],  # once-fixtures (report/once.py)
         "repeats": [
             {
                 "nodeid": row.nodeid,

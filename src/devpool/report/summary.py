@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from devpool.devices.inventory import format_ids
 from devpool.outcomes import Outcome
+from devpool.report.once import OnceRun
 from devpool.report.record import JobRun, Leak, RunRecord
 from devpool.wording import counted
 
@@ -127,6 +128,7 @@ class RunSummary:
     leaks_checked: bool = False  # the run looked for leaks (--devpool-leaks warn or fail)
     gaps: tuple[ClassGap, ...] = ()  # a queue run's classes that did not run
     classes: tuple[str, ...] = ()  # a queue run's per-class figures, a line each
+    onces: tuple[OnceRun, ...] = ()  # its once-fixtures (report/once.py)
 
     def leaked(self) -> tuple[str, ...]:
         """The tests charged with a leak, each once, in the order their first was found."""
@@ -252,6 +254,7 @@ def summarize(record: RunRecord) -> RunSummary:
             if job.quarantined and job.outcome in _GATING and not job.gating
         ),
         use=tuple(device_use(record)),
+        onces=tuple(record.onces),
         repeats=tuple(repeats(record)),
         cut=record.cut_sentence(),
         outcomes={
@@ -315,6 +318,9 @@ def device_use(record: RunRecord) -> list[DeviceUse]:
             busy[device] = busy.get(device, 0.0) + held
             tested[device] = tested.get(device, 0.0) + min(job.test_time, held)
             jobs[device] = jobs.get(device, 0) + 1
+    for once in record.onces:  # a once-fixture's lease: held, and no test's
+        for device in once.devices:
+            busy[device] = busy.get(device, 0.0) + once.held(record.last_time)
     return [DeviceUse(d, busy[d], jobs[d], tested.get(d, 0.0)) for d in sorted(busy)]
 
 

@@ -28,6 +28,9 @@ def render_text(record: RunRecord, tail_lines: int = 50) -> str:
     if summary.leaks:
         out.append(f"leaks ({len(summary.leaks)}, left behind by {len(summary.leaked())} tests):")
         out += [f"  {line}" for line in leak_lines(summary)]
+    if summary.onces:
+        out.append("once-fixtures:")
+        out += [f"  {once.line(summary.platform)}" for once in summary.onces]
     if summary.repeats:
         out.append("repeat results (lowest pass rate first):")
         out += [f"  {row.line()}" for row in summary.repeats]
