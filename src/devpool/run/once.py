@@ -108,6 +108,14 @@ class OnceFixtures:
                 "ran in each worker as ordinary session fixtures"
             )
             fixtures = ()
+        if fixtures and loop.ctx.settings.select != "off":
+            # What a test runs is recorded in its worker: the fixture's code, run elsewhere,
+            # would be no test's dependency, and a change to it would select nothing.
+            loop.ctx.run_notes.append(
+                "[tool.devpool.once] is off in a selective run (--devpool-select): its "
+                "fixtures ran in each worker, so that each test records their code"
+            )
+            fixtures = ()
         self.fixtures = {f.name: Once(f) for f in fixtures}
         self.folder = loop.ctx.run_dir / "once"
         self.held: list[Job] = []  # users waiting for their fixtures to be up
