@@ -11,7 +11,8 @@ send. What a test does is in its name:
 - `test_missing*` is not collected by the worker.
 
 A worker started for a once-fixture (DEVPOOL_ONCE_SETUP in its environment) sets it up at
-once and tears it down at its stop; one named `lost*` dies before its setup ends.
+once and tears it down at its stop; one named `lost*` dies before its setup ends, one
+named `dies*` right after it.
 
 Every event goes through worker/protocol.py's encoding and decoding, as on a pipe.
 """
@@ -54,6 +55,8 @@ class ScriptedWorker(WorkerHandle):
             self._end(-signal.SIGKILL)
         elif once:
             self.outbox.append(protocol.OnceUp(fixture=once, outcome="value", seconds=0.0))
+            if once.startswith("dies"):
+                self._end(-signal.SIGKILL)
 
     @property
     def pid(self) -> int:
