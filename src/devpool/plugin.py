@@ -260,12 +260,8 @@ def _configure_controller(config: pytest.Config) -> None:
     config.pluginmanager.register(FinishGuard(), "devpool-finish-guard")
     if once:  # [tool.devpool.once]: checked against the collected suite (plan/once.py)
         platform = (inventory.platform.name, inventory.platform.kind)
-        devices, cpus, skip = (
-            len(inventory.devices),
-            settings.cpu_slots,
-            settings.skip_unsatisfiable,
-        )
-        check = OnceCheck(once, str(pyproject), devices, cpus, platform, skip)
+        check = OnceCheck(once, str(pyproject), len(inventory.devices), settings.cpu_slots,
+                          platform, settings.skip_unsatisfiable)  # fmt: skip
         config.pluginmanager.register(check, ONCE_PLUGIN)
     if settings.select != "off":  # selection's modules load only for a run that selects
         from devpool.select.session import register_controller
