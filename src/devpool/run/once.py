@@ -61,6 +61,7 @@ class _LoopView(Protocol):  # run/loop.py's Loop, as far as once-fixtures read i
     dropped: set[int]
     leaks: Leaks
     source: Any
+    foreign: Any  # run/health.py's Foreign: devices other runs hold
     stopped: bool  # -x / --maxfail: nothing new starts
 
     @property
@@ -240,7 +241,7 @@ class OnceFixtures:
             # Free devices are set aside as they free up: tests that do not use it cannot
             # keep it waiting for ever.
             busy = {d for run in self.loop.scheduler.running.values() for d in run.devices}
-            busy |= self.loop.pool.all_devices()
+            busy |= self.loop.pool.all_devices() | set(self.loop.foreign.blocked)
             free = [d for d in self.loop.scheduler.devices if d not in busy]
             taken = tuple(sorted(free, reverse=True)[:missing])
             once.devices += taken
@@ -259,6 +260,10 @@ class OnceFixtures:
         )
         got = self.ctx.lock_dir.take(want, holder)
         if isinstance(got, Blockers):
+            held = [b for b in got.devices if not b.unusable]
+            if held:  # other runs hold some: those wait, the rest go back to the tests
+                self.loop.foreign.mark(held, now, request.device_count)
+                self._give_back(once)
             if now - once.since > settings.lease_timeout:
                 self._lose(
                     once, f"its lease was held by other runs for {settings.lease_timeout:g}s"
