@@ -104,7 +104,10 @@ def _select(args: argparse.Namespace) -> int:
             print(f"deselected  {nodeid}: {why}")
         for note in selection.notes:
             print(f"note        {note}")
-    print("tests that are not in the baseline (new ones) run too under --devpool-select on")
+    print(
+        "tests the run collects that are not in the baseline (new ones, or ones the recording "
+        "run did not run) run too under --devpool-select on, each said with -v"
+    )
     return 0
 
 
