@@ -160,13 +160,13 @@ def _doctor(args: argparse.Namespace) -> int:
 
     from devpool.devices import probes
     from devpool.devices.fairshare import WaitingRoom
-    from devpool.devices.inventory import BUILTIN_PLATFORMS, detect, resolve_inventory
+    from devpool.devices.inventory import AUTO_ORDER, BUILTIN_PLATFORMS, detect, resolve_inventory
 
     named = _named_lock_dir(args)  # a mistake is said before any fact
     python = host_platform.python_version()
     print(f"devpool {__version__}, pytest {pytest.__version__}, Python {python}")
     settings = _project(args.devices)
-    for kind in ("cuda", "ascend", "rocm"):
+    for kind in AUTO_ORDER:
         found = detect(kind, timeout=args.timeout)
         print(f"{kind:7} devices: {', '.join(map(str, found)) if found else 'none found'}")
     for argv in (
