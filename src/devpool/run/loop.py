@@ -285,6 +285,8 @@ class Loop:
                 self.hook.pytest_runtest_logfinish(nodeid=attempt.display, location=location)
         elif event == "warning":
             self._warning(slot, message)
+        elif event == "shown":
+            self.replay.show(str(message.get("text", "")))
         elif event == "renamed":
             self._renamed(message)
         elif event == "imported":

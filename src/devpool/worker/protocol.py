@@ -18,6 +18,8 @@ worker → controller:  {"ev": "ready", "pid": 123, "collected": 40}
                           once: {"key", and for a fixture "node", "fixture", "param"}:
                           the import or wider fixture setup that raised it, which plain
                           pytest shows once: worker/warned.py)
+                      {"ev": "shown", "text": ...}  (what pytest wrote to the terminal
+                          mid-test under --setup-show: worker/shown.py)
                       {"ev": "output", "pid": 123, "data": <base64 pickle>}  (its
                           plugins' config.workeroutput, at its session's end)
                       {"ev": "done", "job": 7, "skipped": [node ids not run],

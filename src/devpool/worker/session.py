@@ -20,7 +20,7 @@ from devpool import compat
 from devpool.devices import memory
 from devpool.devices.probes import report_text
 from devpool.history import preload
-from devpool.worker import capture, cpu_load, native_threads, protocol, warned, worklist
+from devpool.worker import capture, cpu_load, native_threads, protocol, shown, warned, worklist
 from devpool.worker import template as forkserver
 
 # Options that select or stop tests belong to the controller alone: the worker must be
@@ -88,6 +88,7 @@ class WorkerSession:
         # Set by the controller for projects that want a fresh process after any failure
         # (fresh-after-failure): the rest of such a batch goes back untouched.
         self.halt_on_failure = False
+        self.hold_reports = False  # a test's reports wait for its end (--setup-show)
         self.fatal: list[re.Pattern[str]] = []  # a failure matching one may have poisoned us
         self.poisoned = False
         self.renamed: dict[str, str] = {}  # this process's node id → the controller's
@@ -316,6 +317,10 @@ class WorkerSession:
         order = {item.nodeid: index for index, item in enumerate(session.items)}
         self.known = set(sys.modules)
         memory.apply_torch_limit()  # a share of a device: torch's allocator stays inside it
+        # --setup-show: a test's lines and reports go in one write at its end, so that a
+        # parallel run's terminal shows each test's lines together, as plain pytest does.
+        self.hold_reports = bool(self.config.getoption("setupshow", False))
+        shown.carry(self.config, lambda text: self._held.append({"ev": "shown", "text": text}))
         self.send({"ev": "ready", "pid": os.getpid(), "collected": len(items)})
         setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
         commands = protocol.Commands(self.fd_in)
@@ -363,6 +368,8 @@ class WorkerSession:
             setup_state.teardown_exact(None)
         except Exception as exc:  # noqa: BLE001 - a teardown error must not hide the run's end
             print(f"devpool worker: error tearing down fixtures: {exc!r}", file=sys.stderr)
+        with contextlib.suppress(OSError):  # the controller is gone: nobody to tell
+            self._send_held()  # --setup-show's TEARDOWN lines of the widest fixtures
         if self.forked:
             # Every test and fixture has ended. pytest collects the cycles five times at exit
             # (unraisableexception); over the template's whole heap each pass would write
@@ -445,7 +452,7 @@ class WorkerSession:
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         protocol.shown_subtest_values(data)
         message = {"ev": "report", "data": data}
-        if report.when == "teardown":
+        if report.when == "teardown" or self.hold_reports:
             # pytest calls logfinish right after the teardown report, with no test code
             # between: both wait for the next message (send).
             self._held.append(message)
