@@ -100,6 +100,7 @@ class WorkerPool:
         self.modules_for, self.modules_of_size = _module_lists(ctx, plan)
         # Device and CPU workers fork from a warm template of their kind (run/warm.py).
         self.warm = Warm(ctx, backend, plan, self.modules_of_size)
+        self.stdin_for_tests: str | None = None  # -s, one test at a time: the run's stdin
 
     # ---- what is held ---------------------------------------------------------------------
 
@@ -154,6 +155,7 @@ class WorkerPool:
             "op": "run",
             "job": head.id,
             "fresh_after_failure": self.ctx.settings.fresh_after_failure,
+            **({"stdin": self.stdin_for_tests} if self.stdin_for_tests else {}),
             # A failure whose text matches one of these may have poisoned the process (a
             # device context): the worker stops there and its batch goes back untouched.
             "fatal": self.ctx.fatal.sources() if slot.worker.devices else [],

@@ -5,6 +5,11 @@ controller → worker:  {"op": "run", "job": 7, "tests": [{"nodeid", "display", 
                           goes on: sent before the worker runs dry, so no round trip
                           separates two parts of a batch)
                       {"op": "cancel"}  (skip the rest of the batch)   {"op": "stop"}
+                      {"op": "terminal", "stdin"?, "stdout"?, "stderr"?}  (the answer to
+                          "debugger": paths of the controller's own streams, lent until
+                          "debugger_left"; none for a worker on another host)
+                      {"op": "stdin", "path": ...}  (-s, one test at a time: tests read the
+                          controller's stdin)
 worker → controller:  {"ev": "ready", "pid": 123, "collected": 40}
                       {"ev": "start", "nodeid": ..., "location": [...]}
                       {"ev": "report", "data": <pytest_report_to_serializable>}
@@ -20,6 +25,11 @@ worker → controller:  {"ev": "ready", "pid": 123, "collected": 40}
                           pytest shows once: worker/warned.py)
                       {"ev": "shown", "text": ...}  (what pytest wrote to the terminal
                           mid-test under --setup-show: worker/shown.py)
+                      {"ev": "debugger", "pid"}  (a test is entering the debugger: it
+                          waits for "terminal"; its deadline stops meanwhile)
+                      {"ev": "debugger_left", "pid"}  (the terminal goes back)
+                      {"ev": "quit", "msg", "returncode"}  (pytest.exit in a test, `q` at
+                          the debugger's prompt: the run ends as plain pytest's does)
                       {"ev": "output", "pid": 123, "data": <base64 pickle>}  (its
                           plugins' config.workeroutput, at its session's end)
                       {"ev": "done", "job": 7, "skipped": [node ids not run],
@@ -95,6 +105,18 @@ class Commands:
         while not self._queue and not self._eof:
             self._read(None)
         return self._queue.popleft() if self._queue else None
+
+    def wait_for(self, op: str) -> Message | None:
+        """The next command of one kind, waiting for it; the others stay queued in order.
+        None once the controller has gone."""
+        while True:
+            for message in self._queue:
+                if message["op"] == op:
+                    self._queue.remove(message)
+                    return message
+            if self._eof:
+                return None
+            self._read(None)
 
     def pending(self) -> list[Message]:
         """Commands that arrived already, without waiting (e.g. a cancel mid-batch)."""

@@ -22,6 +22,7 @@ from devpool.devices.probes import report_text
 from devpool.history import preload
 from devpool.worker import capture, cpu_load, native_threads, protocol, shown, warned, worklist
 from devpool.worker import template as forkserver
+from devpool.worker.terminal import Terminal, read_stdin_from
 
 # Options that select or stop tests belong to the controller alone: the worker must be
 # able to run any node id it is sent, and never stop itself on a failure.
@@ -34,7 +35,6 @@ _CONTROLLER_ONLY = {
     "stepwise": False,
     "stepwise_skip": False,
     "maxfail": 0,
-    "usepdb": False,
     "deselect": [],
 }
 
@@ -135,6 +135,10 @@ class WorkerSession:
         self.culprit: str | None = None
         self.once = warned.OnceWarnings()  # warnings plain pytest shows once per run
         config.pluginmanager.register(self.once, "devpool-once-warnings")
+        self.commands: protocol.Commands | None = None
+        self.stdin_read = False
+        # The debugger's prompt gets the controller's terminal (worker/terminal.py).
+        self.terminal = Terminal.install(config, self.send, lambda: self.commands)
 
     def _exit_forked(self) -> None:
         """A forked worker ends here, once pytest and the plugins are done: the atexit
@@ -323,7 +327,7 @@ class WorkerSession:
         shown.carry(self.config, lambda text: self._held.append({"ev": "shown", "text": text}))
         self.send({"ev": "ready", "pid": os.getpid(), "collected": len(items)})
         setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
-        commands = protocol.Commands(self.fd_in)
+        commands = self.commands = protocol.Commands(self.fd_in)
         job, through, halted = None, 0, False
         while (message := commands.next()) is not None:
             if message["op"] == "stop":
@@ -333,6 +337,9 @@ class WorkerSession:
                 self.failed = False
                 self.halt_on_failure = bool(message.get("fresh_after_failure"))
                 self.fatal = [re.compile(source) for source in message.get("fatal", ())]
+                if message.get("stdin") and not self.stdin_read:
+                    # -s, one test at a time: input() reads the run's stdin, as in plain pytest
+                    self.stdin_read = read_stdin_from(str(message["stdin"]))
             elif message["op"] != "more" or message["job"] != job:
                 continue  # a cancel that came after its batch had ended
             else:  # the rest of a batch that had ended here before it came
