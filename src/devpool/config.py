@@ -127,6 +127,15 @@ def _isolation(value: object) -> str:
     return str(value)
 
 
+def _leaks(value: object) -> str:
+    if value not in ("warn", "fail", "off"):
+        raise ValueError(
+            "'warn' (report what a test left behind), 'fail' (the leak fails the test) "
+            "or 'off' (check nothing)"
+        )
+    return str(value)
+
+
 @dataclass(frozen=True)
 class Option:
     """One devpool option: `--devpool-<name>` on the command line, `<name>` in [tool.devpool]."""
@@ -180,6 +189,18 @@ OPTIONS: tuple[Option, ...] = (
         _isolation,
         "'worker': reuse warm workers; 'module': a fresh process per test module; "
         "'job': a fresh process per test",
+    ),
+    Option(
+        "leaks",
+        _leaks,
+        "what a test leaves behind (processes, threads, device memory) is ended and "
+        "reported: 'warn' (default), 'fail' (the leak fails the test) or 'off'",
+    ),
+    Option(
+        "leak-memory-share",
+        _fraction,
+        "a warm worker that still holds more than this share of its tests' device memory "
+        "after a test is retired, not reused (default 10%)",
     ),
     Option(
         "fork-server",
@@ -398,6 +419,8 @@ class Settings:
     skip_unsatisfiable: bool = False
     plan: bool = False
     isolation: str = "worker"
+    leaks: str = "warn"
+    leak_memory_share: float = 0.1
     fork_server: bool = True
     preload: bool = True
     device_memory: int | None = None  # bytes per device for tests that do not declare it

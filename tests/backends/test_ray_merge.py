@@ -11,6 +11,7 @@ import pytest
 from devpool.backends.merge import Merge, merge_phase
 from devpool.backends.ray.actor import MODULES_ENV, shipped_lists
 from devpool.backends.ray.cluster import NodeShape, describe_cluster
+from devpool.worker import protocol
 from devpool.worker.worklist import NODEIDS_ENV as SELECTION_ENV
 
 
@@ -42,9 +43,11 @@ def test_a_phase_passes_only_when_every_rank_passed() -> None:
 
 
 def _feed(merge: Merge, rank: int, *messages: dict[str, Any]) -> list[dict[str, Any]]:
+    """Events as a worker's pipe carries them, through the merge; what comes out, as sent."""
     out: list[dict[str, Any]] = []
     for message in messages:
-        out += merge.feed(rank, message)
+        event = protocol.EVENTS.decode_object(dict(message))
+        out += [protocol.to_object(m) for m in merge.feed(rank, event)]
     return out
 
 
@@ -55,7 +58,7 @@ def test_two_ranks_make_one_start_one_report_per_phase_and_one_finish() -> None:
     first = _feed(
         merge,
         0,
-        {"ev": "ready"},
+        {"ev": "ready", "pid": 1},
         start,
         {"ev": "report", "data": _report("passed", "setup")},
         {"ev": "report", "data": _report("passed")},
@@ -65,7 +68,7 @@ def test_two_ranks_make_one_start_one_report_per_phase_and_one_finish() -> None:
     second = _feed(
         merge,
         1,
-        {"ev": "ready"},
+        {"ev": "ready", "pid": 1},
         start,
         {"ev": "report", "data": _report("passed", "setup")},
         {"ev": "report", "data": _report("failed", longrepr="rank one")},
@@ -77,12 +80,12 @@ def test_two_ranks_make_one_start_one_report_per_phase_and_one_finish() -> None:
     done = _feed(merge, 0, {"ev": "done", "job": 3, "skipped": ["b"]})
     assert done == []
     assert _feed(merge, 1, {"ev": "done", "job": 3, "skipped": ["a"]}) == [
-        {"ev": "done", "job": 3, "skipped": ["a", "b"]}
+        {"ev": "done", "job": 3, "skipped": ["a", "b"], "through": 0}
     ]
 
 
 def test_one_rank_passes_every_message_through() -> None:
-    message = {"ev": "warning", "nodeid": "t.py::test_a"}
+    message = protocol.Missing(nodeid="t.py::test_a")
     assert Merge(1).feed(0, message) == [message]
 
 

@@ -10,7 +10,9 @@ sim devices. After it:
 - every test has exactly one final outcome in the record and one testcase in JUnit;
 - every outcome belongs to the test that caused it: a faulty test ends as its fault says,
   every other test passes (or, where a device was retired, ends infra saying so);
-- no lease is held, and no process of the run is left.
+- no lease is held, and no process of the run is left: not even one a test left behind
+  outside its group and folder (a setsid server, a double-forked daemon), whether its test
+  ended normally or SIGKILLed its own worker.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ FAULTS = (
     "context",
     "device",
     "at_deadline",
+    "leak",
+    "leak_kill",
 )
 
 # What each fault must end as, for the test that has it (None: either of a pair is honest).
@@ -58,6 +62,8 @@ EXPECTED = {
     "context": {"failed"},
     "device": {"failed"},
     "at_deadline": {"passed", "timeout"},
+    "leak": {"passed"},  # --devpool-leaks=warn: the test keeps its outcome
+    "leak_kill": {"crashed"},
     "collect_hang": {"infra"},
 }
 
@@ -75,7 +81,33 @@ BODIES = {
     ),
     "device": "print('DEVPOOL-SIM-FATAL: the card is gone'); assert False",
     "at_deadline": "time.sleep(DEADLINE_SLEEP)",
+    "leak": "_leave()",
+    "leak_kill": "_leave(); os.kill(os.getpid(), signal.SIGKILL)",
 }
+
+# A server in a session of its own and a double-forked daemon, both out of the run's folder
+# (so only their pids, written in FAULTS_LEAKED, say they were the run's).
+LEAVE = """
+def _leave():
+    import subprocess, sys
+    folder = os.environ["FAULTS_LEAKED"]
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True, cwd="/"
+    )
+    open(os.path.join(folder, str(server.pid)), "w").close()
+    read, write = os.pipe()
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os.setsid()
+            os.chdir("/")
+            open(os.path.join(folder, str(os.getpid())), "w").close()
+            os.write(write, b"x")
+            time.sleep(600)
+            os._exit(0)
+        os._exit(0)
+    os.wait()
+    os.read(read, 1)
+"""
 
 POISON = """
 def _poisoned():
@@ -111,7 +143,7 @@ def suites(draw: st.DrawFn) -> tuple[list[Case], bool, bool, int, float]:
 
 
 def _module(cases: list[Case], deadline_sleep: float) -> str:
-    lines = ["import atexit, os, signal, time", "import pytest", POISON]
+    lines = ["import atexit, os, signal, time", "import pytest", POISON, LEAVE]
     lines.append(f"DEADLINE_SLEEP = {deadline_sleep}")
     for case in cases:
         if case.fault in ("hang", "at_deadline"):
@@ -172,6 +204,7 @@ def _events(path: Path) -> list[dict[str, object]]:
 def _run(folder: Path, interrupt: bool, reruns: int, isolation: str) -> tuple[int, float]:
     env = dict(os.environ)
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["FAULTS_LEAKED"] = str(folder / "leaked")
     for name in ("PYTEST_ADDOPTS", "DEVPOOL_SIM_HEALTH", "DEVPOOL_SIM_BUSY", "GITHUB_ACTIONS"):
         env.pop(name, None)
     argv = [
@@ -233,6 +266,16 @@ def _run(folder: Path, interrupt: bool, reruns: int, isolation: str) -> tuple[in
 @example(
     drawn=([Case("test_00", 1, "context"), Case("test_01", 4, "none")], True, False, 0, 0.9, "job")
 )
+@example(
+    drawn=(
+        [Case("test_00", 1, "leak"), Case("test_01", 1, "leak_kill"), Case("test_02", 1, "none")],
+        False,
+        False,
+        0,
+        0.9,
+        "worker",
+    )
+)
 def test_every_job_ends_once_and_truly_under_random_faults(
     drawn: tuple[list[Case], bool, bool, int, float, str],
 ) -> None:
@@ -241,6 +284,7 @@ def test_every_job_ends_once_and_truly_under_random_faults(
         folder = Path(tmp)
         (folder / "suite").mkdir()
         (folder / "locks").mkdir()
+        (folder / "leaked").mkdir()
         (folder / "suite" / "test_faults.py").write_text(_module(cases, deadline_sleep))
         expected = {f"suite/test_faults.py::{c.name}": EXPECTED[c.fault] for c in cases}
         faults = {f"suite/test_faults.py::{c.name}": c.fault for c in cases}
@@ -315,3 +359,10 @@ def test_every_job_ends_once_and_truly_under_random_faults(
         while time.monotonic() < bound and _working_in(folder):
             time.sleep(0.05)
         assert not _working_in(folder), context
+        # Nor any process a test left behind, out of its group and folder.
+        left = [int(entry.name) for entry in (folder / "leaked").iterdir()]
+        while time.monotonic() < bound and any(_alive(pid) for pid in left):
+            time.sleep(0.05)
+        assert not [pid for pid in left if _alive(pid)], f"leftovers {left} alive" + context
+        if not interrupt and any(f.startswith("leak") for f in faults.values()):
+            assert any(e["type"] == "leak" for e in events), context

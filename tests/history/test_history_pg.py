@@ -55,7 +55,7 @@ MIXED = [
     result("t::a", 2.0, T0 + 10, "r2", memory_peak=300, cpu_load=3.0),
     result("t::a", 4.0, T0 + 20, "r3", outcome="timeout"),  # not counted
     result("t::a", 3.0, T0 + 30, "r4", platform="h100", runner_class="h100-8", cpu_load=2.0),
-    result("t::b", 5.0, T0 + 5, "r1", outcome="flaky", device_count=2),
+    result("t::b", 5.0, T0 + 5, "r1", outcome="flaky", device_count=2, leaks=2),
     result("t::b", 6.0, T0 + 15, "r2", outcome="failed", device_count=2),
     result("t::c", 0.5, T0 + 1, "", platform="h100", runner_class="h100-8"),
 ]
@@ -90,6 +90,32 @@ def test_postgres_answers_as_sqlite_does(both: tuple[SqlHistory, SqlHistory]) ->
     # On h100: its own figure for a and c; b never ran there, so the fleet's.
     assert h100 == {"t::a": 3.0, "t::b": 6.0, "t::c": 0.5}
     assert answers[1][4] == 2.0  # a's sim runs alone: p90 of 1.0, 2.0
+
+
+def test_a_schema_3_history_is_upgraded_in_place_by_the_first_writer(url: str) -> None:
+    """Leaks came with schema 4 (issue 52): an older fleet history keeps every row (NULL for
+    leaks), a read-only reader reads it as it is, and the first writer adds the column to
+    results and pending, once."""
+    import psycopg
+
+    with PostgresHistory(url) as made:
+        made.add(MIXED[:2])
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET search_path TO devpool_history")
+        conn.execute("ALTER TABLE results DROP COLUMN leaks")
+        conn.execute("ALTER TABLE pending DROP COLUMN leaks")
+        conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema'")
+    with open_history(HistoryUrl(url), read_only=True) as old:
+        assert [r.leaks for r in old.results()] == [None, None]
+    for _ in range(2):  # the second open finds it current
+        with PostgresHistory(url) as history:
+            history.add([result("t::a", 1.0, T0 + 50, "r9", leaks=1)])
+            history.add_pending("shard-1", [result("t::b", 1.0, T0 + 60, "shard-1", leaks=3)])
+            assert [r.leaks for r in history.results()] == [None, None, 1]
+            assert history._version() == 4
+    with PostgresHistory(url) as history:
+        history.merge_pending()
+        assert [r.leaks for r in history.results()][-1] == 3
 
 
 def test_pending_runs_are_not_estimates_until_folded(url: str) -> None:

@@ -60,13 +60,17 @@ class FailFast:
     def take(self, rank: int, message: protocol.Message, now: float) -> list[protocol.Message]:
         """One event of a rank: what goes out of the merge (nothing of a fallen worker's
         later tests)."""
-        event = message.get("ev")
         if self.fallen is not None:
-            nodeid = message.get("nodeid") or message.get("data", {}).get("nodeid")
-            if event not in ("report", "finish") or nodeid != self.fallen_test:
+            if isinstance(message, protocol.Report):
+                nodeid = message.data.get("nodeid")
+            elif isinstance(message, protocol.Finish):
+                nodeid = message.nodeid
+            else:
                 return []
-        if event == "report":
-            data = message["data"]
+            if nodeid != self.fallen_test:
+                return []
+        if isinstance(message, protocol.Report):
+            data = message.data
             outcome = str(data.get("outcome", ""))
             if self.outcomes[rank] != "failed" and (outcome != "passed" or not self.outcomes[rank]):
                 self.outcomes[rank] = outcome  # a test's worst phase is the rank's part
@@ -76,9 +80,17 @@ class FailFast:
             elif outcome == "skipped" and self.skip is None and self.fallen is None:
                 self.skip = (now + SKIP_WAIT, rank, str(data["nodeid"]), when)
         out = self.merge.feed(rank, message)
-        if event == "finish" and self.lag is None and self.fallen is None and not out:
-            self.lag = (now + self.straggle, str(message["nodeid"]))  # others still in it
-        if event == "finish" and self.fallen is not None and rank == self.culprit:
+        if isinstance(message, protocol.DebuggerLeft) and not self.merge.prompts:
+            # The windows for the other ranks stopped at the prompt: they start again.
+            if self.skip is not None:
+                self.skip = (now + SKIP_WAIT, *self.skip[1:])
+            if self.lag is not None:
+                self.lag = (now + self.straggle, self.lag[1])
+        if not isinstance(message, protocol.Finish):
+            return self._seen(out)
+        if self.lag is None and self.fallen is None and not out:
+            self.lag = (now + self.straggle, message.nodeid)  # others still in it
+        if self.fallen is not None and rank == self.culprit:
             self.orders.append((rank, signal.SIGTERM))  # its teardown ran: nothing more wanted
         return self._seen(out)
 
@@ -109,8 +121,10 @@ class FailFast:
         return []
 
     def tick(self, now: float) -> None:
-        """The skip window and the SIGKILLs, when due."""
-        if self.skip is not None and now >= self.skip[0] and self.fallen is None:
+        """The skip window and the SIGKILLs, when due; no rank is a straggler while one sits
+        at a debugger's prompt."""
+        judging = self.fallen is None and not self.merge.prompts
+        if self.skip is not None and now >= self.skip[0] and judging:
             _, who, nodeid, when = self.skip
             behind = [
                 r
@@ -120,7 +134,7 @@ class FailFast:
             if behind:
                 self._fall(who, "skipped", nodeid, now)
             self.skip = None
-        if self.lag is not None and now >= self.lag[0] and self.fallen is None:
+        if self.lag is not None and now >= self.lag[0] and judging:
             self._straggled(self.lag[1], now)
         if self.term_at is not None and now >= self.term_at:
             self.term_at = None
@@ -132,6 +146,8 @@ class FailFast:
 
     def due(self) -> list[float]:
         skip, lag = self.skip[0] if self.skip else None, self.lag[0] if self.lag else None
+        if self.merge.prompts:
+            skip = lag = None
         return [t for t in (self.kill_at, skip, lag, self.term_at) if t is not None]
 
     def take_orders(self) -> list[tuple[int, int]]:
@@ -140,9 +156,9 @@ class FailFast:
 
     def _seen(self, out: list[protocol.Message]) -> list[protocol.Message]:
         for message in out:
-            if message.get("ev") == "start":
+            if isinstance(message, protocol.Start):
                 self.outcomes = [""] * self.world
-            elif message.get("ev") == "finish":
+            elif isinstance(message, protocol.Finish):
                 self.skip = self.lag = None
         return out
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from devpool.backends import WorkerHandle
+from devpool.backends import Backend, Forks, WorkerHandle
 from devpool.backends.pipes import EventPipes, read_available
 from devpool.backends.spawn import pytest_process
 from devpool.backends.templates import ForkedProcess, ForkRequest, Template
@@ -35,7 +35,7 @@ TEMPLATE_SHARE = 0.9  # of the worker start timeout, for a template to collect
 
 
 @dataclass(eq=False)
-class Worker:
+class Worker(WorkerHandle):
     """One child pytest process bound for life to one lease (or to no device, for CPU tests)."""
 
     key: int
@@ -88,10 +88,11 @@ class Worker:
                 os.close(fd)
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """Starts workers and multiplexes their event pipes."""
 
     local_leases = True
+    groups_ranks = True  # a ranks(n) test's ranks are local workers, grouped here
 
     def __init__(
         self,
@@ -162,7 +163,10 @@ class LocalBackend:
         worker.process = template.fork(fork)
         return worker
 
-    def group(self, workers: list[Worker], shape: int, straggle: float) -> RankGroup:
+    def forks(self) -> Forks:
+        return self
+
+    def group(self, workers: list[WorkerHandle], shape: int, straggle: float) -> RankGroup:
         """One ranks(n) test's workers, one per rank (rank order), as one worker
         (backends/ranks.py): their events meet in the merge before the loop reads them."""
         # Imported here: a run without ranks(n) tests never loads the ranks' merge.

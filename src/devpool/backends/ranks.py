@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devpool.backends import WorkerHandle
 from devpool.backends.failfast import FailFast
 from devpool.devices.leases import Lease
 from devpool.worker import protocol
@@ -45,7 +46,7 @@ class Rank:
 
 
 @dataclass(eq=False)
-class RankGroup:
+class RankGroup(WorkerHandle):
     """A ranks(n) test's n workers, seen by the loop as one worker."""
 
     key: int
@@ -105,10 +106,9 @@ class RankGroup:
 
     def send(self, message: protocol.Message) -> bool:
         """Send a command to every rank; False once the group is spent or gone."""
-        op = message.get("op")
-        if op == "stop":
+        if isinstance(message, protocol.Stop):
             self.fate.stopping = True
-        elif self.fate.fallen is not None and op in ("run", "more"):
+        elif self.fate.fallen is not None and isinstance(message, (protocol.Run, protocol.More)):
             return False
         sent = False
         for rank in self.ranks:
@@ -227,7 +227,7 @@ class RankGroup:
         for rank, signum in self.fate.take_orders():
             self.ranks[rank].worker.signal_group(signum)
         for message in messages:
-            if message.get("ev") == "start":
+            if isinstance(message, protocol.Start):
                 for each in self.ranks:
                     each.mark = _size(each.worker.log)
             self.outbox += protocol.encode(message)

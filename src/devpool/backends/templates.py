@@ -11,7 +11,6 @@ the reason is noted once.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
@@ -20,10 +19,10 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from devpool.backends.zygote import ZygoteChild
 from devpool.devices.leases import Lease
+from devpool.worker import protocol
 
 
 @dataclass(eq=False)
@@ -114,9 +113,9 @@ class Template:
         return process
 
     def _send(self, request: ForkRequest) -> None:
-        message = json.dumps({"op": "fork", "key": request.key, "env": request.env})
+        message = protocol.packet(protocol.ForkWorker(key=request.key, env=request.env))
         try:
-            socket.send_fds(self.sock, [message.encode()], request.fds())
+            socket.send_fds(self.sock, [message], request.fds())
         except OSError as exc:
             self.sent[request.key] = request
             self.off(f"its socket failed: {exc}")
@@ -156,26 +155,27 @@ class Template:
             if not data:
                 self._gone()
                 return
-            self._handle(json.loads(data))
+            self._handle(protocol.TEMPLATE_EVENTS.decode(data))
 
-    def _handle(self, message: dict[str, Any]) -> None:
-        event = message.get("ev")
-        if event == "ready":
+    def _handle(self, message: protocol.Message) -> None:
+        if isinstance(message, protocol.TemplateReady):
             self.state = "ready"
             queued, self.queued = self.queued, []
             for request in queued:
                 self._send(request)
-        elif event in ("unsafe", "failed"):  # before any fork, or at one
-            module = message.get("module")
-            self.culprit = module if isinstance(module, str) else None
+        elif isinstance(
+            message, (protocol.Unsafe, protocol.ForkFailed)
+        ):  # before any fork, or at one
+            module = message.module if isinstance(message, protocol.Unsafe) else None
+            self.culprit = module
             # One module to blame: the run may leave it out of a new template and say so.
-            self.off(f"not safe to fork: {message.get('why')}", note=self.culprit is None)
-        elif event == "forked":
-            self._forked(int(message["key"]), int(message["pid"]))
-        elif event == "exit":
-            process = self.children.pop(int(message["pid"]), None)
+            self.off(f"not safe to fork: {message.why}", note=self.culprit is None)
+        elif isinstance(message, protocol.Forked):
+            self._forked(message.key, message.pid)
+        elif isinstance(message, protocol.Exited):
+            process = self.children.pop(message.pid, None)
             if process is not None:
-                process.code = int(message["code"])
+                process.code = message.code
 
     def _forked(self, key: int, pid: int) -> None:
         request = self.sent.pop(key, None)
@@ -237,7 +237,7 @@ class Template:
             self.state = "closing"  # its end is no news
         if not self.ended:
             with contextlib.suppress(OSError):
-                self.sock.send(json.dumps({"op": "stop"}).encode())
+                self.sock.send(protocol.packet(protocol.Stop()))
 
     def close(self, grace: float = 2.0) -> None:
         """Stop the template once its children have ended; kill it if it will not go."""

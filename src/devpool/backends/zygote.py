@@ -17,10 +17,9 @@ may not fork are forks of the zygote too, each collecting for itself. When the c
 is not safe to fork (a thread, a device runtime, coverage: worker/template.py's checks),
 templates and those workers start as fresh processes.
 
-controller → zygote:  {"args": [...], "env": {...}, "cwd": C, "log": L, "template": T} with
-                      the template's socket, or a worker's pipes and lease fds (SCM_RIGHTS);
-                      the zygote adds `--devpool-worker template,FD,PID` or `CMD,EV,PID`
-zygote → controller:  {"pid": 123} for each request, in order; {"exit": 123, "code": 0}
+The controller sends worker/protocol.py's Spawn with the template's socket, or a worker's
+pipes and lease fds (SCM_RIGHTS); the zygote adds `--devpool-worker template,FD,PID` or
+`CMD,EV,PID`, answers Spawned for each request, in order, and Exited when one ends.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ import ctypes
 import faulthandler
 import gc
 import io
-import json
 import logging
 import os
 import select
@@ -48,6 +46,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+
+from devpool.worker import protocol
 
 _RESET = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGCHLD")
 PACKET = 1 << 20  # one request: its environment is the largest part
@@ -131,22 +131,18 @@ class Zygote:
         fds are sent, not kept."""
         if self.gone:
             raise ZygoteGone
-        request = {
-            "args": args,
-            "env": dict(env),
-            "cwd": str(cwd),
-            "log": str(log),
-            "template": template,
-        }
+        request = protocol.Spawn(
+            args=list(args), env=dict(env), cwd=str(cwd), log=str(log), template=template
+        )
         try:
-            socket.send_fds(self.sock, [json.dumps(request).encode()], list(fds))
+            socket.send_fds(self.sock, [protocol.packet(request)], list(fds))
             deadline = time.monotonic() + REPLY_TIMEOUT
             while True:
                 message = self._receive(deadline - time.monotonic())
                 if message is None:
                     raise ZygoteGone
-                if "pid" in message:
-                    return ZygoteChild(self, int(message["pid"]))
+                if isinstance(message, protocol.Spawned):
+                    return ZygoteChild(self, message.pid)
         except OSError as error:
             raise ZygoteGone from error
 
@@ -155,7 +151,7 @@ class Zygote:
         while not self.gone and self._receive(0.0, idle=True) is not None:
             pass
 
-    def _receive(self, timeout: float, idle: bool = False) -> dict[str, Any] | None:
+    def _receive(self, timeout: float, idle: bool = False) -> protocol.Message | None:
         ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
         if not ready:
             if not idle:
@@ -172,9 +168,9 @@ class Zygote:
         if not data:
             self.gone = True
             return None
-        message: dict[str, Any] = json.loads(data)
-        if "exit" in message:
-            self.codes[int(message["exit"])] = int(message["code"])
+        message = protocol.ZYGOTE_EVENTS.decode(data)
+        if isinstance(message, protocol.Exited):
+            self.codes[message.pid] = message.code
         return message
 
     def close(self, grace: float = 5.0) -> None:
@@ -249,39 +245,39 @@ def _serve(sock: socket.socket) -> int:
                 if not data:
                     listening = False
                     continue
-                pid = _fork_pytest(json.loads(data), fds)
+                request = protocol.ZYGOTE_COMMANDS.decode(data)
+                assert isinstance(request, protocol.Spawn)  # its one command
+                pid = _fork_pytest(request, fds)
                 for fd in fds:
                     os.close(fd)
                 children[os.pidfd_open(pid)] = pid
-                _send(sock, {"pid": pid})
+                _send(sock, protocol.Spawned(pid=pid))
                 continue
             pid = children.pop(fd)
             os.close(fd)
             _, status = os.waitpid(pid, 0)
-            _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+            _send(sock, protocol.Exited(pid=pid, code=os.waitstatus_to_exitcode(status)))
     return 0
 
 
-def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+def _send(sock: socket.socket, message: protocol.Message) -> None:
     with contextlib.suppress(OSError):  # the controller is gone: PDEATHSIG ends us too
-        sock.send(json.dumps(message).encode())
+        sock.send(protocol.packet(message))
 
 
-def _fork_pytest(request: dict[str, Any], fds: list[int]) -> int:
+def _fork_pytest(request: protocol.Spawn, fds: list[int]) -> int:
     pid = os.fork()
     if pid:
         return pid
     code = 70
     try:
         parent = os.getppid()
-        spec = (
-            f"template,{fds[0]},{parent}" if request["template"] else f"{fds[0]},{fds[1]},{parent}"
-        )
-        args = [*request["args"], "--devpool-worker", spec]
-        _let_go(Path(request["log"]), keep=tuple(fds))
-        os.chdir(request["cwd"])
+        spec = f"template,{fds[0]},{parent}" if request.template else f"{fds[0]},{fds[1]},{parent}"
+        args = [*request.args, "--devpool-worker", spec]
+        _let_go(Path(request.log), keep=tuple(fds))
+        os.chdir(request.cwd)
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environ.update(request.env)
         sys.argv = [sys.argv[0], *args]
         # pytest's main puts in the template's own assertion rewriting hook.
         sys.meta_path[:] = [

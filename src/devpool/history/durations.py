@@ -11,10 +11,12 @@ Schema 2 adds each result's peak device memory (bytes, the most on any one devic
 when the test's memory was not watched). Schema 3 adds each device test's CPU load: the
 cores its process and children kept busy or waiting to run, on average over the test
 (NULL for CPU-only tests and where unmeasured); the scheduler gives a device test that
-keeps cores busy CPU slots as well as devices (`cpu_slots_of`). An older history is
-migrated in place when it is opened for writing (one ALTER TABLE per schema, every row
-kept, NULL for what it did not record); an older history or export read as a merge source
-gives results without them.
+keeps cores busy CPU slots as well as devices (`cpu_slots_of`). Schema 4 adds how many
+things each result's test left behind (issue 52: processes, threads, device memory; NULL
+where the run did not look), so the tests view names a test that leaks run after run.
+An older history is migrated in place when it is opened for writing (one ALTER TABLE per
+schema, every row kept, NULL for what it did not record); an older history or export read
+as a merge source gives results without them.
 
 Pending results: a shard run must not change the history the other shards of its CI run
 split from, so it writes its results to a per-run file, `<history stem>.d/<run id>.jsonl`
@@ -71,12 +73,16 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 _CREATE = CREATE_RESULTS.format(table="results", key="")
 # An older file (a read-only merge source) lacks the later columns: unknown, as NULL.
 _COLUMNS_OF = {
-    1: COLUMNS.replace("memory_peak", "NULL").replace("cpu_load", "NULL"),
-    2: COLUMNS.replace("cpu_load", "NULL"),
+    1: COLUMNS.replace("memory_peak", "NULL")
+    .replace("cpu_load", "NULL")
+    .replace(", leaks", ", NULL"),
+    2: COLUMNS.replace("cpu_load", "NULL").replace(", leaks", ", NULL"),
+    3: COLUMNS.replace(", leaks", ", NULL"),
 }
 _MIGRATIONS = {  # from version → next
     1: "ALTER TABLE results ADD COLUMN memory_peak INTEGER",
     2: "ALTER TABLE results ADD COLUMN cpu_load REAL",
+    3: "ALTER TABLE results ADD COLUMN leaks INTEGER",
 }
 
 

@@ -5,7 +5,8 @@ Its tables live in their own schema, `devpool_history`, beside whatever else the
 holds (the shared queue's tables): `results` and `run_costs` as in a SQLite history (the
 queries are sql.py's), `pending` for shard runs' results until they are folded in (estimates
 never read it; a file history keeps them in per-run files), and `meta` with the schema
-version. The first runner to open an empty database makes them, under an advisory lock.
+version. The first runner to open an empty database makes them, under an advisory lock;
+the first to open an older one upgrades it there (schema 4 adds each result's leaks).
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ CREATE TABLE IF NOT EXISTS shard_splits (
 );
 INSERT INTO meta VALUES ('schema', '{HISTORY_SCHEMA}') ON CONFLICT DO NOTHING;
 """
+# From a version → the next, under the same lock (PostgreSQL histories began at schema 3).
+_UPGRADES = {
+    3: "ALTER TABLE results ADD COLUMN IF NOT EXISTS leaks INTEGER;\n"
+    "ALTER TABLE pending ADD COLUMN IF NOT EXISTS leaks INTEGER",
+}
+# The columns an older history has, read only (its rows say nothing of what came later).
+_COLUMNS_OF = {3: COLUMNS.replace(", leaks", ", NULL")}
 # Pending rows of the runs named move to results in one statement: a run folded in twice
 # (two runners at once) adds its rows once.
 _FOLD = f"""
@@ -64,6 +72,7 @@ class PostgresHistory(SqlHistory):
                 with self._transaction() as conn:
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
                     conn.execute(_CREATE)
+                    self._upgrade(conn)
                 version = self._version()
         except self._psycopg.Error as exc:
             self._conn.close()
@@ -78,6 +87,16 @@ class PostgresHistory(SqlHistory):
                 f"history {self.where} was written by a newer devpool (schema {version}); "
                 f"this one reads {HISTORY_SCHEMA}"
             )
+        self._select = _COLUMNS_OF.get(version, COLUMNS)
+
+    def _upgrade(self, conn: Any) -> None:
+        """Bring an older history up to HISTORY_SCHEMA (every row kept, NULL for what it did
+        not record); another runner may have done it first, under the same lock."""
+        version = self._version()
+        while 0 < version < HISTORY_SCHEMA:
+            conn.execute(_UPGRADES[version])
+            version += 1
+        conn.execute("UPDATE meta SET value = %s WHERE key = 'schema'", (str(HISTORY_SCHEMA),))
 
     def _version(self) -> int:
         """The schema of the history in this database; 0 where there is none yet."""

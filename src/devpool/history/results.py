@@ -17,7 +17,7 @@ from typing import Any
 from devpool.errors import DevpoolError
 from devpool.folders import made
 
-HISTORY_SCHEMA = 3
+HISTORY_SCHEMA = 4
 EXPORT_FORMAT = "devpool-history"
 COUNTED_OUTCOMES = ("passed", "failed", "flaky")
 
@@ -60,6 +60,7 @@ class TestResult:
     run_id: str = ""
     memory_peak: int | None = None  # bytes, the most on any one device; None: not watched
     cpu_load: float | None = None  # cores kept busy or waiting, on average; None: unmeasured
+    leaks: int | None = None  # what it left behind (issue 52): a count; None: not looked for
 
     def row(self) -> tuple[Any, ...]:
         return (
@@ -73,6 +74,7 @@ class TestResult:
             self.run_id,
             None if self.memory_peak is None else int(self.memory_peak),
             None if self.cpu_load is None else float(self.cpu_load),
+            None if self.leaks is None else int(self.leaks),
         )
 
 
@@ -169,6 +171,7 @@ def _result(row: dict[str, Any] | None) -> TestResult | None:
         duration, when, count = row["duration"], row["time"], row["device_count"]
         peak = row.get("memory_peak")  # absent in schema 1 exports
         load = row.get("cpu_load")  # absent before schema 3
+        leaks = row.get("leaks")  # absent before schema 4
     except KeyError:
         return None
     texts_ok = all(isinstance(v, str) for v in (nodeid, outcome, platform, runner, run_id))
@@ -180,7 +183,12 @@ def _result(row: dict[str, Any] | None) -> TestResult | None:
     load_ok = load is None or (
         isinstance(load, (int, float)) and not isinstance(load, bool) and load >= 0
     )
-    if not (texts_ok and numbers_ok and count_ok and peak_ok and load_ok) or duration < 0:
+    leaks_ok = leaks is None or (
+        isinstance(leaks, int) and not isinstance(leaks, bool) and leaks >= 0
+    )
+    if not (texts_ok and numbers_ok and count_ok and peak_ok and load_ok and leaks_ok):
+        return None
+    if duration < 0:
         return None
     return TestResult(
         nodeid,
@@ -193,4 +201,5 @@ def _result(row: dict[str, Any] | None) -> TestResult | None:
         run_id,
         peak,
         None if load is None else float(load),
+        leaks,
     )

@@ -31,7 +31,7 @@ from devpool.history.results import (
 
 COLUMNS = (
     "nodeid, outcome, duration, platform, device_count, runner_class, time, run_id, "
-    "memory_peak, cpu_load"
+    "memory_peak, cpu_load, leaks"
 )
 # `key`: PostgreSQL's own row number, named as SQLite's implicit one so the queries agree.
 CREATE_RESULTS = """
@@ -46,13 +46,14 @@ CREATE TABLE IF NOT EXISTS {table} (
     run_id TEXT NOT NULL DEFAULT '',
     memory_peak BIGINT,
     cpu_load DOUBLE PRECISION,
+    leaks INTEGER,
     UNIQUE (nodeid, run_id, time)
 );
 CREATE INDEX IF NOT EXISTS {table}_by_test ON {table} (nodeid, time);
 """
 # A result recorded twice (same test, run id and time) is kept once.
 INSERT = (
-    f"INSERT INTO {{table}} ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    f"INSERT INTO {{table}} ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT DO NOTHING"
 )
 _COUNTED = ", ".join(f"'{name}'" for name in COUNTED_OUTCOMES)

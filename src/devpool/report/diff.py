@@ -2,7 +2,8 @@
 
 Each run is read into its one summary (report.summary), and the tests are compared by
 their final outcome and test time: newly failing, fixed, newly flaky, gone, new, and
-slower past a factor. Rendered as text, Markdown (for a PR comment) or JSON.
+slower past a factor; and by what they left behind (leaks, issue 52): newly leaking, no
+longer leaking, still leaking. Rendered as text, Markdown (for a PR comment) or JSON.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from devpool.outcomes import GATING, Outcome
-from devpool.report.record import read_run
-from devpool.report.summary import RunSummary, summarize
+from devpool.report.record import Leak, read_run
+from devpool.report.summary import INTERRUPTED, NOT_RUN, RunSummary, summarize
 
 DIFF_SCHEMA = "devpool-diff/1"
 SLOWER_FACTOR = 2.0  # default of --slower
@@ -45,6 +46,63 @@ class Change:
 
 
 @dataclass(frozen=True)
+class LeakChange:
+    """A test that left something behind in NEW, or in OLD and no longer in NEW."""
+
+    nodeid: str
+    old: str | None  # what it left in OLD (its first leak; None: nothing)
+    new: str | None
+    old_count: int = 0  # its leaks in each run
+    new_count: int = 0
+
+    def what(self) -> str:
+        """'leaked pid 4242 `cmd` (sees sim:0): terminated', or 'no leak (OLD: pid …)'."""
+        if self.new is None:
+            return f"no leak (OLD: {_more(self.old, self.old_count)})"
+        return f"leaked {_more(self.new, self.new_count)}"
+
+    def line(self) -> str:
+        return f"{self.nodeid}: {self.what()}"
+
+
+def _more(first: str | None, count: int) -> str:
+    return f"{first} and {count - 1} more" if count > 1 else str(first)
+
+
+def _leaks_of(summary: RunSummary) -> dict[str, list[Leak]]:
+    found: dict[str, list[Leak]] = {}
+    for leak in summary.leaks:
+        found.setdefault(leak.nodeid, []).append(leak)
+    return found
+
+
+def leak_changes(
+    old: RunSummary, new: RunSummary
+) -> tuple[tuple[LeakChange, ...], tuple[LeakChange, ...], tuple[LeakChange, ...]]:
+    """(newly leaking, no longer leaking, still leaking), each in the order of its run. A test
+    is no longer leaking only where NEW looked for leaks and ran it to an end."""
+    before, after = _leaks_of(old), _leaks_of(new)
+
+    def change(nodeid: str) -> LeakChange:
+        was, now = before.get(nodeid, []), after.get(nodeid, [])
+        return LeakChange(
+            nodeid,
+            was[0].what() if was else None,
+            now[0].what() if now else None,
+            len(was),
+            len(now),
+        )
+
+    ended = {n for n, outcome in new.outcomes.items() if outcome not in (INTERRUPTED, NOT_RUN)}
+    fixed = [n for n in before if n not in after and new.leaks_checked and n in ended]
+    return (
+        tuple(change(n) for n in after if n not in before),
+        tuple(change(n) for n in fixed),
+        tuple(change(n) for n in after if n in before),
+    )
+
+
+@dataclass(frozen=True)
 class RunDiff:
     """What changed from OLD to NEW, each list in NEW's order (OLD's for gone tests)."""
 
@@ -57,15 +115,21 @@ class RunDiff:
     new: tuple[Change, ...]
     slower: tuple[Change, ...]
     factor: float
+    newly_leaking: tuple[LeakChange, ...] = ()
+    no_longer_leaking: tuple[LeakChange, ...] = ()
+    still_leaking: tuple[LeakChange, ...] = ()
 
-    def sections(self) -> list[tuple[str, tuple[Change, ...]]]:
+    def sections(self) -> list[tuple[str, tuple[Change | LeakChange, ...]]]:
         return [
             ("newly failing", self.newly_failing),
             ("fixed", self.fixed),
             ("newly flaky", self.newly_flaky),
+            ("newly leaking", self.newly_leaking),
+            ("no longer leaking", self.no_longer_leaking),
             (f"slower by {self.factor:g}x or more", self.slower),
             ("new", self.new),
             ("gone", self.gone),
+            ("still leaking", self.still_leaking),
         ]
 
 
@@ -90,6 +154,7 @@ def diff_runs(old: RunSummary, new: RunSummary, factor: float = SLOWER_FACTOR) -
         and new.durations[nodeid] >= SLOWER_FLOOR
         and new.durations[nodeid] >= factor * old.durations[nodeid]
     ]
+    newly_leaking, no_longer_leaking, still_leaking = leak_changes(old, new)
     return RunDiff(
         old_run=old.run_id,
         new_run=new.run_id,
@@ -106,6 +171,9 @@ def diff_runs(old: RunSummary, new: RunSummary, factor: float = SLOWER_FACTOR) -
         new=tuple(change(n) for n in after if n not in before),
         slower=tuple(slower),
         factor=factor,
+        newly_leaking=newly_leaking,
+        no_longer_leaking=no_longer_leaking,
+        still_leaking=still_leaking,
     )
 
 
@@ -135,7 +203,7 @@ def diff_markdown(diff: RunDiff) -> str:
         if not changes:
             continue
         lines += [f"### {title.capitalize()} ({len(changes)})", ""]
-        lines += [f"- `{clean(c.nodeid)}`: {c.what()}" for c in changes]
+        lines += [f"- `{clean(c.nodeid)}`: {clean(c.what())}" for c in changes]
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -155,6 +223,9 @@ def diff_json(diff: RunDiff) -> str:
                 ("slower", diff.slower),
                 ("new", diff.new),
                 ("gone", diff.gone),
+                ("newly_leaking", diff.newly_leaking),
+                ("no_longer_leaking", diff.no_longer_leaking),
+                ("still_leaking", diff.still_leaking),
             )
         },
     }

@@ -40,14 +40,20 @@ def safe_line(text: str) -> str:
     return "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in text)
 
 
-def annotation(title: str, message: str, file: str | None = None, line: int | None = None) -> str:
+def annotation(
+    title: str,
+    message: str,
+    file: str | None = None,
+    line: int | None = None,
+    level: str = "error",
+) -> str:
     props = []
     if file:
         props.append(f"file={escape_property(file)}")
         if line:
             props.append(f"line={line}")
     props.append(f"title={escape_property(title)}")
-    return f"::error {','.join(props)}::{escape_data(message)}"
+    return f"::{level} {','.join(props)}::{escape_data(message)}"
 
 
 class GitHubLog:
@@ -95,7 +101,7 @@ class GitHubLog:
 
     def annotations(self, summary: RunSummary) -> list[str]:
         """One ::error per test that did not pass (the run's one summary), pointing at the
-        test's file and line."""
+        test's file and line; one ::warning per leak (::error for one devpool may not end)."""
         lines = []
         for ending in summary.troubles:
             job = ending.job
@@ -110,7 +116,24 @@ class GitHubLog:
             lines.append(
                 annotation(title, "\n".join(body), path, lineno + 1 if lineno is not None else None)
             )
+        for leak in summary.leaks:  # a warning: in fail mode the test's error says it too
+            path, lineno = self._place(leak.nodeid)
+            lines.append(
+                annotation(
+                    f"LEAK {leak.nodeid}",
+                    safe_line(leak.what()),
+                    path,
+                    lineno,
+                    "error" if leak.loud else "warning",
+                )
+            )
         return lines
+
+    def _place(self, nodeid: str) -> tuple[str, int | None]:
+        """The file and 1-based line of a test, for an annotation."""
+        test = nodeid.split("[", 1)[0] if nodeid not in self.locations else nodeid
+        path, lineno, _ = self.locations.get(test, (nodeid.split("::")[0], None, ""))
+        return path, lineno + 1 if lineno is not None else None
 
 
 def write_step_summary(record: RunRecord, environ: Mapping[str, str] | None = None) -> bool:

@@ -16,6 +16,7 @@ from devpool.outcomes import Outcome
 from devpool.report.html_tables import (
     UNFINISHED,
     every_test_section,
+    leaks_section,
     not_run_section,
     troubles_section,
 )
@@ -105,6 +106,7 @@ def render_html(record: RunRecord) -> str:
             span,
         ),
         troubles_section(summary),
+        leaks_section(summary),
         not_run_section(summary),
         every_test_section(record),
         "</body></html>",
@@ -403,6 +405,7 @@ _CSS = (
     "th,td{text-align:left;vertical-align:top;padding:4px 8px;border-bottom:1px solid #d8dee4}"
     ".nodeid{font-family:ui-monospace,monospace;overflow-wrap:anywhere}"
     "td.nodeid{min-width:16em}td.log{max-width:28em;overflow-wrap:anywhere}"
+    "tr.leak.loud td{color:#a40e26;font-weight:600}"
     "pre.tail{margin:0;max-height:24em;overflow:auto;background:#f6f8fa;padding:8px;"
     "font:12px/1.35 ui-monospace,monospace;white-space:pre-wrap;word-break:break-all}"
 ) + _outcome_css()

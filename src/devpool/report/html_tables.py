@@ -1,4 +1,4 @@
-"""The HTML report's tables: tests that did not pass, tests that did not run, every test."""
+"""The HTML report's tables: tests that did not pass, leaks, tests that did not run, every test."""
 
 from __future__ import annotations
 
@@ -57,6 +57,32 @@ def _endings_table(summary: RunSummary, css: str, endings: Sequence[Ending]) -> 
                 f"{escape(chr(10).join(run.tail))}</pre></td></tr>"
             )
     out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def leaks_section(summary: RunSummary) -> str:
+    """What tests left behind (issue 52): each leak, what it could see or hold, how it ended."""
+    if not summary.leaks:
+        return ""
+    out = [
+        f'<section class="leaks"><h2>Leaks: what {len(summary.leaked()):,} tests left behind '
+        f"({len(summary.leaks):,})</h2>",
+        "<table><thead><tr><th>test</th><th>left</th><th>pid</th><th>command</th>"
+        "<th>holds</th><th>ended</th></tr></thead><tbody>",
+    ]
+    for leak in summary.leaks:
+        left = leak.kind + (f" (fixture {leak.fixture})" if leak.fixture else "")
+        ended = leak.ended or "reported"
+        if leak.loud and leak.user:
+            ended += f" (user {leak.user})"
+        out.append(
+            f'<tr class="leak{" loud" if leak.loud else ""}" data-nodeid="{escape(leak.nodeid)}">'
+            f'<td class="nodeid">{breakable(leak.nodeid)}</td><td>{escape(left)}</td>'
+            f"<td>{escape('' if leak.pid is None else leak.pid)}</td>"
+            f'<td class="detail"><code>{breakable(leak.command)}</code></td>'
+            f"<td>{escape('; '.join(leak.holds))}</td><td>{escape(ended)}</td></tr>"
+        )
+    out.append("</tbody></table></section>")
     return "\n".join(out)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 from devpool.report.record import RunRecord
@@ -36,6 +37,11 @@ def render_json(record: RunRecord) -> str:
         "utilisation": {str(u.device): round(u.share(duration), 4) for u in summary.use},
         # ... and share of the run its tests ran
         "test_utilisation": {str(u.device): round(u.test_share(duration), 4) for u in summary.use},
+        # what tests left behind (issue 52): the tests charged, every `leak` line in the order
+        # found; leaks_checked false: the run did not look (--devpool-leaks off, older devpool)
+        "leaks_checked": summary.leaks_checked,
+        "leaked": list(summary.leaked()),
+        "leaks": [asdict(leak) for leak in summary.leaks],
         "repeats": [
             {
                 "nodeid": row.nodeid,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 
-from devpool.report.record import RunRecord
-from devpool.report.summary import RunSummary, name_lines, summarize, where
+from devpool.report.record import Leak, RunRecord
+from devpool.report.summary import NOT_RUN_SHOWN, RunSummary, name_lines, summarize, where
 from devpool.report.terminal import strip_ansi
 from devpool.wording import counted
 
@@ -38,6 +38,18 @@ def summary_markdown(summary: RunSummary) -> str:
     for heading, ids in name_lines(summary):
         lines += [f"### {clean(heading)}", ""]
         lines += [f"- `{clean(nodeid)}`" if nodeid[0] != "…" else f"- {nodeid}" for nodeid in ids]
+        lines.append("")
+    if summary.leaks:
+        lines += [
+            f"### Leaks: what {counted(len(summary.leaked()), 'test')} left behind "
+            f"({len(summary.leaks)})",
+            "",
+            "| test | left | holds | ended |",
+            "| --- | --- | --- | --- |",
+        ]
+        lines += [_leak_row(leak) for leak in summary.leaks[:NOT_RUN_SHOWN]]
+        if len(summary.leaks) > NOT_RUN_SHOWN:
+            lines += ["", f"… and {len(summary.leaks) - NOT_RUN_SHOWN} more (see --format json)"]
         lines.append("")
     if summary.repeats:
         lines += [
@@ -86,3 +98,24 @@ def summary_markdown(summary: RunSummary) -> str:
         ]
         lines += ["", "</details>", ""]
     return "\n".join(lines) + "\n"
+
+
+def _leak_row(leak: Leak) -> str:
+    """One leak as a table row; a cell's text may hold anything a command line does."""
+    pid = "?" if leak.pid is None else leak.pid
+    left = {"thread": f"thread in pid {pid}", "memory": f"device memory in pid {pid}"}.get(
+        leak.kind, f"pid {pid}"
+    )
+    what = f"{left} <code>{_cell(leak.command)}</code>" if leak.command else left
+    if leak.fixture:
+        what += f" (fixture {_cell(leak.fixture)})"
+    ended = leak.ended or "reported"
+    if leak.loud:
+        ended = f"**{ended}**" + (f" (user {_cell(leak.user)})" if leak.user else "")
+    holds = _cell("; ".join(leak.holds))
+    return f"| <code>{_cell(leak.nodeid)}</code> | {what} | {holds} | {ended} |"
+
+
+def _cell(text: str) -> str:
+    """Text for a table cell: escaped, and no `|` or line break to end the cell early."""
+    return clean(text).replace("|", "&#124;").replace("\n", " ")

@@ -29,6 +29,12 @@ Events (every line has "v": SCHEMA_VERSION, "type", "time" as Unix seconds):
   shard          (--devpool-shard runs, right after session_start) shard "K/N", k, n,
                  fingerprint, costs, split (node ids of every shard), deselected (this
                  shard's tests deselected after the split), history, pending
+  leak           (issue 52, right before the job_end of the attempt it is charged to) job,
+                 nodeid, attempt, kind (process, thread, memory), pid, command, user, holds
+                 (what it could still see or hold: "sim:0", "port 30001", "sim:0 3.0 GiB"),
+                 fixture (the module or session fixture that owned it, else null), ended
+                 (terminated, killed, exited, not permitted, retired, "" when only reported),
+                 devices (the test's), mode (warn, fail)
   session_end    exitstatus, troubles (outcome → tests that did not pass), controller_cpu
                  (the controller process's CPU seconds, its own: not its workers')
 
@@ -183,6 +189,81 @@ class JobRun:
         return self.end - self.start
 
 
+@dataclass(frozen=True)
+class Leak:
+    """What one attempt (or a wider fixture it set up) left behind: a `leak` line."""
+
+    job: int  # -1: no job of this run's (found at the run's end)
+    nodeid: str  # the test charged (display id)
+    kind: str  # process, thread, memory
+    pid: int | None  # the process; a thread's or memory's: the worker
+    command: str = ""  # its command line; a thread's name and target; memory: ""
+    holds: tuple[str, ...] = ()  # devices it sees ("sim:0"), leased ports ("port 30001")
+    ended: str = ""  # terminated, killed, exited, not permitted, retired; "": only reported
+    attempt: int = 1
+    user: str = ""
+    fixture: str | None = None  # "server (module)": the fixture that owned it
+    devices: tuple[int, ...] = ()  # the test's devices
+    mode: str = ""  # --devpool-leaks in force: warn, fail
+    time: float = 0.0
+
+    @classmethod
+    def of(cls, event: Mapping[str, Any]) -> Leak:
+        pid = event.get("pid")
+        fixture = event.get("fixture")
+        return cls(
+            job=int(event.get("job") or 0) if event.get("job") is not None else -1,
+            nodeid=str(event["nodeid"]),
+            kind=str(event.get("kind") or "process"),
+            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+            command=str(event.get("command") or ""),
+            holds=tuple(str(h) for h in event.get("holds") or ()),
+            ended=str(event.get("ended") or ""),
+            attempt=int(event.get("attempt", 1)),
+            user=str(event.get("user") or ""),
+            fixture=str(fixture) if fixture else None,
+            devices=tuple(int(d) for d in event.get("devices") or ()),
+            mode=str(event.get("mode") or ""),
+            time=float(event.get("time", 0.0)),
+        )
+
+    @property
+    def loud(self) -> bool:
+        """devpool may not end it (another user's): its devices were not handed over."""
+        return self.ended == "not permitted"
+
+    def what(self) -> str:
+        """'pid 4242 `python -m http.server 30001` (sees sim:0; port 30001): terminated'."""
+        pid = "?" if self.pid is None else str(self.pid)
+        if self.kind == "thread":
+            text = f"thread `{self.command}` in worker pid {pid}"
+        elif self.kind == "memory":
+            text = f"device memory in worker pid {pid}"
+        else:
+            text = f"pid {pid} `{self.command}`"
+        if self.holds:
+            verb = "holds" if self.kind == "memory" else "sees"
+            text += f" ({verb} {'; '.join(self.holds)})"
+        if self.fixture:
+            text += f", set up by fixture {self.fixture}"
+        if self.loud and self.user:
+            text += f", user {self.user}"
+        return f"{text}: {self.ended or 'reported'}"
+
+    def line(self) -> str:
+        """'tests/test_srv.py::test_server: pid 4242 `…` (sees sim:0; port 30001): terminated'."""
+        return f"{self.nodeid}: {self.what()}"
+
+    def device_ids(self, platform: str) -> list[int]:
+        """The devices it touched: the test's, and those of `platform` its holds name."""
+        found = list(self.devices)
+        for held in self.holds:
+            name, _, rest = held.partition(":")
+            numbers = rest.split(" ", 1)[0].split(",") if name == platform else []
+            found += [int(n) for n in numbers if n.isdigit() and int(n) not in found]
+        return found
+
+
 @dataclass
 class RunRecord:
     """Everything a record says about one run, including how much of it survived."""
@@ -194,6 +275,7 @@ class RunRecord:
     shard: Mapping[str, Any] | None = None  # the shard event of a --devpool-shard run
     damage: str | None = None  # one sentence when the file was cut or corrupt
     last_time: float = 0.0
+    leaks: list[Leak] = field(default_factory=list)  # its `leak` lines, in order
 
     @property
     def finished(self) -> bool:
@@ -212,6 +294,12 @@ class RunRecord:
         """The run's settings as session_start recorded them ({} when absent)."""
         options = self.start.get("options")
         return options if isinstance(options, Mapping) else {}
+
+    @property
+    def leaks_checked(self) -> bool:
+        """Whether the run looked for leaks (--devpool-leaks warn or fail; an older record
+        did not)."""
+        return self.options.get("leaks") in ("warn", "fail") or bool(self.leaks)
 
     @property
     def total_tests(self) -> int:
@@ -346,6 +434,8 @@ def apply_event(record: RunRecord, open_jobs: dict[int, JobRun], event: Mapping[
         record.end = event
     elif kind == "shard":
         record.shard = event
+    elif kind == "leak":
+        record.leaks.append(Leak.of(event))
     elif kind == "job_start":
         run = JobRun(
             job=int(event["job"]),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from devpool.devices.inventory import format_ids
 from devpool.outcomes import Outcome
-from devpool.report.record import JobRun, RunRecord
+from devpool.report.record import JobRun, Leak, RunRecord
 from devpool.wording import counted
 
 # pytest's own categories beside devpool's outcomes: a test that xfailed is no skip.
@@ -110,6 +110,13 @@ class RunSummary:
     durations: Mapping[str, float] = field(default_factory=dict)  # test → its final test time
     deselected: int = 0  # tests the terminal's closing line counts as deselected
     appeared: tuple[str, ...] = ()  # the categories in the order the run first counted each
+    # what tests left behind (`leak` lines, issue 52), in the order they were found
+    leaks: tuple[Leak, ...] = ()
+    leaks_checked: bool = False  # the run looked for leaks (--devpool-leaks warn or fail)
+
+    def leaked(self) -> tuple[str, ...]:
+        """The tests charged with a leak, each once, in the order their first was found."""
+        return tuple(dict.fromkeys(leak.nodeid for leak in self.leaks))
 
     def counts(self) -> list[tuple[str, int]]:
         """(category, count) in the closing line's order, categories that no test is in left
@@ -227,6 +234,8 @@ def summarize(record: RunRecord) -> RunSummary:
                 for category in job.counted or ()
             )
         ),
+        leaks=tuple(record.leaks),
+        leaks_checked=record.leaks_checked,
     )
 
 
@@ -246,6 +255,15 @@ def name_lines(summary: RunSummary, shown: int = NOT_RUN_SHOWN) -> list[tuple[st
             listed.append(f"… and {len(ids) - shown} more (see --format json)")
         out.append((f"{name} ({len(ids)})", listed))
     return out
+
+
+def leak_lines(summary: RunSummary, shown: int = NOT_RUN_SHOWN) -> list[str]:
+    """'test: pid 4242 `cmd` (sees sim:0; port 30001): terminated' per leak, at most `shown`,
+    then '… and N more (see --format json)'."""
+    lines = [leak.line() for leak in summary.leaks[:shown]]
+    if len(summary.leaks) > shown:
+        lines.append(f"… and {len(summary.leaks) - shown} more (see --format json)")
+    return lines
 
 
 def device_use(record: RunRecord) -> list[DeviceUse]:

@@ -225,6 +225,7 @@ def print_summary(tr: Any, summary: RunSummary, cwd: Path) -> None:
                 tr.write_line(
                     f"… and {len(ids) - NOT_RUN_SHOWN} more (devpool report --format json)"
                 )
+    print_leaks(tr, summary)
     if not summary.troubles:
         return
     count = len(summary.troubles)
@@ -246,6 +247,24 @@ def print_summary(tr: Any, summary: RunSummary, cwd: Path) -> None:
             tr.write_line(f"  artifacts: {job.artifacts}")
         for line in summary_tail(Path(job.log)) if job.log else job.tail[-SUMMARY_TAIL:]:
             tr.write_line(f"  | {line}")
+
+
+def print_leaks(tr: Any, summary: RunSummary) -> None:
+    """The LEAK section: each thing a test left behind, what it could still see or hold, and
+    how it ended (as the run's LEAK lines said when each was found)."""
+    if not summary.leaks:
+        return
+    tests = len(summary.leaked())
+    tr.write_sep(
+        "-",
+        f"devpool: {counted(len(summary.leaks), 'leak')} "
+        f"({counted(tests, 'test')} left something behind)",
+        yellow=True,
+    )
+    for leak in summary.leaks[:NOT_RUN_SHOWN]:
+        tr.write_line(f"LEAK     {leak.line()}", red=leak.loud, yellow=not leak.loud)
+    if len(summary.leaks) > NOT_RUN_SHOWN:
+        tr.write_line(f"… and {len(summary.leaks) - NOT_RUN_SHOWN} more (devpool report)")
 
 
 def _where(summary: RunSummary, job: JobRun) -> str:

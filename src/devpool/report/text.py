@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from devpool.report.record import RunRecord
-from devpool.report.summary import name_lines, summarize, where
+from devpool.report.summary import leak_lines, name_lines, summarize, where
 from devpool.wording import counted
 
 
 def render_text(record: RunRecord, tail_lines: int = 50) -> str:
-    """Verdict, counts, the tests of each named category, every test that did not pass with its
-    log and tail, utilisation: the run's one summary (report.summary), as text."""
+    """Verdict, counts, the tests of each named category, what tests left behind (leaks), every
+    test that did not pass with its log and tail, utilisation: the run's one summary
+    (report.summary), as text."""
     summary = summarize(record)
     out = [
         f"devpool run {summary.run_id} on {summary.platform} "
@@ -21,6 +22,9 @@ def render_text(record: RunRecord, tail_lines: int = 50) -> str:
     out.append(", ".join(f"{n} {name}" for name, n in summary.counts()) or "no tests ran")
     for heading, ids in name_lines(summary):
         out += [f"{heading}:", *[f"  {nodeid}" for nodeid in ids]]
+    if summary.leaks:
+        out.append(f"leaks ({len(summary.leaks)}, left behind by {len(summary.leaked())} tests):")
+        out += [f"  {line}" for line in leak_lines(summary)]
     if summary.repeats:
         out.append("repeat results (lowest pass rate first):")
         out += [f"  {row.line()}" for row in summary.repeats]

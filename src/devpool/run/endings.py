@@ -89,14 +89,14 @@ class Endings:
             why = f"its worker was ended for {slot.killed_for.display}'s timeout"
             self.requeue(slot, attempt, why)
             return
-        lost = getattr(worker, "lost", None)
+        lost = worker.lost
         if lost:  # the machine went away, not the test: infra, retried elsewhere
             attempt.move(State.LOST, self.ctx.emit)
             self.end(attempt, Outcome.INFRA, f"{lost} while running the test", slot, duration, own)
             return
         attempt.move(State.CRASHED, self.ctx.emit)
         detail = f"worker pid {worker.pid} {how} while running the test"
-        ended_by = getattr(worker, "ended_by", None)  # a rank group: which rank, and how
+        ended_by = worker.ended_by  # a rank group: which rank, and how
         if ended_by:
             detail = f"{ended_by} while running the test; the other ranks were ended"
         self.end(attempt, Outcome.CRASHED, detail, slot, duration, own)
@@ -104,7 +104,7 @@ class Endings:
     def worker_failed(self, slot: Slot, attempt: Attempt, code: int | None) -> None:
         """A worker died before it ran its test (e.g. a conftest that fails to import)."""
         worker = slot.worker
-        how = slot.stuck or getattr(worker, "lost", None) or describe_exit(code)
+        how = slot.stuck or worker.lost or describe_exit(code)
         reason = f"worker pid {worker.pid} {how} before running the test; see {worker.log}"
         self.end(attempt, Outcome.INFRA, reason, slot, 0.0, worker_log_tail(slot))
 

@@ -19,9 +19,9 @@ _DUMP = re.compile(r"^(Fatal Python error: |Current thread 0x|Thread 0x)")
 
 def own_output(slot: Slot, attempt: Attempt) -> str:
     """What the worker wrote to its log since this attempt started: its output, no other's."""
-    ranks = getattr(slot.worker, "rank_output", None)  # a rank group: each rank's, labelled
+    ranks = slot.worker.rank_output()  # a rank group: each rank's, labelled
     if ranks is not None:
-        return str(ranks())
+        return ranks
     try:
         with open(slot.worker.log, "rb") as log:
             log.seek(attempt.output_from)

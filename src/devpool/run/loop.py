@@ -15,7 +15,6 @@ from __future__ import annotations
 import gc
 import os
 import time
-from typing import Any
 
 import pytest
 
@@ -30,6 +29,7 @@ from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.endings import Endings
 from devpool.run.health import FOREIGN_RETRY, DeviceHealth, Foreign
+from devpool.run.leaks import Leaks
 from devpool.run.memory_watch import MemoryWatches
 from devpool.run.placing import Placing
 from devpool.run.pool import Slot, WorkerPool
@@ -37,6 +37,7 @@ from devpool.run.replay import Replay
 from devpool.run.source import JobSource
 from devpool.run.terminal import TerminalLoan
 from devpool.run.warned import WorkerWarnings
+from devpool.worker import protocol
 
 TICK = 1.0  # longest sleep of the event loop when nothing is due
 CHECK_POLL = 0.2  # seconds between looks at running device health checks
@@ -109,6 +110,10 @@ class Loop:
         self.renamed: set[str] = set()  # tests a worker collected under another parametrize id
         # A test at a debugger's prompt gets the controller's terminal (run/terminal.py).
         self.terminal = TerminalLoan(session.config, backend.local_leases)
+        self.leaks = Leaks(ctx, self.say, backend.local_leases)
+        self.pool.leaks = self.leaks
+        # Each worker event's handler, `_on_<tag>`: an event without one stops the run here.
+        self.handlers = protocol.handlers(self, protocol.EVENTS)
 
     @property
     def ended(self) -> dict[str, int]:
@@ -172,6 +177,7 @@ class Loop:
             self.placing.leave()
             self.health.close()
             self.pool.shutdown()
+            self.leaks.close()
             self.warned.finish()
             # Back in the collector's sight before plugins' summaries run: frozen objects
             # are no referrers to gc.get_referrers, and e.g. hypothesis's register_random
@@ -258,109 +264,130 @@ class Loop:
 
     # ---- worker events --------------------------------------------------------------------
 
-    def _on_message(self, slot: Slot, message: dict[str, Any]) -> None:
-        event = message.get("ev")
-        if event == "ready":
-            slot.ready_by = None
-            slot.startup = time.monotonic() - slot.spawned
-            self.ctx.emit(
-                "worker_ready",
-                worker=slot.key,
-                worker_pid=int(message.get("pid", slot.worker.pid)),
-                startup=round(slot.startup, 3),
-                devices=list(slot.worker.devices),
-            )
-        elif event == "start":
-            attempt = self._sent(slot, message["nodeid"])
-            if attempt is None:
-                return
-            if attempt.job is not slot.head:
-                self.placing.job_started(slot, attempt.job, time.monotonic())
-            now = time.monotonic()
-            cost: dict[str, float] = {}
-            if slot.startup is not None:  # the first test of a new worker waited for its start
-                cost["startup"] = round(slot.startup, 3)
-                slot.startup = None
-            if slot.leased is not None:  # a lease held from its taking to the first test
-                cost["lease_to_start"] = round(now - slot.leased, 3)
-                slot.leased = None
-            attempt.start(self.ctx.emit, slot.log_size(), **cost)
-            self.memory.watch(slot, attempt)
-            self.replay.logstart(attempt.display, tuple(message["location"]))
-            self.placing.stream(slot)
-        elif event == "report":
-            attempt = slot.current
-            if attempt is not None:
-                data = message["data"]
-                if data.get("when") == "call" and self.memory.overran(slot, attempt):
-                    data.update(outcome="failed", longrepr=f"[devpool] {attempt.overrun}")
-                elif data.get("outcome") == "failed" and self.memory.out_of_memory_beside(
-                    attempt, data
-                ):
-                    attempt.retry = attempt.alone_next = True
-                self.replay.replay(attempt, data, slot.worker)
-        elif event == "finish":
-            attempt = slot.current
-            if attempt is not None:
-                load = message.get("cpu")
-                if isinstance(load, (int, float)) and load >= 0:
-                    attempt.cpu_load = float(load)
-                self._finished(slot, attempt)
-                location = tuple(message["location"])
-                self.hook.pytest_runtest_logfinish(nodeid=attempt.display, location=location)
-        elif event == "warning":
-            self._warning(slot, message)
-        elif event == "shown":
-            self.replay.show(str(message.get("text", "")))
-        elif event == "debugger":
-            self.terminal.asked(slot, bool(message.get("post_mortem")))
-        elif event == "debugger_left":
-            self.terminal.left(slot)
-        elif event == "quit":  # pytest.exit() in a test, `q` at the debugger: the run ends
-            raise pytest.exit.Exception(str(message.get("msg", "")), message.get("returncode"))
-        elif event == "renamed":
-            self._renamed(message)
-        elif event == "imported":
-            seen = self.ctx.imported.setdefault(len(slot.worker.devices), {})
-            seen.update(dict.fromkeys(str(name) for name in message.get("modules", ())))
-        elif event == "output":
-            compat.outputs.received(self.session.config, int(message["pid"]), message["data"])
-        elif event == "missing":
-            attempt = self._sent(slot, message["nodeid"])
-            if attempt is not None:
-                slot.dirty = True
-                why = f"the worker did not collect {attempt.nodeid} (see {slot.worker.log})"
-                self.endings.end(attempt, Outcome.INFRA, why, slot)
-        elif event == "done":
-            if int(message.get("through", 0)) < slot.streamed:
-                return  # a part sent meanwhile is on its way: the worker answers it too
-            # A batch cut for other runs' fair share (placing.share) says nothing of its tests:
-            # those sent back do not count towards running alone.
-            trimmed = slot.key in self.placing.trimmed
-            cut = "its batch was cut for other runs' fair share"
-            why = cut if trimmed else "its batch ended before it ran"
-            for attempt in [a for a in slot.sent if a.state is State.SENT]:
-                self.endings.requeue(slot, attempt, why, not trimmed)
-            slot.sent = []
-            self._job_done(slot)
+    def _on_message(self, slot: Slot, event: protocol.Message) -> None:
+        """One event of a worker, to its `_on_<tag>` handler (protocol.handlers)."""
+        handler = self.handlers.get(type(event))
+        if handler is None:
+            raise protocol.ProtocolError(f"the run loop has no handler for {event!r:.200}")
+        handler(slot, event)
 
-    def _warning(self, slot: Slot, message: dict[str, Any]) -> None:
+    def _on_ready(self, slot: Slot, event: protocol.Ready) -> None:
+        slot.ready_by = None
+        slot.startup = time.monotonic() - slot.spawned
+        self.ctx.emit(
+            "worker_ready",
+            worker=slot.key,
+            worker_pid=event.pid or slot.worker.pid,
+            startup=round(slot.startup, 3),
+            devices=list(slot.worker.devices),
+        )
+
+    def _on_start(self, slot: Slot, event: protocol.Start) -> None:
+        attempt = self._sent(slot, event.nodeid)
+        if attempt is None:
+            return
+        if attempt.job is not slot.head:
+            self.placing.job_started(slot, attempt.job, time.monotonic())
+        now = time.monotonic()
+        cost: dict[str, float] = {}
+        if slot.startup is not None:  # the first test of a new worker waited for its start
+            cost["startup"] = round(slot.startup, 3)
+            slot.startup = None
+        if slot.leased is not None:  # a lease held from its taking to the first test
+            cost["lease_to_start"] = round(now - slot.leased, 3)
+            slot.leased = None
+        attempt.start(self.ctx.emit, slot.log_size(), **cost)
+        self.memory.watch(slot, attempt)
+        self.replay.logstart(attempt.display, tuple(event.location))
+        self.placing.stream(slot)
+
+    def _on_report(self, slot: Slot, event: protocol.Report) -> None:
+        attempt = slot.current
+        if attempt is None:
+            return
+        data = event.data
+        if data.get("when") == "call" and self.memory.overran(slot, attempt):
+            data.update(outcome="failed", longrepr=f"[devpool] {attempt.overrun}")
+        elif data.get("outcome") == "failed" and self.memory.out_of_memory_beside(attempt, data):
+            attempt.retry = attempt.alone_next = True
+        self.replay.replay(attempt, data, slot.worker)
+
+    def _on_finish(self, slot: Slot, event: protocol.Finish) -> None:
+        attempt = slot.current
+        if attempt is None:
+            return
+        if isinstance(event.cpu, (int, float)) and event.cpu >= 0:
+            attempt.cpu_load = float(event.cpu)
+        self._finished(slot, attempt)
+        location = tuple(event.location)
+        self.hook.pytest_runtest_logfinish(nodeid=attempt.display, location=location)
+
+    def _on_leak(self, slot: Slot, event: protocol.Leak) -> None:
+        """What a test left in its worker, ended there (worker/leaks.py); a worker that
+        could not be made clean again is retired after this test."""
+        attempt = slot.current
+        if attempt is not None and attempt.nodeid != event.nodeid:
+            attempt = None  # a wider fixture's, found at its teardown
+        self.leaks.reported(attempt, protocol.to_object(event), list(slot.worker.devices))
+        if event.ended in ("retired", "not permitted"):
+            slot.dirty = True
+
+    def _on_shown(self, slot: Slot, event: protocol.Shown) -> None:
+        self.replay.show(event.text)
+
+    def _on_debugger(self, slot: Slot, event: protocol.Debugger) -> None:
+        self.terminal.asked(slot, event.pid, event.post_mortem)
+
+    def _on_debugger_left(self, slot: Slot, event: protocol.DebuggerLeft) -> None:
+        self.terminal.left(slot)
+
+    def _on_quit(self, slot: Slot, event: protocol.Quit) -> None:
+        """pytest.exit() in a test, `q` at the debugger: the run ends as plain pytest's."""
+        raise pytest.exit.Exception(event.msg, event.returncode)
+
+    def _on_warning(self, slot: Slot, event: protocol.Warned) -> None:
         """A warning a test raised in its worker: for pytest's warnings summary and count."""
-        nodeid = str(message.get("nodeid", ""))
+        nodeid = event.nodeid
         attempt = slot.current
         if attempt is not None and attempt.nodeid == nodeid:
             nodeid = attempt.display
-        self.warned.tell(nodeid, message)
+        self.warned.tell(nodeid, event)
 
-    def _renamed(self, message: dict[str, Any]) -> None:
+    def _on_renamed(self, slot: Slot, event: protocol.Renamed) -> None:
         """Said once per test: a worker's parametrize id differed, matched by place."""
-        nodeid = str(message["nodeid"])
-        if nodeid not in self.renamed:
-            self.renamed.add(nodeid)
+        if event.nodeid not in self.renamed:
+            self.renamed.add(event.nodeid)
             self.say(
-                f"{nodeid} was collected as {message['as']} in a worker (a parametrize id "
+                f"{event.nodeid} was collected as {event.as_} in a worker (a parametrize id "
                 "built at collection differs); run by its position"
             )
+
+    def _on_imported(self, slot: Slot, event: protocol.Imported) -> None:
+        seen = self.ctx.imported.setdefault(len(slot.worker.devices), {})
+        seen.update(dict.fromkeys(str(name) for name in event.modules))
+
+    def _on_output(self, slot: Slot, event: protocol.Output) -> None:
+        compat.outputs.received(self.session.config, event.pid, event.data)
+
+    def _on_missing(self, slot: Slot, event: protocol.Missing) -> None:
+        attempt = self._sent(slot, event.nodeid)
+        if attempt is not None:
+            slot.dirty = True
+            why = f"the worker did not collect {attempt.nodeid} (see {slot.worker.log})"
+            self.endings.end(attempt, Outcome.INFRA, why, slot)
+
+    def _on_done(self, slot: Slot, event: protocol.Done) -> None:
+        if event.through < slot.streamed:
+            return  # a part sent meanwhile is on its way: the worker answers it too
+        # A batch cut for other runs' fair share (placing.share) says nothing of its tests:
+        # those sent back do not count towards running alone.
+        trimmed = slot.key in self.placing.trimmed
+        cut = "its batch was cut for other runs' fair share"
+        why = cut if trimmed else "its batch ended before it ran"
+        for attempt in [a for a in slot.sent if a.state is State.SENT]:
+            self.endings.requeue(slot, attempt, why, not trimmed)
+        slot.sent = []
+        self._job_done(slot)
 
     def _sent(self, slot: Slot, nodeid: str) -> Attempt | None:
         for attempt in slot.sent:
@@ -393,7 +420,7 @@ class Loop:
             or isolate
             or slot.dirty
             or slot.killed_for is not None
-            or getattr(slot.worker, "spent", False)  # a rank group one rank's ending ended
+            or slot.worker.spent  # a rank group one rank's ending ended
             or over_share
             or self.ctx.settings.isolation in ("job", "module")
         ):
@@ -442,6 +469,7 @@ class Loop:
             self.placing.spawn(placement, time.monotonic())
 
     def _tend_health(self, now: float) -> None:
+        self.health.retired += self.leaks.take_stuck()  # a leftover we may not end sees them
         self.health.poll(now)
         self.health.start_checks(self.pool.all_devices(), now)
         if self.health.retired:
@@ -462,7 +490,7 @@ class Loop:
         self.stopped = True
         for slot in self.pool.slots.values():
             if any(a.state is State.SENT for a in slot.sent):
-                slot.worker.send({"op": "cancel"})
+                slot.worker.send(protocol.Cancel())
         for job in self.scheduler.queue.take_all():
             self.dropped.add(job.id)
             self.dropped.update(member.id for member in job.chain or ())

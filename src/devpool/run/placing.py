@@ -27,6 +27,7 @@ from devpool.run.health import FOREIGN_RETRY, DeviceHealth, Foreign
 from devpool.run.host_leases import HostLeases
 from devpool.run.pool import Slot, WorkerPool
 from devpool.run.replay import Replay
+from devpool.worker import protocol
 
 BATCH_SECONDS = 1.0  # estimated work sent to a worker at once, for small tests
 BATCH_MAX = 64
@@ -58,9 +59,8 @@ class Placing:
         self.attempts = attempts  # the loop's: job id → its current attempt
         self.stopped = False  # -x / --maxfail: the loop said stop
         # The runs that share our devices: a host's lock folder, or a Ray cluster's store.
-        room = getattr(backend, "waiting_room", None)
-        self.room: Room = (
-            room(ctx.run_id) if room is not None else WaitingRoom(ctx.lock_dir.path, ctx.run_id)
+        self.room: Room = backend.waiting_room(ctx.run_id) or WaitingRoom(
+            ctx.lock_dir.path, ctx.run_id
         )
         self.limit: int | None = None  # most devices we may hold while other runs wait
         self.shared_at = 0.0
@@ -100,10 +100,8 @@ class Placing:
     def share(self, now: float) -> None:
         """Hold no more than a fair share of the pool while other runs wait for it."""
         waits = dict(self.blocked_since)
-        unplaced = getattr(self.backend, "unplaced", None)  # Ray: other runs' actors
-        if unplaced is not None:
-            for size, since in unplaced(now).items():
-                waits[size] = min(waits.get(size, since), since)
+        for size, since in self.backend.unplaced(now).items():  # Ray: other runs' actors
+            waits[size] = min(waits.get(size, since), since)
         if self.stalled_since is not None and len(self.scheduler.queue):
             head = min(self.scheduler.queue.heads(), key=lambda job: job.priority())
             waits.setdefault(head.devices_needed, self.stalled_since)
@@ -148,7 +146,7 @@ class Placing:
             unstarted = any(a.state is State.SENT for a in slot.sent)
             if unstarted and slot.key not in self.trimmed:
                 self.trimmed.add(slot.key)
-                slot.worker.send({"op": "cancel"})
+                slot.worker.send(protocol.Cancel())
 
     def start(self, now: float) -> bool:
         """Place and start what fits now; True when anything was placed."""

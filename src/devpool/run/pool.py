@@ -8,18 +8,14 @@ outcomes.
 from __future__ import annotations
 
 import hashlib
-import os
 import signal
 import time
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from devpool.backends import Backend, Forks
 from devpool.backends import WorkerHandle as Worker
 from devpool.backends.layout import Layout
-from devpool.backends.local import LocalBackend
-from devpool.backends.local import Worker as LocalWorker
 from devpool.devices import memory
 from devpool.devices.leases import Lease
 from devpool.plan.jobs import Job, Plan
@@ -27,7 +23,9 @@ from devpool.plan.scheduler import Placement
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.host_leases import host_env, stamp
+from devpool.run.leaks import Leaks
 from devpool.run.warm import Warm, device_env, template_kind
+from devpool.worker import leaks, protocol
 
 STACKS_WAIT = 0.5  # seconds given to faulthandler to write the stacks before SIGTERM
 STOP_GRACE = 10.0  # seconds a worker told to stop has before it is killed
@@ -90,9 +88,7 @@ class WorkerPool:
     def __init__(self, ctx: RunContext, backend: Backend, plan: Plan) -> None:
         self.ctx = ctx
         self.backend = backend
-        # Checked once: a runtime Protocol's isinstance walks its members on every call, and
-        # the loop asks twice a turn (escalate, due).
-        self.forks: Forks | None = backend if isinstance(backend, Forks) else None
+        self.forks: Forks | None = backend.forks()
         self.forked = False  # whether any worker asked a template for a fork
         self.slots: dict[int, Slot] = {}
         self.idle: dict[int, Slot] = {}
@@ -101,6 +97,7 @@ class WorkerPool:
         # Device and CPU workers fork from a warm template of their kind (run/warm.py).
         self.warm = Warm(ctx, backend, plan, self.modules_of_size)
         self.stdin_for_tests: str | None = None  # -s, one test at a time: the run's stdin
+        self.leaks: Leaks | None = None  # the run's leak sweeps (run/leaks.py), set by the loop
 
     # ---- what is held ---------------------------------------------------------------------
 
@@ -126,8 +123,11 @@ class WorkerPool:
             if self.ctx.inventory.platform.kind == "sim":
                 memory_file = self.ctx.log_dir / f"memory-{job.id}-{job.attempt}.json"
                 env[memory.SIM_MEMORY_FILE] = str(memory_file)
+        if placement.devices and self.ctx.inventory.platform.kind == "sim":
+            # What a sim worker keeps allocated between tests (worker/leaks.py's model).
+            env[leaks.SIM_HELD_ENV] = str(self.ctx.log_dir / f"held-{job.id}-{job.attempt}.json")
         env.update(host_env(lease))  # DEVPOOL_PORTS, MASTER_ADDR/PORT (run/host_leases.py)
-        if job.shape and isinstance(self.backend, LocalBackend):  # Ray places its own ranks
+        if job.shape and self.backend.groups_ranks:  # Ray places its own ranks
             worker = self._group(placement.devices, lease, env, job)
         else:
             worker = self._start(placement.devices, lease, env, job)
@@ -151,18 +151,15 @@ class WorkerPool:
         slot.streamed = 0
         if slot.worker.lease is not None and slot.worker.lease.holder.job != head.nodeid:
             slot.worker.lease.set_job(head.nodeid, slot.worker.pid)
-        message = {
-            "op": "run",
-            "job": head.id,
-            "fresh_after_failure": self.ctx.settings.fresh_after_failure,
-            **({"stdin": self.stdin_for_tests} if self.stdin_for_tests else {}),
+        message = protocol.Run(
+            job=head.id,
+            tests=_tests(attempts),
+            fresh_after_failure=self.ctx.settings.fresh_after_failure,
+            stdin=self.stdin_for_tests,
             # A failure whose text matches one of these may have poisoned the process (a
             # device context): the worker stops there and its batch goes back untouched.
-            "fatal": self.ctx.fatal.sources() if slot.worker.devices else [],
-            "tests": [
-                {"nodeid": a.nodeid, "display": a.display, "attempt": a.number} for a in attempts
-            ],
-        }
+            fatal=tuple(self.ctx.fatal.sources()) if slot.worker.devices else (),
+        )
         return slot.worker.send(message)
 
     def extend(self, slot: Slot, attempts: list[Attempt]) -> bool:
@@ -171,14 +168,7 @@ class WorkerPool:
         slot.streamed += 1
         stamp(attempts, slot.worker.lease)
         slot.sent += attempts
-        message = {
-            "op": "more",
-            "job": slot.head.id,
-            "seq": slot.streamed,
-            "tests": [
-                {"nodeid": a.nodeid, "display": a.display, "attempt": a.number} for a in attempts
-            ],
-        }
+        message = protocol.More(job=slot.head.id, seq=slot.streamed, tests=_tests(attempts))
         return slot.worker.send(message)
 
     def _start(
@@ -195,16 +185,12 @@ class WorkerPool:
     ) -> Worker:
         """A ranks(n) test's n workers, one per rank with torchrun's environment, as one
         (backends/ranks.py); each sees every device of the test, in rank order."""
-        backend = self.backend
-        assert isinstance(backend, LocalBackend)
         layout = Layout.of(job.request)
         workers = []
         for rank in range(layout.world):
             own = layout.env(rank, "127.0.0.1", layout.own(rank, devices))
-            worker = self._start(devices, lease, {**env, **own}, job)
-            assert isinstance(worker, LocalWorker)
-            workers.append(worker)
-        return backend.group(workers, job.shape, self.ctx.settings.rank_straggle)
+            workers.append(self._start(devices, lease, {**env, **own}, job))
+        return self.backend.group(workers, job.shape, self.ctx.settings.rank_straggle)
 
     def _fork(
         self, devices: tuple[int, ...], lease: Lease | None, env: dict[str, str], job: Job
@@ -266,7 +252,7 @@ class WorkerPool:
             return
         slot.stopping = True
         slot.stop_by = now + STOP_GRACE
-        if not slot.worker.send({"op": "stop"}):
+        if not slot.worker.send(protocol.Stop()):
             slot.worker.signal_group(signal.SIGKILL)
 
     def retire_idle(self, now: float) -> None:
@@ -283,7 +269,7 @@ class WorkerPool:
             # into fresh interpreters, which then have a start timeout of their own.
             self.forks.check(now)
         for slot in self.slots.values():
-            fresh_since = getattr(slot.worker, "fresh_since", None)  # a fork that fell back
+            fresh_since = slot.worker.fresh_since  # a fork that fell back to a fresh start
             if slot.ready_by is not None and fresh_since is not None:
                 slot.ready_by = max(
                     slot.ready_by, fresh_since + self.ctx.settings.worker_start_timeout
@@ -304,13 +290,8 @@ class WorkerPool:
                 # The deadline belongs to this attempt: it alone is ended for it.
                 slot.killed_for = attempt
                 attempt.kill_stage, attempt.kill_at = 1, now + STACKS_WAIT
-                slot.worker.send({"op": "cancel"})  # nothing more starts in this process
-                dump = getattr(slot.worker, "dump_stacks", None)  # a remote worker's own way
-                if dump is not None:
-                    dump()
-                elif slot.worker.pid > 0:  # 0: a fork not made yet (never os.kill(0, ...))
-                    with suppress(ProcessLookupError):
-                        os.kill(slot.worker.pid, signal.SIGUSR1)
+                slot.worker.send(protocol.Cancel())  # nothing more starts in this process
+                slot.worker.dump_stacks()
             elif attempt.kill_stage == 1 and now >= attempt.kill_at:
                 attempt.kill_stage, attempt.kill_at = 2, now + grace
                 slot.worker.signal_group(signal.SIGTERM)
@@ -345,6 +326,10 @@ class WorkerPool:
         # the loop does not wait for the template's word (backends/local.py).
         code = self.backend.reap(worker, 0.0 if asked and self.forks is not None else 5.0)
         worker.signal_group(signal.SIGKILL)  # nothing the test started may outlive it
+        if self.leaks is not None and not (asked and code == 0):
+            # It died without ending what its tests left (it would have): those left its
+            # group too. They end before its devices and ports go to another test.
+            self.leaks.sweep(slot.current, list(worker.devices))
         if worker.lease is not None:
             worker.lease.release()
         self.slots.pop(worker.key, None)
@@ -425,3 +410,7 @@ def _module_lists(
         target.write_text("\n".join(sorted(paths)) + "\n", encoding="utf-8")
         by_size[size] = target
     return lists, by_size
+
+
+def _tests(attempts: list[Attempt]) -> tuple[protocol.Test, ...]:
+    return tuple(protocol.Test(a.nodeid, a.display, a.number) for a in attempts)

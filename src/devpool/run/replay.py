@@ -33,7 +33,7 @@ from devpool.report.terminal import (
 from devpool.run import host_leases
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
-from devpool.worker import protocol
+from devpool.worker import serialized
 from devpool.worker.stacks import readable_stacks
 
 Phase = Literal["setup", "call", "teardown"]
@@ -82,7 +82,7 @@ class Replay:
 
     def replay(self, attempt: Attempt, data: dict[str, Any], worker: WorkerHandle) -> None:
         """One phase report from the worker, judged and handed to pytest."""
-        protocol.restore_subtest_values(data)
+        serialized.restore_subtest_values(data)
         report = self.hook.pytest_report_from_serializable(config=self.session.config, data=data)
         if isinstance(report.longrepr, list):
             # A skip's (path, line, reason) tuple comes back from JSON as a list.
@@ -195,7 +195,7 @@ class Replay:
         seen = {r.when: r for r in attempt.phases}
         # A rank group holds its ranks' reports until every rank has finished: the phases its
         # ranks reached say whether the test's body ran.
-        reached = set(getattr(worker, "reached", lambda nodeid: ())(job.nodeid)) - set(seen)
+        reached = (worker.reached(job.nodeid) if worker is not None else set()) - set(seen)
         started = attempt.started_wall > 0
         # An ending before the test started that will run again is no attempt of the test:
         # pytest hears nothing of it (no rerun in the closing line); the run record and
@@ -423,7 +423,7 @@ class Replay:
 
 def _ranks(worker: WorkerHandle | None) -> dict[str, Any]:
     """A multi-node worker's ranks (node, devices, log of each), for the run record."""
-    ranks = getattr(worker, "rank_info", None)
+    ranks = worker.rank_info if worker is not None else []
     return {"ranks": ranks} if ranks else {}
 
 

@@ -11,7 +11,9 @@ which the worker opens itself): the prompt reads what the user types, or the pip
   where pdb shows `--KeyboardInterrupt--` as in plain pytest;
 - the test's deadline stops (Attempt.pause), as pytest-timeout's does under a debugger.
 
-Tests of other workers that reach a debugger meanwhile wait their turn, in order.
+Tests of other workers that reach a debugger meanwhile wait their turn, in order; so do the
+ranks of a ranks(n) test (backends/merge.py), whose grant (`Lend`) names the one process it
+is for.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import pytest
 
 from devpool.run.pool import Slot
+from devpool.worker import protocol
 from devpool.worker.terminal import real_fds
 
 _STREAMS = ((0, "stdin"), (1, "stdout"), (2, "stderr"))
@@ -39,7 +42,7 @@ class TerminalLoan:
         # A worker on another host cannot open this process's files: it keeps its own.
         self.paths = own_streams(config) if local else {}
         self.holder: Slot | None = None
-        self.waiting: list[Slot] = []
+        self.waiting: list[tuple[Slot, int]] = []  # (worker, the process at its prompt)
         self.live: Any = None  # the live status line, paused while the terminal is lent
         self._file: Any = None  # the terminal writer's file, while a buffer stands in
         self._held = io.StringIO()
@@ -49,30 +52,30 @@ class TerminalLoan:
     def lent(self) -> bool:
         return self.holder is not None
 
-    def asked(self, slot: Slot, post_mortem: bool = False) -> None:
-        """A test of this worker is entering the debugger: its turn now, or after others.
-        post_mortem (--pdb): its failure is shown there, so pytest's summary leaves it out."""
+    def asked(self, slot: Slot, pid: int, post_mortem: bool = False) -> None:
+        """A test of this worker (process pid: one rank of a ranks(n) test's) is entering the
+        debugger: its turn now, or after others. post_mortem (--pdb): its failure is shown
+        there, so pytest's summary leaves it out."""
         attempt = slot.current
         if attempt is not None:
             attempt.pause(time.monotonic())
             if post_mortem and attempt.phases:
                 attempt.phases[-1]._pdbshown = True  # type: ignore[attr-defined]
         if self.holder is None:
-            self._lend(slot)
-        elif slot is not self.holder and slot not in self.waiting:
-            self.waiting.append(slot)
+            self._lend(slot, pid)
+        elif slot is not self.holder and all(slot is not s for s, _ in self.waiting):
+            self.waiting.append((slot, pid))
 
     def left(self, slot: Slot) -> None:
         """The debugger was left (or its worker is gone): the terminal comes back."""
         attempt = slot.current
         if attempt is not None:
             attempt.resume(time.monotonic())
-        if slot in self.waiting:
-            self.waiting.remove(slot)
+        self.waiting = [(s, pid) for s, pid in self.waiting if s is not slot]
         if self.holder is slot:
             self._take_back()
             while self.waiting and self.holder is None:
-                self._lend(self.waiting.pop(0))
+                self._lend(*self.waiting.pop(0))
 
     def close(self) -> None:
         """The loop ends: whatever it holds is written, Ctrl-C is the controller's again."""
@@ -80,7 +83,7 @@ class TerminalLoan:
         if self.holder is not None:
             self._take_back()
 
-    def _lend(self, slot: Slot) -> None:
+    def _lend(self, slot: Slot, pid: int) -> None:
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if self.live is not None:
             self.live.pause()
@@ -89,7 +92,6 @@ class TerminalLoan:
             self._file, terminal._tw._file = terminal._tw._file, self._held  # noqa: SLF001
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        pid = slot.worker.pid
 
         def forward(signum: int, frame: object) -> None:
             try:
@@ -97,9 +99,18 @@ class TerminalLoan:
             except OSError:
                 return
 
-        self._sigint = signal.signal(signal.SIGINT, forward)
+        if self.paths:  # a process on this host (another's pid means nothing here)
+            self._sigint = signal.signal(signal.SIGINT, forward)
         self.holder = slot
-        if not slot.worker.send({"op": "terminal", **self.paths}):
+        paths = self.paths
+        lend = protocol.Lend(
+            pid=pid,
+            lent=bool(paths),
+            stdin=paths.get("stdin"),
+            stdout=paths.get("stdout"),
+            stderr=paths.get("stderr"),
+        )
+        if not slot.worker.send(lend):
             self._take_back()  # the worker is gone: its exit is handled as usual
 
     def _take_back(self) -> None:

@@ -29,8 +29,7 @@ class Warm:
     ) -> None:
         self.ctx = ctx
         self.backend = backend
-        # Checked once (a runtime Protocol's isinstance walks its members on every call).
-        self._forking: Forks | None = backend if isinstance(backend, Forks) else None
+        self._forking: Forks | None = backend.forks()
         self.modules_of_size = modules_of_size
         first: dict[int, tuple[float, int, int]] = {}
         for job in plan.jobs:

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from devpool.worker import protocol
+from devpool.worker.protocol import Warned
+from devpool.worker.serialized import warning_from
 
 _SCOPES = ("session", "package", "module", "class")
 
@@ -28,16 +29,16 @@ class WorkerWarnings:
         self.places = {nodeid: place for place, nodeid in enumerate(collected)}
         self.users: dict[str, str | None] = {}  # a fixture setup → the first test needing it
         self.received = 0  # warnings received so far: a test's keep the order it raised them
-        self.held: dict[str, tuple[tuple[int, int, int], str, dict[str, Any]]] = {}  # once → first
+        self.held: dict[str, tuple[tuple[int, int, int], str, Warned]] = {}  # once → first
         self.told: dict[int, tuple[int, int, int]] = {}  # id of the terminal's entry → its order
         self.start: int | None = None  # where the run's warnings begin in the terminal's list
 
-    def tell(self, nodeid: str, message: dict[str, Any]) -> None:
+    def tell(self, nodeid: str, message: Warned) -> None:
         """One warning of a test (told under nodeid: a --devpool-repeat turn's own)."""
         self.received += 1
-        place = self.places.get(str(message.get("nodeid")), len(self.places))
+        place = self.places.get(message.nodeid, len(self.places))
         order = (place, len(_SCOPES), self.received)
-        once = message.get("once")
+        once = message.once
         if isinstance(once, dict) and once.get("key"):
             if once.get("fixture"):  # plain pytest set it up for its first test that needs it
                 user = self._first_user(once)
@@ -47,22 +48,22 @@ class WorkerWarnings:
                     rank = _SCOPES.index(scope) if scope in _SCOPES else len(_SCOPES)
                     nodeid, order = user, (self.places[user], rank, self.received)
             # Not by where it points: an import's warning names its first importer's line.
-            key = f"{once['key']}\0{message.get('category')}\0{message.get('message')}"
+            key = f"{once['key']}\0{message.category}\0{message.message}"
             kept = self.held.get(key)
             if kept is None or order < kept[0]:
                 self.held[key] = (order, nodeid, message)
             return
         self._record(nodeid, order, message)
 
-    def _record(self, nodeid: str, order: tuple[int, int, int], message: dict[str, Any]) -> None:
+    def _record(self, nodeid: str, order: tuple[int, int, int], message: Warned) -> None:
         shown = self._list()
         if self.start is None:
             self.start = len(shown)
         before = len(shown)
-        location = message.get("location")
+        location = message.location
         self.config.hook.pytest_warning_recorded.call_historic(
             kwargs={
-                "warning_message": protocol.warning_from(message),
+                "warning_message": warning_from(message),
                 "when": "runtest",
                 "nodeid": nodeid,
                 "location": tuple(location) if location else None,

@@ -96,7 +96,9 @@ class Sources:
         return {
             "schema": views.SCHEMA,
             "time": time.time(),
-            "devices": views.devices_view(states, self.lock_dir, known, memory),
+            "devices": views.devices_view(
+                states, self.lock_dir, known, memory, views.last_leaks(summaries)
+            ),
             "waiting": views.waiting_view(views.waiters(self.lock_dir), states),
             "live": live_runs,
             "recent": views.runs_view(summaries, live=False),

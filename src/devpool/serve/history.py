@@ -14,6 +14,8 @@ from devpool.history.durations import TestResult
 from devpool.history.place import HistorySpec, open_history
 from devpool.history.quarantine import Entry, entries_from_file, entries_from_table
 
+LEAKED_RUNS = 2  # runs a test leaked in, of its last results, to be named without a flip
+
 
 def _results(path: HistorySpec) -> list[TestResult]:
     with open_history(path, read_only=True) as history:
@@ -21,10 +23,12 @@ def _results(path: HistorySpec) -> list[TestResult]:
 
 
 def flakiest(path: Path, window: int, limit: int) -> list[dict[str, Any]]:
-    """Tests whose last ``window`` results mix passes and failures, most mixed first.
+    """Tests whose last ``window`` results mix passes and failures, or that left something
+    behind in several of them (leaks, issue 52), most mixed first.
 
-    A result counts as flaky when its outcome is ``flaky`` (failed, then passed on a rerun)
-    or when it differs from the test's result in the run before (a flip).
+    A result counts as flaky when its outcome is ``flaky`` (failed, then passed on a rerun),
+    when it differs from the test's result in the run before (a flip), or when its test
+    leaked: what it left ran beside the next tests on its devices, whatever its own outcome.
     """
     recent: dict[str, deque[TestResult]] = defaultdict(lambda: deque(maxlen=window))
     for result in _results(path):
@@ -34,9 +38,11 @@ def flakiest(path: Path, window: int, limit: int) -> list[dict[str, Any]]:
         outcomes = [r.outcome for r in results]
         counts = Counter(outcomes)
         flips = sum(1 for a, b in zip(outcomes, outcomes[1:], strict=False) if a != b)
-        if not counts["flaky"] and not (counts["failed"] and counts["passed"]):
+        leaked = len({r.run_id or r.time for r in results if r.leaks})
+        mixed = counts["flaky"] or (counts["failed"] and counts["passed"])
+        if not mixed and leaked < LEAKED_RUNS:
             continue
-        score = (counts["flaky"] + flips) / len(outcomes)
+        score = (counts["flaky"] + flips + leaked) / len(outcomes)
         rows.append(
             {
                 "test": nodeid,
@@ -45,6 +51,7 @@ def flakiest(path: Path, window: int, limit: int) -> list[dict[str, Any]]:
                 "failed": counts["failed"],
                 "flaky": counts["flaky"],
                 "flips": flips,
+                "leaked": leaked,  # runs in which it left something behind
                 "score": round(score, 3),
                 "last": outcomes[-1],
                 "last_time": results[-1].time,

@@ -32,6 +32,7 @@ th{background:#eceff1}.num{text-align:right}
 .device{border-radius:4px;padding:4px 8px;color:#fff;font-size:12px;min-width:0}
 .device b{font-size:13px}.device a{color:#fff}
 .device .holder{border-top:1px solid rgba(255,255,255,.4);margin-top:2px}
+.device .leak{border-top:1px dashed rgba(255,255,255,.7);margin-top:2px;font-style:italic}
 .state-free{background:#2e7d32}.state-held{background:#1565c0}.state-shared{background:#6a1b9a}
 #live td,#recent td,#waiting td{white-space:nowrap}#live td.wrap,#recent td.wrap{white-space:normal}
 #live td.wrap{min-width:14em}
@@ -166,9 +167,24 @@ def devices_section(
                 f" · pid {escape(holder['pid'] or '?')} · {_ago(holder['since'], now)}{share}"
                 "</div>"
             )
+        if device.get("last_leak"):
+            parts.append(_last_leak(device["last_leak"], runs, now))
         parts.append("</div>")
     parts.append("</div></section>")
     return "".join(parts)
+
+
+def _last_leak(leak: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]], now: float) -> str:
+    """A device's last leak: the test that left it, the process, how it ended, when."""
+    pid = leak["pid"] if leak["pid"] is not None else "?"
+    command = f" <code>{breakable(leak['command'])}</code>" if leak["command"] else ""
+    return (
+        f'<div class="leak" data-test="{escape(leak["test"])}">last leak '
+        f"{_ago(leak['time'], now)} ago: "
+        f'<span class="test">{breakable(leak["test"])}</span> left {escape(leak["kind"])} '
+        f"pid {escape(pid)}{command}, {escape(leak['ended'])} · run "
+        f"{_run_link(runs.get(leak['run']), leak['run'])}</div>"
+    )
 
 
 def waiting_section(
@@ -407,11 +423,11 @@ def _flaky_table(rows: Sequence[Mapping[str, Any]]) -> str:
         return "<p>Flakiest tests: none in the history.</p>"
     return _table(
         "Flakiest tests",
-        ("test", "runs", "passed", "failed", "flaky", "flips", "last"),
+        ("test", "runs", "passed", "failed", "flaky", "flips", "leaked", "last"),
         [
             f'<tr class="flaky"><td class="test">{breakable(row["test"])}</td>'
             + "".join(f"<td class=num>{row[k]}</td>" for k in ("runs", "passed", "failed"))
-            + "".join(f"<td class=num>{row[k]}</td>" for k in ("flaky", "flips"))
+            + "".join(f"<td class=num>{row[k]}</td>" for k in ("flaky", "flips", "leaked"))
             + f"<td>{escape(row['last'])}</td></tr>"
             for row in rows
         ],
@@ -494,6 +510,14 @@ def run_page(run: Mapping[str, Any]) -> str:
             f"{escape(failure['detail'])}{log_link}"
             f"{'<pre>' + escape(tail) + '</pre>' if tail else ''}</div>"
         )
+    if run.get("leaks"):
+        parts.append(f'<h3 id="leaks">Leaks ({len(run["leaks"])})</h3><ul>')
+        parts.extend(
+            f'<li class="leak"><span class="test">{breakable(leak["test"])}</span>: '
+            f"{escape(leak['what'])}</li>"
+            for leak in run["leaks"]
+        )
+        parts.append("</ul>")
     if run["logs"]:
         parts.append('<h3 id="logs">Logs</h3><ul>')
         parts.extend(f"<li>{_link(h, h.rsplit('/', 1)[-1])}</li>" for h in run["logs"])

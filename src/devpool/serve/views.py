@@ -87,7 +87,9 @@ def _holder(holder: Holder | None) -> dict[str, Any]:
     }
 
 
-def _device(state: LockState, capacity: int | None) -> dict[str, Any]:
+def _device(
+    state: LockState, capacity: int | None, leak: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     holders = []
     if state.held:
         holders.append({**_holder(state.holder), "memory": None})
@@ -103,6 +105,7 @@ def _device(state: LockState, capacity: int | None) -> dict[str, Any]:
         "holders": holders,
         "memory_total": capacity,  # bytes handed out, as a live run's session_start says
         "memory_free": max(0, capacity - shared) if capacity and kind != "held" else None,
+        "last_leak": dict(leak) if leak is not None else None,  # what a test left on it
     }
 
 
@@ -121,15 +124,21 @@ def devices_view(
     lock_dir: Path,
     known: Iterable[tuple[str, int]] = (),
     memory: Mapping[tuple[str, int], int] | None = None,
+    leaks: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Every lock file of the folder as a device with its holder or holders; ``known``
     devices (of live runs' inventories) with no lock file yet show as free; ``memory``:
-    the bytes each device hands out (live runs' session_start), for its free memory."""
+    the bytes each device hands out (live runs' session_start), for its free memory;
+    ``leaks``: each device's last leak (last_leaks)."""
     have = {(s.platform, s.device) for s in states}
     extra = [LockState(p, d, False, None) for p, d in set(known) - have]
     every = sorted([*states, *extra], key=lambda s: (s.platform, s.device))
     sizes = memory or {}
-    devices = [_device(s, sizes.get((s.platform, s.device))) for s in every]
+    left = leaks or {}
+    devices = [
+        _device(s, sizes.get((s.platform, s.device)), left.get((s.platform, s.device)))
+        for s in every
+    ]
     return {"schema": SCHEMA, "lock_dir": str(lock_dir), "devices": devices}
 
 
@@ -229,6 +238,8 @@ class RunSummary:
     damage: str | None = None
     logs: list[str] = field(default_factory=list)
     ray_address: str | None = None  # the cluster a ray-backed run joined
+    host: str = ""  # where it ran (session_start)
+    leaks: list[dict[str, Any]] = field(default_factory=list)  # what its tests left behind
 
     def to_json(self) -> dict[str, Any]:
         done = self.done
@@ -253,6 +264,7 @@ class RunSummary:
             "ending": self.ending,
             "damage": self.damage,
             "ray_address": self.ray_address,
+            "leaks": self.leaks,
             "report": f"/runs/{self.project}/{self.run_id}/report.html",
             "page": f"/runs/{self.project}/{self.run_id}",
             "logs": [f"/runs/{self.project}/{self.run_id}/files/{name}" for name in self.logs],
@@ -323,7 +335,38 @@ def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
         damage=record.damage,
         logs=_logs(record.path.parent),
         ray_address=str(start["ray_address"]) if start.get("ray_address") else None,
+        host=str(start.get("host") or ""),
+        leaks=[
+            {
+                "test": leak.nodeid,
+                "kind": leak.kind,
+                "pid": leak.pid,
+                "command": leak.command,
+                "holds": list(leak.holds),
+                "ended": leak.ended or "reported",
+                "what": leak.what(),
+                "time": leak.time,
+                "devices": leak.device_ids(record.platform),
+            }
+            for leak in summary.leaks
+        ],
     )
+
+
+def last_leaks(summaries: Iterable[RunSummary]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Each device's last leak (issue 52) in the runs of this host: what a test left that
+    could still see or hold it, with its run; a Ray run's devices are its cluster's."""
+    here = (socket.gethostname(), os.uname().nodename)
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for summary in summaries:
+        if summary.ray_address is not None or summary.host not in here:
+            continue
+        for leak in summary.leaks:
+            for device in leak["devices"]:
+                key = (summary.platform, int(device))
+                if key not in found or found[key]["time"] <= leak["time"]:
+                    found[key] = {**leak, "run": summary.run_id, "project": summary.project}
+    return found
 
 
 def _owner(path: Path) -> str:

@@ -232,7 +232,7 @@ class Controller:
             cost = (self.inventory.platform.name, len(self.inventory.devices), age)
         self.releasable = past_runs.write_results(
             self.history_path,
-            self.results,
+            past_runs.with_leaks(self.results, self.live_record.record),
             self.shard,
             self.run_id,
             self.quarantined,

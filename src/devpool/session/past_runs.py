@@ -10,7 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
+from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import NamedTuple
 
 import pytest
@@ -23,6 +25,7 @@ from devpool.history.place import HistorySpec, add_pending, history_found, open_
 from devpool.history.quarantine import Entry, Quarantine, entries_from_file, entries_from_table
 from devpool.history.sql import SqlHistory
 from devpool.outcomes import Outcome
+from devpool.report.record import RunRecord
 
 RELEASE_AFTER = 5  # passes in a row after which a quarantined test is ready to release
 
@@ -108,6 +111,21 @@ def match_quarantine(
         notes.append(text)
     for entry in book.unmatched():
         notes.append(f"quarantine entry {entry.key!r} ({entry.source}) matches no collected test")
+
+
+def with_leaks(results: list[TestResult], record: RunRecord) -> list[TestResult]:
+    """Each result with what its test left behind over its attempts (the record's `leak`
+    lines, issue 52), 0 for none; as they were where the run did not look for leaks."""
+    if not record.leaks_checked:
+        return results
+    # A result is its test's final attempt: the job_end whose end is the result's time.
+    jobs = {(job.test_id, job.end): job.job for job in record.finished_jobs() if not job.retried}
+    found = Counter(leak.job for leak in record.leaks)
+    out = []
+    for result in results:
+        job = jobs.get((result.nodeid, round(result.time, 3)))
+        out.append(replace(result, leaks=found.get(job, 0) if job is not None else 0))
+    return out
 
 
 def write_results(

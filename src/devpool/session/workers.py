@@ -17,12 +17,13 @@ from devpool.backends import Backend, zygote
 from devpool.backends.local import LocalBackend
 from devpool.compat import coverage
 from devpool.config import Settings
+from devpool.devices import leftovers
 from devpool.devices.inventory import Inventory
 from devpool.folders import devpool_dir
 from devpool.run.warm import template_kind, templates_env
 from devpool.session.early_kinds import early_kinds
+from devpool.worker import leaks, worklist
 from devpool.worker import template as forkserver
-from devpool.worker import worklist
 
 
 def _select_options(config: pytest.Config) -> list[str]:
@@ -33,15 +34,19 @@ def _select_options(config: pytest.Config) -> list[str]:
     return select_session.worker_options(config)
 
 
-def worker_setup(config: pytest.Config) -> tuple[list[str], dict[str, str]]:
-    """Every worker's pytest arguments, and the environment all of them share."""
+def worker_setup(config: pytest.Config, settings: Settings) -> tuple[list[str], dict[str, str]]:
+    """Every worker's pytest arguments, and the environment all of them share: with the
+    run's mark on every process below them (devices/leftovers.py) and the leak mode."""
     # Other plugins' settings that every worker must share (seed, coverage): see compat.
     args = [
         *worklist.worker_args(config),
         *compat.worker_options(config),
         *_select_options(config),
     ]
-    return args, compat.worker_env(config)
+    env = compat.worker_env(config)
+    env[leftovers.MARK_ENV] = leftovers.this_run()
+    env.update(leaks.mode_env(settings.leaks, settings.leak_memory_share))
+    return args, env
 
 
 def early_backend(
@@ -58,7 +63,7 @@ def early_backend(
         return None
     if coverage.measuring() is not None:
         return None  # workers measure coverage: no template would be safe to fork (forkserver)
-    args, env = worker_setup(config)
+    args, env = worker_setup(config, settings)
     cwd = config.invocation_params.dir
     backend = LocalBackend(args, cwd, log_dir, env, settings.worker_start_timeout)
     if settings.run_dir is None:
@@ -105,7 +110,7 @@ def make_backend(
 
     Workers get this process's rootdir, inifile and final selection (see worklist)."""
     cwd = config.invocation_params.dir
-    args, env = worker_setup(config)
+    args, env = worker_setup(config, settings)
     if not settings.plan:  # --devpool-plan starts no worker and leaves no folder
         selected = worklist.write_selection(items.values(), run_dir / "collect")
         env[worklist.NODEIDS_ENV] = str(selected)

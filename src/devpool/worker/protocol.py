@@ -1,64 +1,484 @@
-"""The controller⇄worker messages: JSON lines over a pair of pipes, one schema for both ends.
+"""Every message between devpool's processes, typed: the types are the schema.
 
-controller → worker:  {"op": "run", "job": 7, "tests": [{"nodeid", "display", "attempt"}, ...]}
-                      {"op": "more", "job": 7, "seq": 1, "tests": [...]}  (the same batch
-                          goes on: sent before the worker runs dry, so no round trip
-                          separates two parts of a batch)
-                      {"op": "cancel"}  (skip the rest of the batch)   {"op": "stop"}
-                      {"op": "terminal", "stdin"?, "stdout"?, "stderr"?}  (the answer to
-                          "debugger": paths of the controller's own streams, lent until
-                          "debugger_left"; none for a worker on another host)
-                      {"op": "stdin", "path": ...}  (-s, one test at a time: tests read the
-                          controller's stdin)
-worker → controller:  {"ev": "ready", "pid": 123, "collected": 40}
-                      {"ev": "start", "nodeid": ..., "location": [...]}
-                      {"ev": "report", "data": <pytest_report_to_serializable>}
-                      {"ev": "finish", "nodeid": ..., "location": [...]}
-                      {"ev": "missing", "nodeid": ...}       (the worker did not collect it)
-                      {"ev": "renamed", "nodeid": ..., "as": ...}  (collected at the same
-                          place under another parametrize id; its events use the
-                          controller's id)
-                      {"ev": "warning", "nodeid", "location", "message", "category",
-                       "filename", "lineno", "line", "once"?}  (a warning a test raised;
-                          once: {"key", and for a fixture "node", "fixture", "param"}:
-                          the import or wider fixture setup that raised it, which plain
-                          pytest shows once: worker/warned.py)
-                      {"ev": "shown", "text": ...}  (what pytest wrote to the terminal
-                          mid-test under --setup-show: worker/shown.py)
-                      {"ev": "debugger", "pid"}  (a test is entering the debugger: it
-                          waits for "terminal"; its deadline stops meanwhile)
-                      {"ev": "debugger_left", "pid"}  (the terminal goes back)
-                      {"ev": "quit", "msg", "returncode"}  (pytest.exit in a test, `q` at
-                          the debugger's prompt: the run ends as plain pytest's does)
-                      {"ev": "output", "pid": 123, "data": <base64 pickle>}  (its
-                          plugins' config.workeroutput, at its session's end)
-                      {"ev": "done", "job": 7, "skipped": [node ids not run],
-                       "through": 2}  (the last "more" it had; a done with a lower
-                          "through" than the controller sent is not the end: the
-                          worker will still answer the "more" it had not seen)
+Three conversations share one codec, each message one JSON object tagged with its kind:
+
+- controller → worker (`COMMANDS`, key "op") and worker → controller (`EVENTS`, key "ev"):
+  JSON lines over a pair of pipes (on Ray, a rank actor's pipes and a bridge thread);
+- controller or rank actor → template (`FORK_COMMANDS`) and template → asker
+  (`TEMPLATE_EVENTS`): one JSON object per SOCK_SEQPACKET packet (worker/template.py);
+- controller → zygote (`ZYGOTE_COMMANDS`) and zygote → controller (`ZYGOTE_EVENTS`), the
+  same way (backends/zygote.py).
+
+Each side decodes a message once, where it reads it, into its frozen type; a tag its
+channel does not know, or a message that lacks a field or has one too many, raises
+ProtocolError (a devpool bug, said loudly). A new message is one class here, registered
+on its channel, and (for a worker's event) one `_on_<tag>` handler in run/loop.py.
+
+This module imports nothing but the standard library: Ray's rank actors use it too.
 """
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import json
 import os
 import select
-import warnings
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
-from _pytest._io.saferepr import saferepr
 
-Message = dict[str, Any]
+class ProtocolError(Exception):
+    """A message its reader does not know, or with fields its type does not have."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """The base of every message: `tag` is its kind on the wire."""
+
+    tag: ClassVar[str] = ""
+
+
+M = TypeVar("M", bound=type[Message])
+
+
+class Channel:
+    """One direction of one conversation: its tag key ("op" or "ev") and its types by tag."""
+
+    def __init__(self, name: str, key: str) -> None:
+        self.name = name
+        self.key = key
+        self.types: dict[str, type[Message]] = {}
+
+    def __call__(self, cls: M) -> M:
+        """Register a message type on this channel (a class decorator)."""
+        if cls.tag in self.types:
+            raise ProtocolError(f"two {self.name} types are tagged {cls.tag!r}")
+        self.types[cls.tag] = cls
+        _KEYS[cls] = self.key
+        _FIELDS[cls] = tuple(
+            (f.name, f.name.rstrip("_"), f.default is None) for f in dataclasses.fields(cls)
+        )
+        return cls
+
+    def decode(self, raw: bytes | str) -> Message:
+        """The typed message of one JSON object; ProtocolError when it is not one of ours."""
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise ProtocolError(f"a {self.name} that is not JSON: {raw[:200]!r}") from exc
+        if not isinstance(data, dict):
+            raise ProtocolError(f"a {self.name} that is not an object: {raw[:200]!r}")
+        return self.decode_object(data)
+
+    def decode_object(self, data: dict[str, Any]) -> Message:
+        tag = data.pop(self.key, None)
+        cls = self.types.get(tag) if isinstance(tag, str) else None
+        if cls is None:
+            known = ", ".join(sorted(self.types))
+            raise ProtocolError(f"unknown {self.name} {tag!r} (known: {known}): {data!r:.200}")
+        if "as" in data:  # a field named as a Python keyword carries a trailing underscore
+            data["as_"] = data.pop("as")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ProtocolError(f"a malformed {self.name} {tag!r}: {exc}") from exc
+
+
+_KEYS: dict[type[Message], str] = {}
+# Per type: (attribute, name on the wire, left out when None).
+_FIELDS: dict[type[Message], tuple[tuple[str, str, bool], ...]] = {}
+
+COMMANDS = Channel("worker command", "op")
+EVENTS = Channel("worker event", "ev")
+FORK_COMMANDS = Channel("template command", "op")
+TEMPLATE_EVENTS = Channel("template event", "ev")
+ZYGOTE_COMMANDS = Channel("zygote command", "op")
+ZYGOTE_EVENTS = Channel("zygote event", "ev")
+
+
+def to_object(message: Message) -> dict[str, Any]:
+    """The JSON object of a message: its tag, then its fields (None-defaulted ones left out
+    when None)."""
+    cls = type(message)
+    data: dict[str, Any] = {_KEYS[cls]: cls.tag}
+    for attribute, wire, optional in _FIELDS[cls]:
+        value = getattr(message, attribute)
+        if type(value) is tuple and value and type(value[0]) is Test:
+            value = [
+                {"nodeid": t.nodeid, "display": t.display, "attempt": t.attempt} for t in value
+            ]
+        if value is not None or not optional:
+            data[wire] = value
+    return data
 
 
 # One encoder for every message: json.dumps with options builds a new one per call.
 _encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 
+def packet(message: Message) -> bytes:
+    """One message as one packet (a socket's, for the template and the zygote)."""
+    return _encode(to_object(message)).encode()
+
+
 def encode(message: Message) -> bytes:
-    return (_encode(message) + "\n").encode()
+    """One message as one JSON line (a pipe's)."""
+    return (_encode(to_object(message)) + "\n").encode()
+
+
+# ---- controller → worker -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Test:
+    """One test of a batch: the worker's node id, the id pytest shows, its attempt number."""
+
+    nodeid: str
+    display: str
+    attempt: int
+
+
+def _tests(tests: list[Any]) -> tuple[Test, ...]:
+    return tuple(t if isinstance(t, Test) else Test(**t) for t in tests)
+
+
+@COMMANDS
+@dataclass(frozen=True, slots=True)
+class Run(Message):
+    """Run a batch of one job (its first part): stop early after any failure when
+    fresh_after_failure, or after a failure whose text matches a fatal pattern; stdin: its
+    tests' input() reads this file (worker/terminal.py)."""
+
+    tag: ClassVar[str] = "run"
+    job: int
+    tests: tuple[Test, ...]
+    fresh_after_failure: bool = False
+    fatal: tuple[str, ...] = ()
+    stdin: str | None = None  # -s, one test at a time: the path of the run's stdin
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tests", _tests(list(self.tests)))
+        object.__setattr__(self, "fatal", tuple(self.fatal))
+
+
+@COMMANDS
+@dataclass(frozen=True, slots=True)
+class More(Message):
+    """The same batch goes on (part seq, from 1): sent before the worker runs dry, so no
+    round trip separates two parts of a batch."""
+
+    tag: ClassVar[str] = "more"
+    job: int
+    seq: int
+    tests: tuple[Test, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tests", _tests(list(self.tests)))
+
+
+@COMMANDS
+@dataclass(frozen=True, slots=True)
+class Cancel(Message):
+    """Skip the rest of the batch."""
+
+    tag: ClassVar[str] = "cancel"
+
+
+@COMMANDS
+@FORK_COMMANDS
+@dataclass(frozen=True, slots=True)
+class Stop(Message):
+    """End: a worker after its batch, a template once every child it forked has ended."""
+
+    tag: ClassVar[str] = "stop"
+
+
+@COMMANDS
+@dataclass(frozen=True, slots=True)
+class Lend(Message):
+    """The answer to `debugger`: the controller's terminal, lent to process pid until it sends
+    `debugger_left` (worker/terminal.py). lent: the controller's own streams, by the paths a
+    worker on its host opens (None: that stream is closed); false for a worker on another
+    host, which keeps its own."""
+
+    tag: ClassVar[str] = "terminal"
+    pid: int
+    lent: bool = False
+    stdin: str | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+# ---- worker → controller --------------------------------------------------------------------
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Ready(Message):
+    """The worker has collected (collected: its items) and waits for commands."""
+
+    tag: ClassVar[str] = "ready"
+    pid: int
+    collected: int = 0
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Start(Message):
+    """A test starts (pytest_runtest_logstart); location as pytest gives it."""
+
+    tag: ClassVar[str] = "start"
+    nodeid: str
+    location: list[Any]
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Report(Message):
+    """One phase's report: pytest_report_to_serializable's data (worker/serialized.py
+    adds what it leaves out)."""
+
+    tag: ClassVar[str] = "report"
+    data: dict[str, Any]
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Finish(Message):
+    """A test ended (pytest_runtest_logfinish); cpu: its device test's CPU load, if measured."""
+
+    tag: ClassVar[str] = "finish"
+    nodeid: str
+    location: list[Any]
+    cpu: float | None = None
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Leak(Message):
+    """What a test (or a wider fixture it set up) left behind, found after it and ended
+    where it could be (worker/leaks.py); sent before that test's finish.
+
+    kind: process | thread | memory; ended: terminated | killed | exited | not permitted
+    (another user's: its devices are not handed over) | retired (the worker ends after this
+    test) | "" (only reported)."""
+
+    tag: ClassVar[str] = "leak"
+    nodeid: str
+    kind: str
+    pid: int
+    command: str = ""
+    user: str = ""
+    holds: list[str] = dataclasses.field(default_factory=list)
+    fixture: str | None = None
+    ended: str = ""
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Shown(Message):
+    """What pytest wrote to its terminal mid-test under --setup-show (worker/shown.py), in
+    order with the reports: the controller writes it as written."""
+
+    tag: ClassVar[str] = "shown"
+    text: str
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Debugger(Message):
+    """A test of process pid is entering pytest's debugger: it waits for `terminal` (Lend),
+    and its deadline stops meanwhile. post_mortem (--pdb): its failure is shown at the
+    prompt, so pytest's summary leaves it out."""
+
+    tag: ClassVar[str] = "debugger"
+    pid: int
+    post_mortem: bool = False
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class DebuggerLeft(Message):
+    """Process pid left the debugger (or its test ended): the terminal goes back."""
+
+    tag: ClassVar[str] = "debugger_left"
+    pid: int
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Quit(Message):
+    """pytest.exit() in a test, `q` at the debugger's prompt: the run ends as plain
+    pytest's does."""
+
+    tag: ClassVar[str] = "quit"
+    msg: str
+    returncode: int | None = None
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Missing(Message):
+    """The worker did not collect this test."""
+
+    tag: ClassVar[str] = "missing"
+    nodeid: str
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Renamed(Message):
+    """Collected at the same place under another parametrize id (`as`); its events use the
+    controller's id."""
+
+    tag: ClassVar[str] = "renamed"
+    nodeid: str
+    as_: str
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Warned(Message):
+    """A warning a test raised. once: {"key", and for a fixture "node", "fixture", "param"}:
+    the import or wider fixture setup that raised it, which plain pytest shows once
+    (worker/warned.py)."""
+
+    tag: ClassVar[str] = "warning"
+    nodeid: str
+    location: list[Any] | None
+    message: str
+    category: str
+    filename: str
+    lineno: int
+    line: str | None = None
+    once: dict[str, Any] | None = None
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Output(Message):
+    """Its plugins' config.workeroutput at its session's end (base64 pickle)."""
+
+    tag: ClassVar[str] = "output"
+    pid: int
+    data: str
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Imported(Message):
+    """Modules its tests imported without a warning, in order (history/preload.py)."""
+
+    tag: ClassVar[str] = "imported"
+    modules: list[str]
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Done(Message):
+    """A batch ended: the node ids not run, and the last "more" it had (a done with a lower
+    `through` than the controller sent is not the end: the worker still answers the rest)."""
+
+    tag: ClassVar[str] = "done"
+    job: int
+    skipped: list[str]
+    through: int = 0
+
+
+# ---- the fork server: controller or rank actor → template → asker ---------------------------
+
+
+@FORK_COMMANDS
+@dataclass(frozen=True, slots=True)
+class ForkWorker(Message):
+    """Fork a worker with this environment; the packet carries its fds (SCM_RIGHTS):
+    commands, events, log, then its lease's."""
+
+    tag: ClassVar[str] = "fork"
+    key: int
+    env: dict[str, str]
+
+
+@TEMPLATE_EVENTS
+@dataclass(frozen=True, slots=True)
+class TemplateReady(Message):
+    """The template has collected and forks on request."""
+
+    tag: ClassVar[str] = "ready"
+    pid: int
+
+
+@TEMPLATE_EVENTS
+@dataclass(frozen=True, slots=True)
+class Unsafe(Message):
+    """The template cannot fork (and ends); module: the test module whose import made it
+    unsafe, when one did."""
+
+    tag: ClassVar[str] = "unsafe"
+    why: str
+    module: str | None = None
+
+
+@TEMPLATE_EVENTS
+@dataclass(frozen=True, slots=True)
+class Forked(Message):
+    """The fork asked for as key is process pid."""
+
+    tag: ClassVar[str] = "forked"
+    key: int
+    pid: int
+
+
+@TEMPLATE_EVENTS
+@dataclass(frozen=True, slots=True)
+class ForkFailed(Message):
+    """The fork asked for as key was refused: the template became unsafe since."""
+
+    tag: ClassVar[str] = "failed"
+    key: int
+    why: str
+
+
+@TEMPLATE_EVENTS
+@ZYGOTE_EVENTS
+@dataclass(frozen=True, slots=True)
+class Exited(Message):
+    """A process the sender forked has ended with this status (negative: a signal)."""
+
+    tag: ClassVar[str] = "exit"
+    pid: int
+    code: int
+
+
+# ---- the zygote: controller → zygote → controller -------------------------------------------
+
+
+@ZYGOTE_COMMANDS
+@dataclass(frozen=True, slots=True)
+class Spawn(Message):
+    """Start `pytest args` as a template (the packet's fd: its socket) or as a worker that
+    collects for itself (its command and event pipes, then its lease's fds)."""
+
+    tag: ClassVar[str] = "spawn"
+    args: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: str
+    template: bool
+
+
+@ZYGOTE_EVENTS
+@dataclass(frozen=True, slots=True)
+class Spawned(Message):
+    """The process a Spawn asked for is pid."""
+
+    tag: ClassVar[str] = "spawned"
+    pid: int
+
+
+# ---- pipes ----------------------------------------------------------------------------------
 
 
 def write(fd: int, *messages: Message) -> None:
@@ -70,15 +490,19 @@ def write(fd: int, *messages: Message) -> None:
 
 
 class Reader:
-    """Splits a non-blocking byte stream into messages."""
+    """Splits a non-blocking byte stream into one channel's typed messages."""
 
-    def __init__(self) -> None:
+    def __init__(self, channel: Channel = EVENTS) -> None:
         self._buffer = b""
+        self._decode = channel.decode
 
     def feed(self, data: bytes) -> list[Message]:
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
-        return [json.loads(line) for line in lines if line.strip()]
+        return [self._decode(line) for line in lines if line.strip()]
+
+
+C = TypeVar("C", bound=Message)
 
 
 class Commands:
@@ -86,7 +510,7 @@ class Commands:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self._reader = Reader()
+        self._reader = Reader(COMMANDS)
         self._queue: deque[Message] = deque()
         self._eof = False
 
@@ -106,14 +530,16 @@ class Commands:
             self._read(None)
         return self._queue.popleft() if self._queue else None
 
-    def wait_for(self, op: str) -> Message | None:
-        """The next command of one kind, waiting for it; the others stay queued in order.
-        None once the controller has gone."""
+    def wait_for(self, kind: type[C], accept: Callable[[C], bool] = lambda _: True) -> C | None:
+        """The next command of one kind that `accept` takes, waiting for it; the others stay
+        queued in order, those of that kind it refuses are dropped. None once the controller
+        has gone."""
         while True:
-            for message in self._queue:
-                if message["op"] == op:
+            for message in list(self._queue):
+                if isinstance(message, kind):
                     self._queue.remove(message)
-                    return message
+                    if accept(message):
+                        return message
             if self._eof:
                 return None
             self._read(None)
@@ -122,86 +548,29 @@ class Commands:
         """Commands that arrived already, without waiting (e.g. a cancel mid-batch)."""
         self._read(0)
         if self._eof and not self._queue:
-            return [{"op": "stop"}]
+            return [Stop()]
         return list(self._queue)
 
-    def drop(self, op: str) -> None:
-        self._queue = deque(m for m in self._queue if m["op"] != op)
+    def drop(self, kind: type[Message]) -> None:
+        self._queue = deque(m for m in self._queue if not isinstance(m, kind))
 
-    def take(self, op: str) -> list[Message]:
+    def take(self, kind: type[C]) -> list[C]:
         """Remove and return the commands of one kind that arrived already (no waiting)."""
         self._read(0)
-        taken = [m for m in self._queue if m["op"] == op]
+        taken = [m for m in self._queue if isinstance(m, kind)]
         if taken:
-            self._queue = deque(m for m in self._queue if m["op"] != op)
+            self.drop(kind)
         return taken
 
 
-# ---- what pytest's own serialization leaves out ------------------------------------------
-
-SUBTEST_CONTEXT = "_subtest.context"  # pytest's key for a subtest report's msg and kwargs
+Handler = Callable[..., None]
 
 
-def shown_subtest_values(data: Message) -> None:
-    """A subtest's parameters as pytest shows them (their repr), since JSON keeps only some
-    types: the controller would show `n='-1'` for a value that was not a string."""
-    context = data.get(SUBTEST_CONTEXT)
-    if isinstance(context, dict) and isinstance(context.get("kwargs"), dict):
-        context["kwargs"] = {key: saferepr(value) for key, value in context["kwargs"].items()}
-        context["devpool_shown"] = True
-
-
-class Shown:
-    """A value known only by its repr (a subtest parameter from a worker)."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-def restore_subtest_values(data: Message) -> None:
-    """The controller's side of shown_subtest_values, before pytest rebuilds the report."""
-    context = data.get(SUBTEST_CONTEXT)
-    if isinstance(context, dict) and context.pop("devpool_shown", False):
-        context["kwargs"] = {key: Shown(str(text)) for key, text in context["kwargs"].items()}
-
-
-def warning_message(message: warnings.WarningMessage) -> Message:
-    """A warning a test raised, for the controller's warnings summary."""
-    category = message.category
-    return {
-        "message": str(message.message),
-        "category": f"{category.__module__}:{category.__qualname__}",
-        "filename": message.filename,
-        "lineno": message.lineno,
-        "line": message.line,
-    }
-
-
-def warning_from(data: Message) -> warnings.WarningMessage:
-    """The controller's copy of a worker's warning: its category where it can be imported
-    (as the summary prints it), its text as the worker formatted it."""
-    module, _, name = str(data.get("category", "")).partition(":")
-    category: type[Warning] = UserWarning
-    try:
-        found: Any = importlib.import_module(module)
-        for part in name.split("."):
-            found = getattr(found, part)
-        if isinstance(found, type) and issubclass(found, Warning):
-            category = found
-    except (ImportError, AttributeError, ValueError):
-        pass
-    text = str(data.get("message", ""))
-    try:
-        instance: Warning = category(text)
-    except Exception:  # noqa: BLE001 - a category whose constructor wants other arguments
-        instance = UserWarning(text)
-    return warnings.WarningMessage(
-        instance,
-        category,
-        str(data.get("filename", "")),
-        int(data.get("lineno") or 0),
-        line=data.get("line"),
-    )
+def handlers(owner: object, channel: Channel) -> dict[type[Message], Handler]:
+    """owner's `_on_<tag>` method for each type of the channel, by type; ProtocolError
+    names the types it has no handler for."""
+    table = {cls: getattr(owner, f"_on_{tag}", None) for tag, cls in channel.types.items()}
+    lacking = sorted(cls.__name__ for cls, handler in table.items() if handler is None)
+    if lacking:
+        raise ProtocolError(f"{type(owner).__name__} handles no {', '.join(lacking)}")
+    return {cls: handler for cls, handler in table.items() if handler is not None}

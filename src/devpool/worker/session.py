@@ -20,7 +20,17 @@ from devpool import compat
 from devpool.devices import memory
 from devpool.devices.probes import report_text
 from devpool.history import preload
-from devpool.worker import capture, cpu_load, native_threads, protocol, shown, warned, worklist
+from devpool.worker import (
+    capture,
+    cpu_load,
+    leaks,
+    native_threads,
+    protocol,
+    serialized,
+    shown,
+    warned,
+    worklist,
+)
 from devpool.worker import template as forkserver
 from devpool.worker.terminal import Terminal, read_stdin_from
 
@@ -139,6 +149,10 @@ class WorkerSession:
         self.stdin_read = False
         # The debugger's prompt gets the controller's terminal (worker/terminal.py).
         self.terminal = Terminal.install(config, self.send, lambda: self.commands)
+        # What each test leaves behind (processes, threads, device memory): worker/leaks.py.
+        self.leaks = leaks.LeakWatch()
+        if self.leaks.active:
+            config.pluginmanager.register(self.leaks, "devpool-leaks")
 
     def _exit_forked(self) -> None:
         """A forked worker ends here, once pytest and the plugins are done: the atexit
@@ -205,9 +219,9 @@ class WorkerSession:
                 self._keep_imports()
                 imported = preload.libraries(self.imported, self.config.rootpath)
                 with contextlib.suppress(OSError):  # the controller is gone: nobody to tell
-                    self.send({"ev": "output", "pid": os.getpid(), "data": output})
+                    self.send(protocol.Output(pid=os.getpid(), data=output))
                     if imported:
-                        self.send({"ev": "imported", "modules": imported})
+                        self.send(protocol.Imported(modules=list(imported)))
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
         self.collected.append(item)
@@ -298,9 +312,9 @@ class WorkerSession:
         if self.selected is not None:
             session.items[:] = worklist.restrict(self.collected, session.items, self.selected)
 
-    def send(self, message: protocol.Message) -> None:
+    def send(self, *messages: protocol.Message) -> None:
         held, self._held = self._held, []  # messages keep their order
-        protocol.write(self.fd_out, *held, message)
+        protocol.write(self.fd_out, *held, *messages)
 
     def _send_held(self) -> None:
         if self._held:
@@ -324,29 +338,32 @@ class WorkerSession:
         # --setup-show: a test's lines and reports go in one write at its end, so that a
         # parallel run's terminal shows each test's lines together, as plain pytest does.
         self.hold_reports = bool(self.config.getoption("setupshow", False))
-        shown.carry(self.config, lambda text: self._held.append({"ev": "shown", "text": text}))
-        self.send({"ev": "ready", "pid": os.getpid(), "collected": len(items)})
+        shown.carry(self.config, lambda text: self._held.append(protocol.Shown(text=text)))
+        self.leaks.start_worker()
+        self.send(protocol.Ready(pid=os.getpid(), collected=len(items)))
         setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
         commands = self.commands = protocol.Commands(self.fd_in)
         job, through, halted = None, 0, False
         while (message := commands.next()) is not None:
-            if message["op"] == "stop":
+            if isinstance(message, protocol.Stop):
                 break
-            if message["op"] == "run":
-                job, through, halted = message["job"], 0, False
+            if isinstance(message, protocol.Run):
+                job, through, halted = message.job, 0, False
                 self.failed = False
-                self.halt_on_failure = bool(message.get("fresh_after_failure"))
-                self.fatal = [re.compile(source) for source in message.get("fatal", ())]
-                if message.get("stdin") and not self.stdin_read:
+                self.halt_on_failure = message.fresh_after_failure
+                self.fatal = [re.compile(source) for source in message.fatal]
+                if message.stdin and not self.stdin_read:
                     # -s, one test at a time: input() reads the run's stdin, as in plain pytest
-                    self.stdin_read = read_stdin_from(str(message["stdin"]))
-            elif message["op"] != "more" or message["job"] != job:
+                    self.stdin_read = read_stdin_from(message.stdin)
+            elif not isinstance(message, protocol.More) or message.job != job:
                 continue  # a cancel that came after its batch had ended
             else:  # the rest of a batch that had ended here before it came
-                through = max(through, int(message["seq"]))
-            tests = list(message["tests"])
+                through = max(through, message.seq)
+            tests = list(message.tests)
             while tests:
-                stopping = any(m["op"] in ("cancel", "stop") for m in commands.pending())
+                stopping = any(
+                    isinstance(m, (protocol.Cancel, protocol.Stop)) for m in commands.pending()
+                )
                 halt = self.halt_on_failure or self.stop_at_failure
                 if (self.failed and halt) or self.poisoned or halted or stopping:
                     # A cancel, a stop, a failure naming a fatal error, or any failure under
@@ -356,25 +373,29 @@ class WorkerSession:
                     break
                 test = tests.pop(0)
                 # Which test and attempt this is, for the devpool_artifacts fixture.
-                os.environ["DEVPOOL_TEST_ID"] = str(test["display"])
-                os.environ["DEVPOOL_ATTEMPT"] = str(test["attempt"])
-                item = items.get(test["nodeid"]) or self._by_place(items, test["nodeid"])
+                os.environ["DEVPOOL_TEST_ID"] = test.display
+                os.environ["DEVPOOL_ATTEMPT"] = str(test.attempt)
+                item = items.get(test.nodeid) or self._by_place(items, test.nodeid)
                 if item is None:
-                    self.send({"ev": "missing", "nodeid": test["nodeid"]})
+                    self.send(protocol.Missing(nodeid=test.nodeid))
                 else:
                     self._run(session, setup_state, item, order[item.nodeid])
                 if not tests:  # the batch goes on if its next part came meanwhile
-                    for more in commands.take("more"):
-                        if more["job"] == job:
-                            through = max(through, int(more["seq"]))
-                            tests += more["tests"]
-            skipped = [test["nodeid"] for test in tests]
-            self.send({"ev": "done", "job": job, "skipped": skipped, "through": through})
-            commands.drop("cancel")
+                    for more in commands.take(protocol.More):
+                        if more.job == job:
+                            through = max(through, more.seq)
+                            tests += more.tests
+            skipped = [test.nodeid for test in tests]
+            self.send(protocol.Done(job=message.job, skipped=skipped, through=through))
+            commands.drop(protocol.Cancel)
         try:
             setup_state.teardown_exact(None)
         except Exception as exc:  # noqa: BLE001 - a teardown error must not hide the run's end
             print(f"devpool worker: error tearing down fixtures: {exc!r}", file=sys.stderr)
+        left = self.leaks.at_exit()
+        if left:
+            with contextlib.suppress(OSError):  # the controller is gone: nobody to tell
+                self.send(*left)
         with contextlib.suppress(OSError):  # the controller is gone: nobody to tell
             self._send_held()  # --setup-show's TEARDOWN lines of the widest fixtures
         if self.forked:
@@ -420,14 +441,15 @@ class WorkerSession:
         for item in items.values():
             if item.nodeid not in self.selected and worklist.place(item) == place:
                 self.renamed[item.nodeid] = nodeid
-                self.send({"ev": "renamed", "nodeid": nodeid, "as": item.nodeid})
+                self.send(protocol.Renamed(nodeid=nodeid, as_=item.nodeid))
                 return item
         return None
 
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         nodeid = self.renamed.get(nodeid, nodeid)
-        self.send({"ev": "start", "nodeid": nodeid, "location": location})
+        self.send(protocol.Start(nodeid=nodeid, location=list(location)))
         self._keep_imports()
+        self.leaks.before(nodeid)
         if os.environ.get("DEVPOOL_DEVICES"):
             self.cpu.start()
 
@@ -443,12 +465,10 @@ class WorkerSession:
         if when != "runtest":
             return
         self.warned = True  # what this test imports is not preloaded (history/preload.py)
-        message = protocol.warning_message(warning_message)
+        # once: the controller keeps one of them, as plain pytest shows it once.
         once = self.once.once_of(warning_message)
-        if once is not None:
-            message["once"] = once  # the controller keeps one of them, as plain pytest shows
         nodeid = self.renamed.get(nodeid, nodeid)
-        self.send({"ev": "warning", "nodeid": nodeid, "location": location, **message})
+        self.send(serialized.warned(warning_message, nodeid, location, once))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed:
@@ -457,8 +477,8 @@ class WorkerSession:
                 text = report_text(report)
                 self.poisoned = any(pattern.search(text) for pattern in self.fatal)
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-        protocol.shown_subtest_values(data)
-        message = {"ev": "report", "data": data}
+        serialized.shown_subtest_values(data)
+        message = protocol.Report(data=data)
         if report.when == "teardown" or self.hold_reports:
             # pytest calls logfinish right after the teardown report, with no test code
             # between: both wait for the next message (send).
@@ -471,8 +491,43 @@ class WorkerSession:
         if len(sys.modules) != len(self.known):  # the test imported modules
             self.just_imported = [name for name in sys.modules if name not in self.known]
             self.known.update(self.just_imported)
-        measured = {} if load is None else {"cpu": round(load, 3)}
-        self._held.append({"ev": "finish", "nodeid": nodeid, "location": location, **measured})
+        cpu = None if load is None else round(load, 3)
+        self._check_leaks(self.renamed.get(nodeid, nodeid))
+        self._held.append(protocol.Finish(nodeid=nodeid, location=list(location), cpu=cpu))
+
+    def _check_leaks(self, nodeid: str) -> None:
+        """What the test left is ended before its finish goes out; in fail mode its own
+        leaks fail its teardown. A leak the worker cannot undo sends the rest of the batch
+        back (a fresh process runs it)."""
+        found = self.leaks.after(nodeid)
+        if not found:
+            return
+        text = self.leaks.failure_text(found, nodeid)
+        teardown = next(
+            (
+                m
+                for m in reversed(self._held)
+                if isinstance(m, protocol.Report) and m.data.get("when") == "teardown"
+            ),
+            None,
+        )
+        if teardown is not None:
+            data = teardown.data
+            # JUnit's <properties> of the test name each of its leaks (junitxml writes a
+            # teardown report's user_properties).
+            own = [m for m in found if m.nodeid == nodeid and not m.fixture]
+            data.setdefault("user_properties", [])
+            data["user_properties"] += [["devpool_leak", leaks.line(m)] for m in own]
+            if text:
+                data["outcome"] = "failed"
+                data["longrepr"] = text
+                self.failed = True
+        # Before the teardown report and the finish: the controller knows the leak when it
+        # concludes the test.
+        at = self._held.index(teardown) if teardown is not None else len(self._held)
+        self._held[at:at] = found
+        if self.leaks.retire:
+            self.poisoned = True
 
 
 def _tears_down(setup_state: Any, item: pytest.Item) -> bool:

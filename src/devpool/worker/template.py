@@ -3,14 +3,9 @@
 A template is a `python -m pytest ... --devpool-worker template,SOCK,PARENT` process. It
 runs pytest's collection (imports the test modules, their conftests and whatever heavy
 packages they import) like any worker, but runs no test and holds no device. It then
-serves the controller over a Unix socket (SOCK_SEQPACKET, one JSON message per packet):
-
-controller → template:  {"op": "fork", "key": 7, "env": {...}} with fds [commands,
-                            events, log, *lease fds]  (SCM_RIGHTS)
-                        {"op": "stop"}  (end once every child has ended)
-template → controller:  {"ev": "ready", "pid": 123}  |  {"ev": "unsafe", "why": "..."}
-                        {"ev": "forked", "key": 7, "pid": 456}
-                        {"ev": "exit", "pid": 456, "code": -9}
+serves the controller over a Unix socket (SOCK_SEQPACKET, one message per packet):
+worker/protocol.py's ForkWorker (its fds ride along) and Stop come in; TemplateReady or
+Unsafe, then Forked (or ForkFailed) and Exited go out.
 
 On a Ray node the template also listens on a Unix socket path (the spec's fourth part):
 each rank actor of the node connects there and sends its own fork request; "forked" and
@@ -21,7 +16,7 @@ those pipes (session.py), without starting Python, pytest, its plugins or the im
 Forking is only sound when the template holds nothing a child cannot share: a device
 runtime (a CUDA context does not survive fork) or a second thread (it may hold a lock
 the child would wait on forever). The template checks both before it says "ready" and
-says "unsafe" (and why) instead; the controller then starts fresh interpreters.
+says it is unsafe (and why) instead; the controller then starts fresh interpreters.
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
-import json
 import os
 import selectors
 import socket
@@ -43,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from devpool.worker import protocol
 from devpool.worker.native_threads import thread_count, unsafe_native_threads
 
 MAX_FDS = 64  # commands, events, log, and the lease fds of one worker
@@ -170,16 +165,16 @@ class Template:
             self.listener.bind(listen)
             self.listener.listen(64)
 
-    def send(self, message: dict[str, Any], to: socket.socket | None = None) -> None:
+    def send(self, message: protocol.Message, to: socket.socket | None = None) -> None:
         with contextlib.suppress(OSError):  # the controller is gone: PDEATHSIG ends us too
-            (to or self.sock).send(json.dumps(message).encode())
+            (to or self.sock).send(protocol.packet(message))
 
     def refuse(self, why: str, module: str | None = None) -> None:
         """Say why this template cannot serve; the controller starts fresh interpreters.
 
         module: the test module whose import made it unsafe, when one did: the controller
         may start a template of the kind without it (run/warm.py)."""
-        self.send({"ev": "unsafe", "why": why, **({"module": module} if module else {})})
+        self.send(protocol.Unsafe(why=why, module=module or None))
 
     def serve(
         self,
@@ -195,7 +190,7 @@ class Template:
         if why:
             self.refuse(unsafe(why), culprit)
             return None
-        self.send({"ev": "ready", "pid": os.getpid()})
+        self.send(protocol.TemplateReady(pid=os.getpid()))
         selector = selectors.DefaultSelector()
         selector.register(self.sock, selectors.EVENT_READ)
         if self.listener is not None:
@@ -211,7 +206,7 @@ class Template:
                 if isinstance(key.fileobj, socket.socket):
                     sock = key.fileobj
                     request, fds = self._receive(sock)
-                    if request is None or request.get("op") == "stop":
+                    if not isinstance(request, protocol.ForkWorker):  # None: it hung up
                         selector.unregister(sock)
                         if sock is self.sock:
                             stopping = True
@@ -235,20 +230,19 @@ class Template:
             self.listener.close()
             self.listener = None
 
-    def _receive(self, sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    def _receive(self, sock: socket.socket) -> tuple[protocol.Message | None, list[int]]:
         try:
             data, fds, _, _ = socket.recv_fds(sock, PACKET, MAX_FDS)
         except OSError:
             return None, []
         if not data:
             return None, fds
-        message: dict[str, Any] = json.loads(data)
-        return message, fds
+        return protocol.FORK_COMMANDS.decode(data), fds
 
     def _fork(
         self,
         config: pytest.Config,
-        request: dict[str, Any],
+        request: protocol.ForkWorker,
         fds: list[int],
         selector: selectors.BaseSelector,
         asker: socket.socket,
@@ -257,7 +251,7 @@ class Template:
         if why:
             for fd in fds:
                 os.close(fd)
-            self.send({"ev": "failed", "key": request["key"], "why": why}, asker)
+            self.send(protocol.ForkFailed(key=request.key, why=why), asker)
             return None
         sys.stdout.flush()
         sys.stderr.flush()
@@ -271,7 +265,7 @@ class Template:
                 sock.close()
             os.setpgid(0, 0)  # its own process group: killpg ends it and its children alone
             commands, events, log = fds[:3]
-            return Fork(commands, events, log, dict(request["env"]), template)
+            return Fork(commands, events, log, dict(request.env), template)
         with contextlib.suppress(OSError):  # the child got there first, or has gone
             os.setpgid(pid, pid)  # also here, so a signal sent at once finds the group
         for fd in fds:
@@ -280,7 +274,7 @@ class Template:
         self.children[pidfd] = pid
         self.asked[pid] = asker
         selector.register(pidfd, selectors.EVENT_READ)
-        self.send({"ev": "forked", "key": request["key"], "pid": pid}, asker)
+        self.send(protocol.Forked(key=request.key, pid=pid), asker)
         return None
 
     def _reap(self, pidfd: int, selector: selectors.BaseSelector) -> None:
@@ -289,7 +283,7 @@ class Template:
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
-        self.send({"ev": "exit", "pid": pid, "code": code}, self.asked.pop(pid, None))
+        self.send(protocol.Exited(pid=pid, code=code), self.asked.pop(pid, None))
 
 
 def become_worker(config: pytest.Config, fork: Fork, template_log: Path | None) -> None:

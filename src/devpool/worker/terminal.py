@@ -95,7 +95,7 @@ class Terminal:
             return (yield)
         except pytest.exit.Exception as exc:
             self.give_back()
-            self._send({"ev": "quit", "msg": exc.msg, "returncode": exc.returncode})
+            self._send(protocol.Quit(msg=exc.msg, returncode=exc.returncode))
             raise
 
     def pytest_runtest_logfinish(self) -> None:
@@ -116,15 +116,21 @@ class Terminal:
             return
         self.held = True
         # post_mortem: pytest shows the failure at the prompt, and not again in its summary.
-        self._send({"ev": "debugger", "pid": os.getpid(), "post_mortem": post_mortem})
+        pid = os.getpid()
+        self._send(protocol.Debugger(pid=pid, post_mortem=post_mortem))
         commands = self._commands()
-        grant = (commands.wait_for("terminal") if commands is not None else None) or {}
-        self._stdin_closed = bool(grant) and grant.get("stdin") is None
+        # A ranks(n) test's grant goes to each of its ranks: this one takes its own.
+        grant = None
+        if commands is not None:
+            grant = commands.wait_for(protocol.Lend, lambda lend: lend.pid == pid)
+        if grant is None or not grant.lent:
+            return  # nothing lent (another host's worker, or the controller is gone)
+        self._stdin_closed = grant.stdin is None
         self._real = real_fds(self.config)
         for fd, _, name, mode in _ROLES:
-            path = grant.get(name)
-            if not isinstance(path, str):
-                continue  # nothing lent (another host's worker): its own stream stays
+            path = getattr(grant, name)
+            if path is None:
+                continue  # closed in the controller: its own stays (stdin: sys.stdin goes)
             try:
                 lent = os.open(path, mode | os.O_CLOEXEC | os.O_NOCTTY)
             except OSError:
@@ -167,7 +173,7 @@ class Terminal:
         with contextlib.suppress(AttributeError, ValueError, OSError):
             stdout.reconfigure(line_buffering=os.isatty(stdout.fileno()))  # type: ignore[union-attr]
         with contextlib.suppress(OSError):  # the controller is gone: nobody to tell
-            self._send({"ev": "debugger_left", "pid": os.getpid()})
+            self._send(protocol.DebuggerLeft(pid=os.getpid()))
 
 
 def real_fds(config: pytest.Config) -> dict[int, int]:

@@ -10,7 +10,6 @@ a Unix socket path of the node) where that template is ready, else a fresh
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import signal
@@ -29,6 +28,7 @@ from devpool.backends.ray.threads import node_budget
 from devpool.backends.spawn import pytest_process
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import LockDir
+from devpool.worker import protocol
 from devpool.worker.stacks import stacks_file
 
 STOP_WAIT = 5.0  # seconds a peer service gets between SIGTERM and SIGKILL
@@ -332,12 +332,15 @@ class ForkedRank:
                 data = self.conn.recv(1 << 16)
             except OSError:
                 data = b""
-            message: dict[str, Any] = (
-                json.loads(data) if data else {"ev": "exit", "code": -signal.SIGKILL}
+            # No data: the template is gone, and its children too.
+            message = (
+                protocol.TEMPLATE_EVENTS.decode(data)
+                if data
+                else protocol.Exited(pid=self.pid, code=-signal.SIGKILL)
             )
-            if message.get("ev") == "exit":  # or the template is gone, and its children too
+            if isinstance(message, protocol.Exited):
                 with self.cond:
-                    self.code = int(message["code"])
+                    self.code = message.code
                     self.cond.notify_all()
                 self.conn.close()
                 return
@@ -359,17 +362,23 @@ def fork_from(
     try:
         conn.settimeout(FORK_WAIT)
         conn.connect(path)
-        message = json.dumps({"op": "fork", "key": 0, "env": env}).encode()
+        message = protocol.packet(protocol.ForkWorker(key=0, env=env))
         socket.send_fds(conn, [message], [*pipes, log_fd])
         data = conn.recv(1 << 16)
-        reply = json.loads(data) if data else {"why": "the template ended"}
-    except (OSError, ValueError) as exc:
+        reply: protocol.Message = (
+            protocol.TEMPLATE_EVENTS.decode(data)
+            if data
+            else protocol.ForkFailed(key=0, why="the template ended")
+        )
+    except (OSError, ValueError, protocol.ProtocolError) as exc:
         conn.close()
         return None, f"{type(exc).__name__}: {exc}"
     finally:
         os.close(log_fd)
-    if reply.get("ev") != "forked":
+    if not isinstance(reply, protocol.Forked):
         conn.close()
-        return None, str(reply.get("why", reply))
+        if isinstance(reply, (protocol.ForkFailed, protocol.Unsafe)):
+            return None, reply.why
+        return None, str(reply)
     conn.settimeout(None)
-    return ForkedRank(conn, int(reply["pid"])), ""
+    return ForkedRank(conn, reply.pid), ""

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from devpool.backends import WorkerHandle
+from devpool.backends import Backend, Forks, WorkerHandle
 from devpool.backends.failfast import FailFast
 from devpool.backends.layout import Layout
 from devpool.backends.pipes import EventPipes
@@ -66,7 +66,7 @@ SHIP_EXCLUDES = [
 ]
 
 
-class RayBackend(NodeForks):
+class RayBackend(NodeForks, Backend):
     """Starts workers as Ray actors and multiplexes their bridged event pipes."""
 
     local_leases = False
@@ -133,6 +133,9 @@ class RayBackend(NodeForks):
         return f"needs {need}; cluster has {describe_cluster(self.nodes, self.resource)}"
 
     # ---- sharing the cluster with other runs ------------------------------------------------
+
+    def forks(self) -> Forks:
+        return self
 
     def waiting_room(self, session: str) -> ClusterWaitingRoom:
         """Where runs on this cluster say they wait for a fair share (ray/waiting.py)."""
@@ -406,7 +409,7 @@ class RayBackend(NodeForks):
                 with contextlib.suppress(Exception):
                     worker.ranks[index].actor.signal.remote(int(signum), True)
             worker.fate = fate
-            if any(m.get("ev") == "finish" for m in out):
+            if any(isinstance(m, protocol.Finish) for m in out):
                 self._gather_logs(worker, fetch=self.settings.ray_ship_code)
             for message in out:
                 protocol.write(write_end, message)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from devpool.backends import WorkerHandle
 from devpool.devices.leases import Lease
 from devpool.worker import protocol
 from devpool.worker.stacks import stacks_file
@@ -44,7 +45,7 @@ class Rank:
 
 
 @dataclass(eq=False)
-class RayWorker:
+class RayWorker(WorkerHandle):
     """A job's ranks on the cluster, seen by the controller as one worker."""
 
     key: int
@@ -97,12 +98,12 @@ class RayWorker:
         """Send a command to every rank; held back until the ranks have started."""
         if self.finished.is_set():
             return False
-        if message.get("op") == "stop":
+        if isinstance(message, protocol.Stop):
             self.stopping = True
         with self.lock:
             if not self.running:
                 self.outbox.append(message)
-                if message.get("op") == "stop":
+                if isinstance(message, protocol.Stop):
                     self.stop_asked.set()
                 return True
             data = protocol.encode(message)

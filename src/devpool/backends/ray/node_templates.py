@@ -10,7 +10,6 @@ before it says ready; one that may not fork says why, and the ranks start fresh.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -25,6 +24,7 @@ from pathlib import Path
 from devpool.backends.ray.actor import STOP_WAIT, RankSpec, node_env, write_lists
 from devpool.backends.ray.cluster import import_ray
 from devpool.backends.spawn import pytest_process
+from devpool.worker import protocol
 from devpool.worker.stacks import stacks_file
 
 
@@ -83,13 +83,14 @@ class NodeTemplates:
             data = b""
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(template.process.pid, signal.SIGKILL)
-        message = json.loads(data) if data else {}
+        message = protocol.TEMPLATE_EVENTS.decode(data) if data else None
         with self.cond:
-            if message.get("ev") == "ready":
+            if isinstance(message, protocol.TemplateReady):
                 template.state = "ready"
             else:
                 template.state = "off"
-                template.why = str(message.get("why") or self._ended(template))
+                why = message.why if isinstance(message, protocol.Unsafe) else ""
+                template.why = why or self._ended(template)
             self.cond.notify_all()
 
     def _ended(self, template: NodeTemplate) -> str:

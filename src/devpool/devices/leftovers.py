@@ -1,0 +1,345 @@
+"""Processes a test left behind: found through /proc, named, and ended.
+
+A worker is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever a test starts stays in the
+worker's tree even when it leaves its process group or session, or double-forks, because an
+orphan is handed to its nearest subreaper ancestor, not to init. So what a test left is the
+worker's live descendants at its end, and "has the worker any child at all" (one waitid
+call) is the whole check after a test that started nothing.
+
+Every devpool process of a run also carries its mark: DEVPOOL_RUN_MARK in the environment
+of each process exec'd below it (a server started with subprocess), or, for a fork that
+never exec'd, the controller's own environment and a `devpool-*` name. The controller's
+sweep after a worker died, its sweep at the run's end, and the guard (a small process that
+outlives a SIGKILLed controller: this file run as a script) end what carries it.
+
+Standard library only: the guard runs it with no site packages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+MARK_ENV = "DEVPOOL_RUN_MARK"
+# The names devpool gives its own processes (prctl PR_SET_NAME); a fork that never exec'd
+# keeps its parent's.
+OUR_NAMES = ("devpool-worker", "devpool-tmpl", "devpool-zygote")
+PR_SET_CHILD_SUBREAPER = 36
+GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a leftover
+_ENVIRON_LIMIT = 1 << 20  # an environment larger than this is not read whole
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process as /proc shows it."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    comm: str
+    state: str
+    start: int  # clock ticks after boot
+    uid: int
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X")
+
+
+@dataclass
+class Leftover:
+    """A process that outlived what started it: what it is, what it sees, how it ended."""
+
+    pid: int
+    command: str
+    user: str
+    environ: dict[str, str] = field(default_factory=dict)
+    ports: tuple[int, ...] = ()  # TCP ports it listens on
+    ended: str = ""  # terminated | killed | exited | not permitted
+
+
+def this_run() -> str:
+    """The mark of the run this process controls: its pid and start, unique on the host."""
+    proc = read(os.getpid())
+    return f"{os.getpid()}.{proc.start if proc else 0}"
+
+
+def make_subreaper() -> bool:
+    """Become the reaper of every orphan below this process (Linux 3.4+)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def has_children() -> bool:
+    """Whether this process has any child, alive or not, without reaping one."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def read(pid: int) -> Proc | None:
+    """One process's /proc/PID/stat and owner, None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read().decode(errors="replace")
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses: the fields after it follow the last ')'.
+    left, right = raw.find("("), raw.rfind(")")
+    if left < 0 or right < 0:
+        return None
+    fields = raw[right + 2 :].split()
+    try:
+        return Proc(
+            pid,
+            int(fields[1]),
+            int(fields[2]),
+            int(fields[3]),
+            raw[left + 1 : right],
+            fields[0],
+            int(fields[19]),
+            uid,
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def processes() -> Iterator[Proc]:
+    """Every process /proc lists now."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for name in names:
+        if name.isdigit() and (proc := read(int(name))) is not None:
+            yield proc
+
+
+def descendants(root: int, procs: Iterable[Proc] | None = None) -> list[Proc]:
+    """The live (not zombie) processes below root, parents before children."""
+    by_parent: dict[int, list[Proc]] = {}
+    for proc in processes() if procs is None else procs:
+        by_parent.setdefault(proc.ppid, []).append(proc)
+    found: list[Proc] = []
+    todo = [root]
+    while todo:
+        for child in by_parent.get(todo.pop(), ()):
+            todo.append(child.pid)
+            if not child.zombie:
+                found.append(child)
+    return found
+
+
+def environ(pid: int) -> dict[str, str]:
+    """A process's environment as it was exec'd ({} when not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read(_ENVIRON_LIMIT)
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}
+
+
+def command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            raw = handle.read(4096)
+    except OSError:
+        return ""
+    # One line, however the arguments were written (a `python -c` script spans several).
+    words = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+    return " ".join(words.split())
+
+
+def user(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def listening(pid: int) -> tuple[int, ...]:
+    """TCP ports the process listens on (its socket inodes matched in /proc/net/tcp*)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    if not inodes:
+        return ()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as handle:
+            next(handle, None)
+            for line in handle:
+                parts = line.split()
+                if len(parts) > 9 and parts[3] == "0A" and parts[9] in inodes:  # LISTEN
+                    ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+    return tuple(sorted(ports))
+
+
+def describe(proc: Proc) -> Leftover:
+    return Leftover(
+        proc.pid,
+        command(proc.pid) or proc.comm,
+        user(proc.uid),
+        environ(proc.pid),
+        listening(proc.pid),
+    )
+
+
+def _alive(pid: int) -> bool:
+    proc = read(pid)
+    return proc is not None and not proc.zombie
+
+
+def _reap(pids: Iterable[int]) -> None:
+    """Collect the exit of those that are our children (no zombie stays behind)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
+    """SIGTERM each to its group (its own pid where it shares ours), SIGKILL whoever is left
+    after grace; how each ended: terminated, killed, exited (gone already), not permitted."""
+    how: dict[int, str] = {}
+    own_group = os.getpgrp()
+    for proc in procs:
+        try:
+            if proc.pgid == proc.pid and proc.pgid != own_group:
+                os.killpg(proc.pgid, signal.SIGTERM)
+            else:
+                os.kill(proc.pid, signal.SIGTERM)
+            how[proc.pid] = "terminated"
+        except ProcessLookupError:
+            how[proc.pid] = "exited"
+        except PermissionError:
+            how[proc.pid] = "not permitted"
+    waiting = [p.pid for p in procs if how[p.pid] == "terminated"]
+    deadline = time.monotonic() + grace
+    while waiting and time.monotonic() < deadline:
+        _reap(waiting)
+        waiting = [pid for pid in waiting if _alive(pid)]
+        if waiting:
+            time.sleep(0.01)
+    for pid in waiting:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        how[pid] = "killed"
+    deadline = time.monotonic() + grace
+    while waiting and time.monotonic() < deadline:
+        _reap(waiting)
+        waiting = [pid for pid in waiting if _alive(pid)]
+        if waiting:
+            time.sleep(0.01)
+    return how
+
+
+@dataclass(frozen=True)
+class Run:
+    """What marks a run's processes: its mark, and its controller's pid, environment and
+    start (a fork that never exec'd shows the controller's environment)."""
+
+    mark: str
+    controller: int
+    home: bytes
+    since: int
+
+    @classmethod
+    def of(cls, mark: str, controller: int) -> Run:
+        proc = read(controller)
+        return cls(mark, controller, _environ_bytes(controller), proc.start if proc else 0)
+
+
+def orphans(run: Run, spare: Iterable[int] = ()) -> list[Proc]:
+    """Processes of this run that nothing of the run owns any more: those exec'd with its
+    mark, and forks that never exec'd (a devpool name and the controller's environment)
+    that lost the devpool process they were forked below. spare: live processes of the run, whose
+    descendants are theirs to check."""
+    keep = set(spare) | {run.controller, os.getpid()}
+    procs = {proc.pid: proc for proc in processes() if proc.uid == os.getuid()}
+    found = []
+    for proc in procs.values():
+        if proc.pid in keep or proc.zombie or proc.start < run.since:
+            continue
+        if _below(proc, keep, procs):
+            continue
+        if environ(proc.pid).get(MARK_ENV) == run.mark or _lost_fork(proc, run, procs):
+            found.append(proc)
+    return found
+
+
+def _lost_fork(proc: Proc, run: Run, procs: dict[int, Proc]) -> bool:
+    """A fork of the run's that never exec'd and whose parent is no longer a fork or the
+    controller of the same environment (that of a live devpool process, this run's or a run
+    started alike, is not an orphan)."""
+    if proc.comm not in OUR_NAMES or not run.home or _environ_bytes(proc.pid) != run.home:
+        return False
+    return proc.ppid not in procs or _environ_bytes(proc.ppid) != run.home
+
+
+def _below(proc: Proc, keep: set[int], procs: dict[int, Proc]) -> bool:
+    """Whether a live process the run keeps is its ancestor (a running worker's child)."""
+    seen = set()
+    pid = proc.ppid
+    while pid > 1 and pid not in seen:
+        if pid in keep:
+            return True
+        seen.add(pid)
+        parent = procs.get(pid)
+        if parent is None:
+            return False
+        pid = parent.ppid
+    return False
+
+
+def _environ_bytes(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return handle.read(_ENVIRON_LIMIT)
+    except OSError:
+        return b""
+
+
+def guard(mark: str, controller: int, fd: int) -> None:
+    """Wait for the controller's pipe to close; unless it said the run ended cleanly
+    first, end every process that carries the run's mark (the controller was killed)."""
+    run = Run.of(mark, controller)
+    said = b""
+    with contextlib.suppress(OSError):
+        while chunk := os.read(fd, 64):
+            said += chunk
+    if b"done" in said:
+        return
+    # The workers die with the controller (PR_SET_PDEATHSIG): their orphans are then what
+    # is left, whoever adopted them.
+    time.sleep(0.2)
+    end(orphans(run))
+
+
+if __name__ == "__main__":  # the guard: python -I -S leftovers.py MARK PID FD
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal's group
+    guard(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

@@ -1,0 +1,76 @@
+"""The run loop driven by scripted workers (tests/run/fake_backend.py): routing, retries and
+requeues are run/'s decisions alone, with no worker process (one controller per test)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FAKE = Path(__file__).with_name("fake_backend.py")
+
+
+def run(pytester: pytest.Pytester, names: list[str], *args: str) -> tuple[Any, list[dict]]:
+    """A controller on scripted workers over tests with these names; its record's attempt
+    moves and job ends."""
+    pytester.makepyfile(fake_backend=FAKE.read_text(encoding="utf-8"))
+    pytester.makepyfile(test_s="".join(f"def {name}(): pass\n" for name in names))
+    record = pytester.path / "record.jsonl"
+    (pytester.path / "locks").mkdir()
+    result = pytester.runpytest_subprocess(
+        *("-p", "devpool.plugin", "-p", "no:cacheprovider", "-p", "no:randomly"),
+        *("-p", "fake_backend", f"--devpool-lock-dir={pytester.path / 'locks'}"),
+        f"--devpool-run-record={record}",
+        *args,
+        timeout=60,
+    )
+    lines = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    return result, [e for e in lines if e["type"] in ("attempt", "job_end")]
+
+
+def ends(events: list[dict], name: str) -> list[tuple[int, str]]:
+    """Each attempt of the test and how it ended."""
+    return [
+        (e["attempt"], e["outcome"])
+        for e in events
+        if e["type"] == "job_end" and e["test"].endswith(name)
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+
+
+def test_each_ending_reaches_pytest_and_a_crash_is_retried(pytester: pytest.Pytester) -> None:
+    names = ["test_pass_a", "test_fail_b", "test_skip_c", "test_crash_d", "test_crash_once_e"]
+    result, attempts = run(pytester, [*names, "test_missing_f"], "--devices", "sim:0-1")
+    outcomes = result.parseoutcomes()
+    assert {k: outcomes.get(k) for k in ("passed", "failed", "skipped", "crashed")} == {
+        "passed": 1,
+        "failed": 1,
+        "skipped": 1,
+        "crashed": 1,
+    }, result.stdout.str()
+    assert outcomes.get("flaky") == 1 and outcomes.get("infra") == 1
+    # --devpool-reruns-infra (1): a crash runs once more; a failure does not.
+    assert ends(attempts, "test_crash_d") == [(1, "crashed"), (2, "crashed")]
+    assert ends(attempts, "test_fail_b") == [(1, "failed")]
+    assert ends(attempts, "test_crash_once_e") == [(1, "crashed"), (2, "flaky")]
+    # A test its worker did not collect ends infra, with the reason said.
+    result.stdout.fnmatch_lines(["*INFRA*the worker did not collect test_s.py::test_missing_f*"])
+
+
+def test_the_tests_batched_behind_a_crash_go_back_untouched(pytester: pytest.Pytester) -> None:
+    names = ["test_crash_a", "test_pass_b", "test_pass_c", "test_pass_d"]
+    result, attempts = run(pytester, names, "--devices", "sim:0", "--devpool-cpu-slots=1")
+    assert result.parseoutcomes().get("passed") == 3, result.stdout.str()
+    sent_back = [e for e in attempts if e.get("state") == "queued"]
+    assert sent_back, attempts  # the crash's batch held others: they were sent back
+    for event in sent_back:
+        assert event["attempt"] == 1  # no attempt of theirs: the same attempt runs later
+        assert "ended before it ran" in event["reason"]
+        assert ends(attempts, event["nodeid"]) == [(1, "passed")]
