@@ -56,6 +56,13 @@ def test_fails():
     assert x == 42
 
 
+def test_break_again():
+    x = 41
+    breakpoint()
+    y = x + 1
+    assert y == 42
+
+
 @pytest.mark.timeout(0.5)
 def test_timeout_at_prompt():
     x = 41
@@ -164,6 +171,10 @@ def both(
 
 
 ANSWER = [(PROMPT, "p x + 1"), ("42", ""), (PROMPT, "c")]
+# A breakpoint set at the prompt, then `c`: the debugger stops there, at the keyboard again.
+AGAIN = SUITE.splitlines().index("    assert y == 42") + 1
+BREAK_AGAIN = [(PROMPT, f"b {AGAIN}"), (PROMPT, "c"), (PROMPT, "p y * 10"), ("420", ""),
+               (PROMPT, "c")]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -174,6 +185,7 @@ ANSWER = [(PROMPT, "p x + 1"), ("42", ""), (PROMPT, "c")]
         (["--trace", "test_keys.py::test_before"], [(PROMPT, "c")], "PDB runcall"),
         (["--pdbcls=mypdb:MyPdb", "test_keys.py::test_breakpoint"], ANSWER, "(MyPdb) "),
         (["test_keys.py::test_breakpoint"], [(PROMPT, "^D")], "BdbQuit"),
+        (["test_keys.py::test_break_again"], BREAK_AGAIN, "420"),
         (["test_keys.py::test_breakpoint", "test_keys.py::test_before"], [(PROMPT, "q")], "Quit"),
         (
             ["test_keys.py::test_timeout_at_prompt"],
@@ -181,7 +193,16 @@ ANSWER = [(PROMPT, "p x + 1"), ("42", ""), (PROMPT, "c")]
             "1 passed",
         ),
     ],
-    ids=["set_trace-ctrl-c", "pdb", "trace", "pdbcls-breakpoint", "ctrl-d", "q", "timeout"],
+    ids=[
+        "set_trace-ctrl-c",
+        "pdb",
+        "trace",
+        "pdbcls-breakpoint",
+        "ctrl-d",
+        "break-again",
+        "q",
+        "timeout",
+    ],
 )
 def test_each_way_into_the_debugger_works_as_in_plain_pytest(
     project: Path, args: list[str], keys: list[tuple[str, str]], said: str

@@ -68,6 +68,19 @@ class Terminal:
             debugger = original(method, *args, **kwargs)
             if terminal._stdin_closed:
                 sys.stdin = None  # as a process whose fd 0 is closed
+            own_setup = debugger.setup
+
+            def setup(frame: Any, tb: Any) -> Any:
+                # A breakpoint set at the prompt (`b N`, then `c`) stops again in this
+                # debugger, past _init_pdb: it asks for the terminal again, before pytest's
+                # wrapper suspends the capture that `c` resumed.
+                if not terminal.held:
+                    terminal.take()
+                    if terminal._stdin_closed:
+                        sys.stdin = None
+                return own_setup(frame, tb)
+
+            debugger.setup = setup
             return debugger
 
         pytestPDB._init_pdb = classmethod(_init_pdb)  # type: ignore[method-assign,assignment]  # noqa: SLF001
