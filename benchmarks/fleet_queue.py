@@ -20,7 +20,15 @@ test), and a run where one 8-device job is lost at a third of the way: its runni
 its claims come back to the queue after the lease, and every test still ends exactly once.
 Target: the queue <= 1.05x the bound.
 
-    python benchmarks/fleet_queue.py [--seed 1] [--scale 1.0] [--jobs 4]
+Two GPU models (issue 56, `--models`): the same mix on a fleet of h100 and h200 runners (each
+model with classes of 1, 2, 4 and 8 devices), a share of the device tests marked
+platforms(["h100"]) or platforms(["h200"]), the rest and the CPU tests on either. A job
+claims only what its model may run (queue/classes.py). Reported per model: its makespan (its
+jobs' last end) against its bound, the larger of its own tests' bound (for every size m: the
+work of the tests only it runs, of m devices or more, over its jobs' devices that hold them)
+and the fleet's joint bound (all the work over all the devices). Target: within 2%.
+
+    python benchmarks/fleet_queue.py [--seed 1] [--scale 1.0] [--jobs 4] [--models]
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ class Runner:
     name: str
     devices: int
     scheduler: Scheduler
+    model: str = ""  # its platform, for a fleet of two models (--models)
     held: dict[int, Job] = field(default_factory=dict)  # claimed, not ended
     spent: float = 0.0
     estimated: float = 0.0
@@ -71,28 +80,40 @@ class Runner:
 class Queue:
     """The run's queued tests, longest device-seconds first, one sorted list per size."""
 
-    def __init__(self, jobs: list[Job]) -> None:
-        self.by_size: dict[int, list[tuple[float, int, Job]]] = {}
+    def __init__(self, jobs: list[Job], classes: dict[int, str] | None = None) -> None:
+        self.classes = classes or {}  # job id → the one model that may run it (none: any)
+        self.by_size: dict[tuple[int, str], list[tuple[float, int, Job]]] = {}
         for job in jobs:
             self.put(job)
 
     def put(self, job: Job) -> None:
         key = (work(job.estimate, job.devices_needed), -job.id, job)
-        bisect.insort(self.by_size.setdefault(job.devices_needed, []), key, key=lambda t: t[:2])
+        place = (job.devices_needed, self.classes.get(job.id, ""))
+        bisect.insort(self.by_size.setdefault(place, []), key, key=lambda t: t[:2])
 
-    def work_for(self, devices: int) -> float:
+    def work_for(self, devices: int, model: str = "") -> float:
         """The queued work a job of `devices` devices could hold (store.claim's sum)."""
-        return sum(t[0] for size, lst in self.by_size.items() if size <= devices for t in lst)
+        return sum(
+            t[0]
+            for (size, of), lst in self.by_size.items()
+            if size <= devices and of in ("", model)
+            for t in lst
+        )
 
-    def claim(self, devices: int, seconds: float) -> list[Job]:
+    def claim(self, devices: int, seconds: float, model: str = "") -> list[Job]:
         taken: list[Job] = []
         total = 0.0
         while not taken or total < seconds:
-            heads = [(lst[-1][:2], size) for size, lst in self.by_size.items() if lst]
-            heads = [h for h in heads if h[1] <= devices]
+            # tests only its model may run first (no other can take them), each longest first
+            heads = [
+                (place[1] == model, lst[-1][:2], place)
+                for place, lst in self.by_size.items()
+                if lst
+            ]
+            heads = [h for h in heads if h[2][0] <= devices and h[2][1] in ("", model)]
             if not heads:
                 break
-            _, size = max(heads)
+            *_, size = max(heads)
             cost, _, job = self.by_size[size].pop()
             taken.append(job)
             total += cost
@@ -102,20 +123,27 @@ class Queue:
         return sum(len(lst) for lst in self.by_size.values())
 
 
-def runners_of(jobs_per_class: int) -> list[Runner]:
+def runners_of(jobs_per_class: int, models: tuple[str, ...] = ("",)) -> list[Runner]:
     runners = []
-    for name, size in CLASSES.items():
-        for i in range(jobs_per_class):
-            scheduler = Scheduler(list(range(size)), Backfill(), size, size)
-            runners.append(Runner(f"{name}#{i}", size, scheduler))
+    for model in models:
+        for name, size in CLASSES.items():
+            for i in range(jobs_per_class):
+                scheduler = Scheduler(list(range(size)), Backfill(), size, size)
+                runners.append(Runner(f"{model}{name}#{i}", size, scheduler, model))
     return runners
 
 
 def simulate_queue(
-    jobs: list[Job], actual: dict[int, float], runners: list[Runner], kill_at: float | None
+    jobs: list[Job],
+    actual: dict[int, float],
+    runners: list[Runner],
+    kill_at: float | None,
+    classes: dict[int, str] | None = None,
+    last: dict[str, float] | None = None,
 ) -> tuple[float, dict[int, int]]:
-    """The queue's makespan, and how often each test ended (must be once each)."""
-    queue = Queue(jobs)
+    """The queue's makespan, and how often each test ended (must be once each). classes:
+    the model each test is restricted to; last: each model's last end, filled in."""
+    queue = Queue(jobs, classes)
     ends: list[tuple[float, int, int, Job]] = []  # (time, seq, runner index, job)
     returns: list[tuple[float, list[Job]]] = []  # a lost runner's tests, back after the lease
     ended: dict[int, int] = {}
@@ -132,11 +160,12 @@ def simulate_queue(
             scale = runner.scale()
             slots = max(1, runner.devices)
             held = scale * sum(work(j.estimate, j.devices_needed) for j in runner.held.values())
-            live = sum(1 for r in runners if r.alive)
-            share = guided(float("inf"), queue.work_for(runner.devices), live)
+            # the live jobs of its model share what it could hold (store.claim)
+            live = sum(1 for r in runners if r.alive and r.model == runner.model)
+            share = guided(float("inf"), queue.work_for(runner.devices, runner.model), live)
             if not runner.held or held < min(slots * LOW_SECONDS, scale * share):
                 seconds = guided((slots * BATCH_SECONDS - held) / scale, share * TAIL, live)
-                for job in queue.claim(runner.devices, seconds):
+                for job in queue.claim(runner.devices, seconds, runner.model):
                     runner.held[job.id] = job
                     runner.scheduler.add(job)
             for placement in runner.scheduler.schedule(now):
@@ -165,6 +194,8 @@ def simulate_queue(
             runner.spent += actual[job.id]
             runner.estimated += job.estimate
             ended[job.id] = ended.get(job.id, 0) + 1
+            if last is not None:
+                last[runner.model] = max(last.get(runner.model, 0.0), now)
     if len(queue) or any(r.held for r in runners if r.alive):
         raise RuntimeError(f"{len(queue)} tests never claimed")
     return now, ended
@@ -219,15 +250,78 @@ def fleet_bound(
     return low
 
 
+MODELS = ("h100", "h200")
+RESTRICTED = {"h100": 0.4, "h200": 0.2}  # shares of the device tests only that model runs
+
+
+def model_bound(
+    tests: list[tuple[str, int, float]],
+    actual: dict[str, float],
+    classes: dict[str, str],
+    jobs: int,
+    model: str,
+) -> float:
+    """A model's bound: its own tests' (per size m, their work over its devices that hold
+    them; its longest test), and the fleet's joint bound (all the work, all the devices)."""
+    mine = [t for t in tests if classes.get(t[0]) == model]
+    low = max([actual[n] for n, _, _ in mine] or [0.0])
+    for m in sorted({max(1, k) for k in MIX}):
+        need = sum(max(1, k) * actual[n] for n, k, _ in mine if max(1, k) >= m)
+        low = max(low, need / (jobs * sum(s for s in CLASSES.values() if s >= m)))
+        every = sum(max(1, k) * actual[n] for n, k, _ in tests if max(1, k) >= m)
+        have = len(MODELS) * jobs * sum(s for s in CLASSES.values() if s >= m)
+        low = max(low, every / have)
+    return low
+
+
+def two_models(
+    estimated: list[tuple[str, int, float]], actual: dict[str, float], jobs: int
+) -> None:
+    """The mix on h100 and h200 runners: each model's makespan against its bound."""
+    rng = random.Random(7)
+    classes: dict[str, str] = {}
+    for nodeid, devices, _ in estimated:
+        if devices:
+            draw_ = rng.random()
+            if draw_ < RESTRICTED["h100"]:
+                classes[nodeid] = "h100"
+            elif draw_ < RESTRICTED["h100"] + RESTRICTED["h200"]:
+                classes[nodeid] = "h200"
+    queued = jobs_of(estimated)
+    for job in queued:
+        job.estimate = estimated[job.id][2]
+    by_id = {job.id: actual[job.nodeid] for job in queued}
+    of = {job.id: classes[job.nodeid] for job in queued if job.nodeid in classes}
+    last: dict[str, float] = {}
+    _, ended = simulate_queue(queued, by_id, runners_of(jobs, MODELS), None, of, last)
+    once = all(ended.get(job.id) == 1 for job in queued)
+    counts = {m: sum(1 for c in classes.values() if c == m) for m in MODELS}
+    print(
+        f"two models, {len(CLASSES)} runner classes x {jobs} jobs each; device tests only "
+        + ", ".join(f"{m}: {counts[m]}" for m in MODELS)
+        + f"; every test once: {once}"
+    )
+    for model in MODELS:
+        bound = model_bound(estimated, actual, classes, jobs, model)
+        print(
+            f"  {model}: makespan {last.get(model, 0.0):,.0f} s = "
+            f"{last.get(model, 0.0) / bound:.3f}x its bound {bound:,.0f} s (target <= 1.02x)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every count")
     parser.add_argument("--jobs", type=int, default=4, help="jobs of each runner class")
+    parser.add_argument("--models", action="store_true", help="only: two GPU models' fleet")
     args = parser.parse_args()
     estimated = draw(args.seed, args.scale)
     rng = random.Random(args.seed + 1)
     actual = {n: s * math.exp(rng.uniform(math.log(0.5), math.log(2.0))) for n, _, s in estimated}
+    if args.models:
+        two_models(estimated, actual, args.jobs)
+        return
     low = fleet_bound(estimated, actual, args.jobs)
     print(
         f"{len(estimated)} tests, {len(CLASSES)} runner classes (1, 2, 4, 8 devices) x "

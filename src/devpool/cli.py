@@ -211,7 +211,7 @@ def _doctor(args: argparse.Namespace) -> int:
     for state in shared:
         for share in state.shares:
             print(f"  {state.platform}:{state.device} shared: {share.describe()}")
-    room = WaitingRoom(lock_dir.path, session="doctor")
+    room = WaitingRoom(lock_dir.path, session="doctor", say=lambda line: print(f"  {line}"))
     for platform_name in sorted({s.platform for s in states}):
         for waiter in room.others(platform_name):
             print(f"  run {waiter.session} (pid {waiter.pid}) waits for {waiter.wants} device(s)")

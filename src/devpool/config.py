@@ -103,6 +103,16 @@ def _text(value: object) -> str:
     return value
 
 
+def _names(value: object) -> tuple[str, ...]:
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise ValueError("platform names, comma-separated (e.g. h100,h200)")
+    clean = tuple(dict.fromkeys(n.strip() for n in names if n.strip()))
+    if not clean:
+        raise ValueError("platform names, comma-separated (e.g. h100,h200), not nothing")
+    return clean
+
+
 def _history(value: object) -> HistorySpec:
     return history_spec(_text(value))
 
@@ -294,6 +304,12 @@ OPTIONS: tuple[Option, ...] = (
         "seconds a job may miss its heartbeat before its claims go back to the queue (30)",
     ),
     Option(
+        "queue-classes",
+        _names,
+        "the platform classes a queue run covers on purpose, e.g. h100,h200 (default all): "
+        "the others' tests are deselected, with the reason",
+    ),
+    Option(
         "github",
         _flag,
         "GitHub Actions output (default: when GITHUB_ACTIONS=true)",
@@ -457,6 +473,7 @@ class Settings:
     queue: str | None = None  # the shared queue's PostgreSQL URL (queue/)
     queue_run: str | None = None
     queue_lease: float = 30.0
+    queue_classes: tuple[str, ...] = ()  # the classes a queue run covers ((): all)
 
 
 def read_table(pyproject: Path | None) -> dict[str, Any]:

@@ -5,6 +5,7 @@ fails said in one sentence."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -25,7 +26,13 @@ ALIVE = {
     "tcp_user_timeout": 20_000,  # ms: data sent and not acknowledged
 }
 SCHEMES = ("postgresql", "postgres")
-_PASSWORD_PARAMETER = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_PASSWORD_PARAMETER = re.compile(r"([?&]password=)[^&#\s]*", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@\s]+)(@)", re.IGNORECASE)
+# libpq's keyword form (`password=p`, `password = 'p q'`), and the variable it reads
+_PASSWORD_KEYWORD = re.compile(
+    r"(^|[^\w?&])((?:pg)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s'&][^\s]*)",
+    re.IGNORECASE,
+)
 
 
 def where(url: str) -> str:
@@ -55,15 +62,23 @@ def check_url(url: str, option: str = "--devpool-queue") -> str:
 
 
 def shown(url: str) -> str:
-    """The URL with its password hidden, for sentences (even one urlsplit cannot read), in
-    its user part or as a password= parameter."""
+    """The text with every password in it hidden, for sentences, records and pages: a URL's
+    (in its user part, even one urlsplit cannot read, or as a password= parameter), and a
+    libpq keyword string's (`host=h password=p`, `PGPASSWORD=p`). Text without one is kept."""
     try:
         password = urlsplit(url).password
     except ValueError:
         password = url.rpartition("@")[0].partition("://")[2].partition(":")[2] or None
     if password:
         url = url.replace(f":{password}@", ":***@", 1)
-    return _PASSWORD_PARAMETER.sub(r"\1***", url)
+    url = _URL_PASSWORD.sub(r"\1***\3", url)  # URLs inside a longer text (a command line)
+    url = _PASSWORD_PARAMETER.sub(r"\1***", url)
+    return _PASSWORD_KEYWORD.sub(r"\1\2***", url)
+
+
+def shown_args(args: Sequence[object]) -> list[str]:
+    """A command line as kept in a record or shown on a page, each word's passwords hidden."""
+    return [shown(str(arg)) for arg in args]
 
 
 def driver(option: str = "--devpool-queue") -> Any:

@@ -57,3 +57,35 @@ def test_what_no_live_job_holds_comes_first_and_the_list_is_capped() -> None:
     assert len(status.to_json()["queued"]) == SHOWN_QUEUED
     nobody = run_status("r", [job(1, 2, False, lost=True)], rows)
     assert nobody.unholdable == len(rows) and "(no job is alive)" in nobody.lines()[2]
+
+
+def test_per_class_figures_and_what_no_job_of_a_class_took() -> None:
+    ran = {"start": 100.0, "end": 136.0, "run_time": 36.0, "devices": [0, 1]}
+    h100 = store.JobRow(1, "a", 11, 2, "h100", True, False, 0, 2, "sim")
+    h200 = store.JobRow(2, "b", 12, 2, "h200", False, True, 0, 0, "sim")
+    rows = [
+        row(0, 2, "done", outcome="passed", job_id=1, result=ran, platforms="h100"),
+        row(1, 1, "done", outcome="passed", job_id=1, result={**ran, "start": 130.0}),
+        row(2, 1, platforms="h200"),  # its only job lost its lease
+        row(3, 1, "deselected", platforms="b200"),
+    ]
+    status = run_status("r1", [h100, h200], rows)
+    figures = [c.to_json() for c in status.classes]
+    assert figures[0] == {
+        "platform": "h100", "jobs": 1, "tests": 2, "device_hours": 0.04, "wall": 36.0
+    }  # fmt: skip
+    assert figures[1]["tests"] == 0 and status.finished is False
+    assert [t.holdable for t in status.queued] == [False]  # no live h200 job
+    assert [g.sentence() for g in status.gaps] == [
+        "1 test for h200: the h200 runners of run r1 (job 2) left or lost their lease first",
+        "1 test for b200: deselected: run r1 covers other classes only (--devpool-queue-classes)",
+    ]
+    assert status.states["deselected"] == 1
+    assert "  h100: 1 job, 2 tests, 0.04 device-hours, wall 36.0 s" in status.lines()
+    from devpool.serve.queue_page import queue_section
+
+    view = {"database": "db:5432", "run": "r1", "answered": 1.0, "problem": None}
+    page = queue_section({**view, "runs": [{**status.to_json(), "published": None}]}, 2.0)
+    assert 'data-class="h200"' in page and "0.04</td>" in page
+    assert '<p class="queue-gap bad">1 test for h200: the h200 runners' in page
+    assert "1 deselected" in page

@@ -76,8 +76,10 @@ def serve(project: Project, tmp_path: Path) -> Iterator[Callable[..., Server]]:
         log = tmp_path / f"serve-{len(started)}.log"
         argv = [sys.executable, "-m", "devpool.cli", "serve", "--port", str(port)]
         argv += [f"--lock-dir={project.lock_dir}", *extra, str(project.devpool)]
-        if token:
-            argv += ["--token", token]
+        if token:  # from a file: a token in argv is refused (ps shows it to every user)
+            token_file = tmp_path / f"token-{len(started)}"
+            token_file.write_text(token + "\n")
+            argv += [f"--token-file={token_file}"]
         with open(log, "wb") as out:
             proc = subprocess.Popen(argv, cwd=project.root, stdout=out, stderr=subprocess.STDOUT)
         server = Server(f"http://127.0.0.1:{port}", proc, log, token)

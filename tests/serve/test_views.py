@@ -8,8 +8,10 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from serving import need
@@ -233,7 +235,7 @@ def test_beyond_loopback_without_a_token_is_one_sentence_and_exit_4(
     assert main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 4
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "devpool: error: devpool serve on 0.0.0.0 (beyond loopback) needs --token or "
+        "devpool: error: devpool serve on 0.0.0.0 (beyond loopback) needs --token-file or "
         "DEVPOOL_SERVE_TOKEN"
     ]
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
@@ -281,3 +283,38 @@ def test_an_edit_of_the_quarantine_file_reaches_the_tests_view_and_moves_the_sig
     (tmp_path / "pyproject.toml").write_text('[tool.devpool]\nquarantine-file = "other.toml"\n')
     assert [e["test"] for e in sources.tests()["projects"][0]["quarantine"]] == ["t.py::test_c"]
     assert tmp_path / "other.toml" in sources.test_files()
+
+
+def test_a_token_in_argv_is_refused_and_the_cookie_holds_no_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], serve: Any
+) -> None:
+    assert main(["serve", "--token", "T0KEN"]) == 4
+    err = capsys.readouterr().err
+    assert "--token is gone" in err and "--token-file" in err and "T0KEN" not in err
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    assert main(["serve", f"--token-file={empty}"]) == 4
+    assert "is empty" in capsys.readouterr().err
+    server = serve(token="T0KEN")
+    assert server.get("/api/v1/devices")[0] == 401
+    with urllib.request.urlopen(server.url + "/api/v1/devices?token=T0KEN", timeout=10) as got:
+        cookie = got.headers["set-cookie"]
+    assert "T0KEN" not in cookie and "httponly" in cookie.lower()
+    assert "samesite=strict" in cookie.lower() and "secure" not in cookie.lower()
+    value = cookie.split(";")[0]
+    assert server.get("/api/v1/devices", {"Cookie": value})[0] == 200  # the cookie will do
+    raw = {"Cookie": "devpool_serve_token=T0KEN"}
+    assert server.get("/api/v1/devices", raw)[0] == 401  # the token itself is no cookie
+
+
+def test_one_damaged_run_record_leaves_the_others_on_the_page(tmp_path: Path) -> None:
+    folder = tmp_path / ".devpool"
+    _record(folder, "good", pid=_dead_pid(), end=0)
+    bad = folder / "runs" / "bad" / "record.jsonl"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(
+        '{"v": 1, "type": "session_start", "time": "zz", "run_id": 5, "devices": 3}\n'
+        '{"v": 1, "type": "job_end", "job": "x", "outcome": [], "time": null}\n'
+    )
+    found = views.RunIndex(views.projects_of([folder])).summaries()
+    assert [summary.run_id for summary in found] == ["good"]

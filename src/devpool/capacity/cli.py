@@ -149,6 +149,8 @@ def _capacity(args: argparse.Namespace) -> int:
 
     if args.suggest_memory:
         return _suggest_memory(args)
+    if args.classes is not None:
+        return _capacity_classes(args)
     classes = dict(capacity.parse_runner_class(text) for text in args.runner_class or ())
     default = _positive(str(args.default_estimate), "--default-estimate")
     factor = _positive(str(args.drift_factor), "--drift-factor")
@@ -180,20 +182,55 @@ def _capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _capacity_classes(args: argparse.Namespace) -> int:
+    """`devpool capacity --classes h100,h200`: device-hours per class of the fleet's mix."""
+    from devpool.capacity import classes
+    from devpool.capacity import report as capacity
+
+    default = _positive(str(args.default_estimate), "--default-estimate")
+    _history_path(args)
+    seen = capacity.collect_suite(args.paths)
+    mix = classes.parse_mix(args.classes, seen.platforms)
+    rows, left = classes.class_rows(
+        seen.tests, mix, seen.platforms, lambda name: _estimates(args, name)[0], default
+    )
+    sys.stdout.write(classes.render(rows, left, args.format))
+    return 0
+
+
 def _shard(args: argparse.Namespace) -> int:
+    """`devpool shard`, for the platform of the runners, or for each class of --classes."""
+    from devpool.capacity import classes
+    from devpool.capacity import report as capacity
+
+    _history_path(args)  # a bad --history is said before the suite is collected
+    seen = capacity.collect_suite(args.paths)
+    if args.classes is None:
+        return _shard_one(args, seen, *_chosen_platform(args, seen))
+    mix = classes.parse_mix(args.classes, seen.platforms)
+    _, devices = _chosen_platform(args, seen)
+    for name in mix:  # shards per class: each class's runners run the tests it admits
+        if args.format == "text":
+            print(f"== class {name} (--devices {name}:…)")
+        _shard_one(args, seen, name, devices)
+    if args.format == "text" and len(mix) > 1:
+        print(
+            "tests without a platforms filter are in every class's shards; a queue run "
+            "(--devpool-queue) runs them once, on whichever class is free"
+        )
+    return 0
+
+
+def _shard_one(args: argparse.Namespace, seen: Any, name: str, devices: int) -> int:
     import json
     import shlex
 
-    from devpool.capacity import report as capacity
     from devpool.capacity import shards
 
     default = _positive(str(args.default_estimate), "--default-estimate")
     budget = shards.parse_budget(args.budget) if args.budget is not None else None
     if args.runners is not None and args.runners < 1:
         raise DevpoolError(f"--runners must be 1 or more, got {args.runners}")
-    _history_path(args)  # a bad --history is said before the suite is collected
-    seen = capacity.collect_suite(args.paths)
-    name, devices = _chosen_platform(args, seen)
     estimates, _ = _estimates(args, name)
     # As a run does: tests whose platforms marker leaves this platform out are not sharded.
     admitted = {name, seen.platforms[name].kind}
@@ -249,6 +286,7 @@ def _shard(args: argparse.Namespace) -> int:
     if args.format == "json":
         data = {
             "schema": "devpool-shards/1",
+            "platform": name,
             "shards": count,
             "devices_per_runner": devices,
             "budget_seconds": budget,
@@ -391,6 +429,11 @@ def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "windows of history (default 2.0)",
     )
     capacity.add_argument("--default-estimate", **DEFAULT_ESTIMATE)
+    capacity.add_argument(
+        "--classes",
+        metavar="NAMES",
+        help="a fleet's class mix, platform names (e.g. h100,h200): device-hours per class",
+    )
     capacity.set_defaults(func=_capacity)
 
     shard = commands.add_parser(
@@ -417,6 +460,11 @@ def add_capacity_commands(commands: argparse._SubParsersAction[Any]) -> None:
     shard.add_argument("--default-estimate", **DEFAULT_ESTIMATE)
     shard.add_argument(
         "--format", choices=("text", "json"), default="text", help="how to print the split"
+    )
+    shard.add_argument(
+        "--classes",
+        metavar="NAMES",
+        help="a fleet's class mix, platform names (e.g. h100,h200): the shards of each class",
     )
     shard.set_defaults(func=_shard)
     also_usage(shard, "verify RECORD [RECORD ...]")

@@ -29,8 +29,17 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from devpool.devices.untrusted import (
+    PID_MAX,
+    Untrusted,
+    first_line_json,
+    integer,
+    moment,
+    read_fd,
+)
+from devpool.devices.untrusted import text as untrusted_text
 from devpool.errors import DevpoolError
 
 LOCK_NAME = re.compile(r"^(?P<platform>.+)-(?P<device>0|[1-9][0-9]*)\.lock$")
@@ -87,36 +96,25 @@ class Holder:
 
     @classmethod
     def from_json(cls, text: str) -> Holder | None:
-        """Parse a record written by ``to_json``; None for empty or malformed text."""
+        """Parse a record written by ``to_json``; None for empty or malformed text. Any user
+        can write a lock file's record: every field is checked for its type and range."""
+        where = Path("holder record")
         try:
-            data: Any = json.loads(text)
-        except ValueError:
+            record = first_line_json(text.encode(), where)
+            worker_pid = record.get("worker_pid")
+            return cls(
+                pid=integer(record, "pid", 0, PID_MAX, where),
+                host=untrusted_text(record, "host", where),
+                session=untrusted_text(record, "session", where),
+                job=untrusted_text(record, "job", where),
+                since=moment(record, "since", where),
+                user=untrusted_text(record, "user", where),
+                worker_pid=None
+                if worker_pid is None
+                else integer(record, "worker_pid", 0, PID_MAX, where),
+            )
+        except Untrusted:
             return None
-        if not isinstance(data, dict):
-            return None
-        pid: Any = data.get("pid")
-        since: Any = data.get("since")
-        worker_pid: Any = data.get("worker_pid")
-        texts = [data.get(key) for key in ("host", "session", "job", "user")]
-        if not _is_int(pid) or not all(isinstance(value, str) for value in texts):
-            return None
-        if not (_is_int(since) or isinstance(since, float)):
-            return None
-        if worker_pid is not None and not _is_int(worker_pid):
-            return None
-        return cls(
-            pid=pid,
-            host=data["host"],
-            session=data["session"],
-            job=data["job"],
-            since=float(since),
-            user=data["user"],
-            worker_pid=worker_pid,
-        )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _clock(since: float) -> str:
@@ -153,6 +151,7 @@ class Blocked:
     holder: Holder | None
     shares: tuple[Share, ...] = ()
     free: int | None = None
+    unusable: str | None = None  # why its lock file cannot be used (planted): not waited for
 
 
 def describe_blockers(platform: str, blocked: Sequence[Blocked]) -> str:
@@ -179,6 +178,12 @@ class _Handle:
     # False when the file belongs to another user and only opened read-only:
     # flock still works, but the holder record cannot be rewritten.
     writable: bool = True
+    created: bool = False  # this open made the file
+
+
+class Unusable(DevpoolError):
+    """A lock file that cannot be used: another user planted a symlink, folder or FIFO, or
+    a file this user may not open. The device is skipped, not waited for."""
 
 
 class Attached(Protocol):
@@ -205,6 +210,7 @@ class Lease:
         handles: Sequence[_Handle],
         records: Sequence[_Handle] = (),
         amount: int | None = None,
+        markers: Sequence[_Handle] = (),
     ) -> None:
         self.platform = platform
         self.devices: tuple[int, ...] = tuple(handle.device for handle in handles)
@@ -212,6 +218,9 @@ class Lease:
         self.amount = amount
         self._handles = list(handles)
         self._records = list(records)
+        # Held beside a lock file that another user could remove (lockdir.py): a run that
+        # finds the file gone and makes a new one sees that the device is still held.
+        self._markers = list(markers)
         self._released = False
         self.host: Attached | None = None  # ports and resources held with it (resources.py)
 
@@ -228,7 +237,7 @@ class Lease:
         """The open lock descriptors (device files, then share records); pass them all to a
         worker to share the lease."""
         extra = self.host.fds() if self.host is not None else []
-        return [handle.fd for handle in self._handles + self._records] + extra
+        return [handle.fd for handle in self._handles + self._records + self._markers] + extra
 
     def set_job(self, job: str, worker_pid: int | None = None) -> None:
         """Rewrite the holder record in every lock file for a new job or worker."""
@@ -254,7 +263,8 @@ class Lease:
             return
         self._released = True
         handles, self._handles = self._handles, []
-        records, self._records = self._records, []
+        records, self._records = self._records + self._markers, []
+        self._markers = []
         if self.host is not None:
             self.host.release(unlock=unlock)
         for handle in records:
@@ -304,8 +314,8 @@ def _open_lock_file(device: int, path: Path) -> _Handle:
             raise _open_error(path, exc) from None
         with contextlib.suppress(PermissionError):
             os.fchmod(fd, _FILE_MODE)  # the umask narrowed it; other users must open it too
-        return _checked(device, path, fd, True)
-    raise DevpoolError(f"lock file {path} keeps changing; cannot open it")
+        return replace(_checked(device, path, fd, True), created=True)
+    raise Unusable(f"lock file {path} keeps changing; cannot open it")
 
 
 def _open_read_only(device: int, path: Path) -> _Handle:
@@ -319,13 +329,15 @@ def _open_read_only(device: int, path: Path) -> _Handle:
 def _checked(device: int, path: Path, fd: int, writable: bool) -> _Handle:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise DevpoolError(f"lock file {path} is not a regular file; refusing to use it")
+        raise Unusable(f"lock file {path} is not a regular file; refusing to use it")
     return _Handle(device, path, fd, writable)
 
 
 def _open_error(path: Path, exc: OSError) -> DevpoolError:
     if exc.errno == errno.ELOOP:
-        return DevpoolError(f"lock file {path} is a symlink; refusing to use it")
+        return Unusable(f"lock file {path} is a symlink; refusing to use it")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.ENXIO, errno.EISDIR, errno.EWOULDBLOCK):
+        return Unusable(f"lock file {path} cannot be opened: {exc.strerror}")
     return DevpoolError(f"lock file {path} cannot be opened: {exc.strerror}")
 
 
@@ -343,9 +355,11 @@ def _write_record(handle: _Handle, holder: Holder, amount: int | None = None) ->
 
 
 def _read_record(fd: int) -> Holder | None:
+    """The holder record of an open lock file; None unless it is a regular file that holds
+    a whole, well-typed record (any user may have written it)."""
     try:
-        raw = os.pread(fd, _RECORD_LIMIT, 0)
-    except OSError:
+        raw = read_fd(fd, Path("lock file"), _RECORD_LIMIT).data
+    except Untrusted:
         return None
     return Holder.from_json(raw.decode("utf-8", errors="replace").split("\n", 1)[0])
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import secrets
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from devpool.devices.leases import (
     Holder,
     Lease,
     Share,
+    Unusable,
     _close_all,
     _Handle,
     _open_lock_file,
@@ -31,9 +33,11 @@ from devpool.devices.leases import (
 )
 from devpool.devices.resources import HostBlocked, HostLease, host_status, take_host_lease
 from devpool.devices.shares import acquire_shares, held_shares
+from devpool.devices.untrusted import Untrusted, folder_problem, read_fd
 from devpool.errors import DevpoolError
 
 _FOLDER_MODE = 0o1777
+MARKERS_LIMIT = 256  # markers of one device looked at, however many were planted
 
 
 # Host-wide folders, first that every user may write wins; never $TMPDIR, which two runner
@@ -124,14 +128,22 @@ class LockDir:
         """All-or-nothing, non-blocking: a Lease on every device, or the devices held elsewhere."""
         if len(set(devices)) != len(devices):
             raise ValueError(f"duplicate device ids in {list(devices)}")
+        problem = folder_problem(self.path)  # at each use: it may have been swapped
+        if problem is not None:
+            return [Blocked(device, None, unusable=f"lock folder {problem}") for device in devices]
         paths = {device: self.lock_path(platform, device) for device in devices}
         taken: dict[int, _Handle] = {}
+        markers: list[_Handle] = []
         blocked: list[Blocked] = []
         try:
             # A fixed order makes two runs that want overlapping sets collide on the same
             # first device instead of each taking half and both giving up.
             for device in sorted(devices):
-                handle = _open_lock_file(device, paths[device])
+                try:
+                    handle = _open_lock_file(device, paths[device])
+                except Unusable as exc:  # planted by another user: skipped, not waited for
+                    blocked.append(Blocked(device, None, unusable=str(exc)))
+                    continue
                 try:
                     fcntl.flock(handle.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -141,16 +153,23 @@ class LockDir:
                 except BaseException:
                     os.close(handle.fd)
                     raise
+                taken[device] = handle
                 # Write the record at once: a reader must never find a held, empty file.
                 _write_record(handle, holder)
-                taken[device] = handle
+                in_the_way = _identity_problem(self.path, platform, handle, holder.session)
+                if in_the_way is not None:
+                    blocked.append(in_the_way)
+                elif _removable_by_others(handle):
+                    markers.append(_new_marker(self.path, platform, device, holder))
         except BaseException:
-            _close_all(taken.values())
+            _close_all([*taken.values(), *markers])
             raise
         if blocked:
             _close_all(taken.values())
+            for marker in markers:
+                _drop_marker(marker)
             return blocked
-        return Lease(platform, holder, [taken[device] for device in devices])
+        return Lease(platform, holder, [taken[device] for device in devices], markers=markers)
 
     def take(self, want: Want, holder: Holder) -> Lease | Blockers:
         """All or nothing, non-blocking, and holding nothing while anything is missing: the
@@ -291,10 +310,93 @@ def _try_shared_lock(fd: int) -> bool:
     return True
 
 
+# ---- a lock file that another user could remove -------------------------------------------
+#
+# The lock folder is sticky: only a lock file's owner can remove it. When it belongs to
+# another user (not root), that user could remove it while we hold it, and the next run
+# would make a new file of that name and lock it too. So a holder of such a file also
+# holds a marker of its own, `<platform>-<device>.held-<pid>-<random>`, locked for as long
+# as it holds the device; a run that made a new lock file, or holds another user's, looks
+# for a held marker of another run before it counts the device as its own.
+
+
+def _removable_by_others(handle: _Handle) -> bool:
+    try:
+        owner = os.fstat(handle.fd).st_uid
+    except OSError:
+        return True
+    return owner not in (0, os.geteuid())
+
+
+def _identity_problem(folder: Path, platform: str, handle: _Handle, session: str) -> Blocked | None:
+    """After locking: the name still names the file we locked, and no other run holds the
+    device through a lock file that was removed or replaced; else what is in the way."""
+    try:
+        named, ours = os.lstat(handle.path), os.fstat(handle.fd)
+    except OSError:
+        return Blocked(handle.device, None)  # removed as we locked it: try again later
+    if (named.st_dev, named.st_ino) != (ours.st_dev, ours.st_ino):
+        return Blocked(handle.device, None)  # replaced as we locked it: try again later
+    if not (handle.created or _removable_by_others(handle)):
+        return None
+    prefix = f"{platform}-{handle.device}.held-"
+    try:
+        names = [name for name in os.listdir(folder) if name.startswith(prefix)]
+    except OSError:
+        return None
+    for name in names[:MARKERS_LIMIT]:
+        held, holder = _held_marker(folder / name)
+        if held and (holder is None or holder.session != session):
+            # Another run holds the device through a lock file that is gone: it still holds.
+            return Blocked(handle.device, holder)
+    return None
+
+
+def _held_marker(path: Path) -> tuple[bool, Holder | None]:
+    """Whether a marker is locked by a live holder, and its record."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+    except OSError:
+        return False, None
+    try:
+        try:
+            read = read_fd(fd, path)
+        except Untrusted:
+            return False, None  # not a regular file: no run made it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True, Holder.from_json(read.data.decode("utf-8", errors="replace"))
+        except OSError:
+            return False, None
+        return False, None
+    finally:
+        os.close(fd)
+
+
+def _new_marker(folder: Path, platform: str, device: int, holder: Holder) -> _Handle:
+    path = folder / f"{platform}-{device}.held-{os.getpid()}-{secrets.token_hex(6)}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o644)
+    handle = _Handle(device, path, fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh name: nobody else has it
+        _write_record(handle, holder)
+    except BaseException:
+        _drop_marker(handle)
+        raise
+    return handle
+
+
+def _drop_marker(handle: _Handle) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(handle.path)
+    _close_all([handle])
+
+
 def _prepare_folder(path: Path) -> None:
-    if path.is_symlink():
-        raise DevpoolError(f"lock folder {path} is a symlink; refusing to use it")
-    if not path.exists():
+    """The lock folder, made if missing (mode 1777), and checked: a real folder owned by
+    root or this user, sticky where every user may write it (untrusted.folder_problem)."""
+    if not _exists(path):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             os.mkdir(path, _FOLDER_MODE)
@@ -305,13 +407,6 @@ def _prepare_folder(path: Path) -> None:
             pass  # another run created it first
         except OSError as exc:
             raise DevpoolError(f"lock folder {path} is not writable: {exc.strerror}") from None
-    try:
-        info = os.lstat(path)
-    except OSError as exc:
-        raise DevpoolError(f"lock folder {path} is not writable: {exc.strerror}") from None
-    if stat.S_ISLNK(info.st_mode):
-        raise DevpoolError(f"lock folder {path} is a symlink; refusing to use it")
-    if not stat.S_ISDIR(info.st_mode):
-        raise DevpoolError(f"lock folder {path} is not writable: it is not a directory")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise DevpoolError(f"lock folder {path} is not writable: permission denied")
+    problem = folder_problem(path)
+    if problem is not None:
+        raise DevpoolError(f"lock folder {problem}")

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from devpool.devices.leases import _close_all, _Handle, _open_lock_file
+from devpool.devices.leases import Unusable, _close_all, _Handle, _open_lock_file
 
 DEFAULT_RANGE = (20000, 29999)
 EPHEMERAL_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -99,7 +99,10 @@ def acquire_ports(
     first = os.getpid() * 7919 if start is None else start
     try:
         for port in _scan(ports, first):
-            handle = _open_lock_file(port, port_path(folder, port))
+            try:
+                handle = _open_lock_file(port, port_path(folder, port))
+            except Unusable:
+                continue  # planted by another user: another port will do
             try:
                 fcntl.flock(handle.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -24,6 +24,7 @@ from pathlib import Path
 from devpool.devices.leases import (
     _OPEN_FLAGS,
     Holder,
+    Unusable,
     _close,
     _close_all,
     _Handle,
@@ -117,7 +118,11 @@ def _take_units(
     holders: list[Holder | None] = []
     try:
         for unit in range(capacity):
-            handle = _open_lock_file(unit, unit_path(folder, name, unit))
+            try:
+                handle = _open_lock_file(unit, unit_path(folder, name, unit))
+            except Unusable:
+                holders.append(None)  # planted by another user: that unit is not free
+                continue
             try:
                 fcntl.flock(handle.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -29,6 +29,7 @@ from devpool.devices.leases import (
     Holder,
     Lease,
     Share,
+    Unusable,
     _close,
     _close_all,
     _Handle,
@@ -37,6 +38,7 @@ from devpool.devices.leases import (
     _write_record,
     lock_path,
 )
+from devpool.devices.untrusted import Untrusted, read_fd
 
 MUTEX_WAIT = 5.0  # seconds: the mutex is held for a directory scan, never longer
 _RECORD_MODE = 0o644  # others only test its lock and read it
@@ -86,7 +88,11 @@ def read_shares(
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder, amount = _amount_of(os.pread(fd, _READ_LIMIT, 0))
+                try:
+                    data = read_fd(fd, path, _READ_LIMIT).data
+                except Untrusted:
+                    continue  # not a regular file, or too big: no run made it
+                holder, amount = _amount_of(data)
                 share = Share(holder, unknown if amount is None else amount)
                 found.append((holder.since if holder else 0.0, share, path))
                 continue
@@ -212,7 +218,10 @@ def acquire_shares(
     try:
         # One device at a time, in a fixed order, each under its own mutex: no deadlock.
         for device in sorted(devices):
-            got = _take_one(folder, platform, device, amount, capacity[device], holder)
+            try:
+                got = _take_one(folder, platform, device, amount, capacity[device], holder)
+            except Unusable as exc:  # planted by another user: skipped, not waited for
+                got = Blocked(device, None, unusable=str(exc))
             if isinstance(got, Blocked):
                 blocked.append(got)
             else:

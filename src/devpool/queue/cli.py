@@ -33,7 +33,8 @@ def add_queue_command(commands: argparse._SubParsersAction[Any]) -> None:
     what = (
         "wait for the run's tests to end (or for no live job to be able to take what remains), "
         "then print its one summary, write one JUnit file and the GitHub step summary; "
-        "exits as pytest would"
+        "exits as pytest would, or 6 when tests of a platform class no job of it took did not "
+        "run"
     )
     report = actions.add_parser("report", help=what, description=what[0].upper() + what[1:] + ".")
     _queue_options(report)
@@ -116,7 +117,7 @@ def queue_report(args: argparse.Namespace) -> int:
     run_id = store.run_id
     try:
         rows = wait_for_end(store, args.wait)
-        verdict = outcome_of(run_id, rows, store.jobs())
+        verdict = outcome_of(run_id, rows, store.jobs(), store.classes() or ())
         selected, kept_none = selection_line(store.db, run_id) or ("", False)
     finally:
         store.close()

@@ -21,6 +21,7 @@ from devpool.database import check_url, driver, where
 from devpool.devices.inventory import Inventory
 from devpool.errors import DevpoolError
 from devpool.plan.jobs import Job, Plan
+from devpool.queue.classes import class_of, fits, unused, widen
 from devpool.queue.heartbeat import Heartbeat
 from devpool.queue.store import Claim, QueuedTest, QueueStore
 from devpool.wording import counted
@@ -53,12 +54,17 @@ def join_queue(
     host: str,
     slots: int,
     asked: Mapping[str, int],
+    classes: Mapping[str, Sequence[str]] = {},  # noqa: B006 - read only
+    estimate_of: Callable[[str, Sequence[str]], float] | None = None,
 ) -> QueueSource:
     """This job on the queue of --devpool-queue: the run's tests published (or checked against
     those published), its lease held; DevpoolError in one sentence when it cannot be.
 
-    asked: the devices each test asks for, also where this host skips it for lack of them
-    (plan/skips.py plans those as CPU tests here): the run's tests are the same everywhere."""
+    asked: the devices each collected test asks for, also where this host skips it for lack
+    of them (plan/skips.py plans those as CPU tests here) or its platform deselects it: the
+    run's tests are the same everywhere. classes: each test's platforms filter, where it has
+    one; estimate_of: the estimate of a test this platform deselects, from its class's
+    durations first."""
     assert settings.queue is not None
     if settings.shard is not None:
         raise DevpoolError(
@@ -68,25 +74,67 @@ def join_queue(
     url = check_url(settings.queue)
     run_id = run_id_from(settings.queue_run, os.environ)
     every = [*plan.jobs, *(job for job, _ in plan.unsatisfiable)]
+    tests = published_tests(every, asked, classes, estimate_of or (lambda _t, _p: 1.0))
+    platform = inventory.platform
+    declared = widen(settings.queue_classes, {n: p.kind for n, p in settings.platforms.items()})
     source = QueueSource(
         url,
         run_id,
-        every,
+        tests,
         plan.jobs,
         len(inventory.devices),
         slots,
         settings.queue_lease,
         host,
-        inventory.platform.name,
-        asked,
+        (platform.name, platform.kind),
+        declared,
     )
     what = "published its" if source.published else "joined it, same"
     source.joined = (
         f"queue run {run_id!r} at {where(url)}: this job {what} "
-        f"{counted(len(every), 'test')}; job {source.job_id} claims what "
+        f"{counted(len(tests), 'test')}; job {source.job_id} ({platform.name}) claims what "
         f"{counted(len(inventory.devices), 'device')} can hold"
     )
+    left_out = unused(settings.queue_classes, classes_of(tests), (platform.name, platform.kind))
+    if left_out:
+        source.notes.append(
+            f"WARNING: --devpool-queue-classes names {', '.join(left_out)}, which no test's "
+            "platforms filter names and this job does not run as: it covers nothing"
+        )
     return source
+
+
+def classes_of(tests: Sequence[QueuedTest]) -> set[str]:
+    return {t.platforms for t in tests if t.platforms}
+
+
+def published_tests(
+    jobs: Sequence[Job],
+    asked: Mapping[str, int],
+    classes: Mapping[str, Sequence[str]],
+    estimate_of: Callable[[str, Sequence[str]], float],
+) -> list[QueuedTest]:
+    """Every collected test as the run holds it, in collection order: this job's planned
+    ones, and those its platform deselects (another class's, claimed by that class's jobs)."""
+    order = {nodeid: i for i, nodeid in enumerate(asked)}
+    planned = {job.nodeid for job in jobs}
+    keyed = []
+    for job in jobs:
+        needed = max(job.devices_needed, asked.get(job.nodeid, 0))
+        what = counted(needed, "device") if needed else "cpu"
+        chain = job.chain[0].display if job.chain else ""
+        platforms = class_of(classes.get(job.nodeid))
+        test = QueuedTest(job.display, needed, what, job.estimate, chain, platforms)
+        keyed.append(((order.get(job.nodeid, len(order)), job.index, job.id), test))
+    for nodeid, needed in asked.items():
+        names = classes.get(nodeid)
+        if nodeid in planned or names is None:
+            continue
+        what = counted(needed, "device") if needed else "cpu"
+        test = QueuedTest(nodeid, needed, what, estimate_of(nodeid, names), "", class_of(names))
+        keyed.append(((order[nodeid], -1, -1), test))
+    keyed.sort(key=lambda pair: pair[0])
+    return [test for _, test in keyed]
 
 
 def claimed_jobs(jobs: list[Job]) -> list[Job]:
@@ -112,41 +160,41 @@ class QueueSource:
         self,
         url: str,
         run_id: str,
-        jobs: Sequence[Job],
+        tests: Sequence[QueuedTest],
         runnable: Sequence[Job],
         devices: int,
         slots: int,
         lease: float,
         host: str,
-        platform: str,
-        asked: Mapping[str, int],
+        platform: tuple[str, str],
+        declared: Sequence[str] = (),
     ) -> None:
+        """platform: this job's (name, kind); declared: the classes the run covers."""
         self.run_id = run_id
         self.devices = devices
         self.slots = max(1, slots)
         self.url = url
         self.lease = lease
         self.store: QueueStore | None = QueueStore(url, run_id)
-        ordered = sorted(jobs, key=lambda job: (job.index, job.id))
-        tests = []
-        for job in ordered:
-            needed = max(job.devices_needed, asked.get(job.nodeid, 0))
-            what = counted(needed, "device") if needed else "cpu"
-            chain = job.chain[0].display if job.chain else ""
-            tests.append(QueuedTest(job.display, needed, what, job.estimate, chain))
+        self.host, self.platform = host, platform
         try:
-            self.published = self.store.publish(tests, host)
-            self.job_id = self.store.join(host, os.getpid(), devices, platform, lease)
+            self.published = self.store.publish(tests, host, declared)
+            name, kind = platform
+            self.job_id = self.store.join(host, os.getpid(), devices, name, lease, kind)
+            self.store.fill_chains([t for t in tests if fits(t.platforms, *platform)])
         except BaseException:
             self.store.close()
             raise
-        self.host, self.platform = host, platform
         self.heartbeat = Heartbeat(url, run_id, self.job_id, lease)
         self.heartbeat.start()
         self.runnable = {job.display: job for job in runnable}
-        # tests this host's plan cannot hold though their device count fits (memory, Ray's
-        # shape): never claimed here
-        self.skip = [t.test_id for t in tests if t.test_id not in self.runnable]
+        # tests of its class this host's plan cannot hold though their device count fits
+        # (memory, Ray's shape): never claimed here (the store leaves other classes' alone)
+        self.skip = [
+            t.test_id
+            for t in tests
+            if t.test_id not in self.runnable and fits(t.platforms, *platform)
+        ]
         self.claims: dict[str, Claim] = {}  # display id → claim not reported yet
         self.held = 0.0  # the work of those claims, in the estimates' slot-seconds
         self.share = float("inf")  # the most it should hold now (store.guided)
@@ -171,6 +219,7 @@ class QueueSource:
         self.failure = ""  # why this job stopped taking tests, when the database went away
         self.closed = False
         self.joined = ""  # the line the terminal shows once this job joined
+        self.notes: list[str] = []  # lines the terminal shows after it (a warning)
         # run before outcomes are reported: what must reach the database first (a recording's
         # dependencies, select/fleet.py)
         self.before_flush: list[Callable[[], None]] = []
@@ -206,7 +255,7 @@ class QueueSource:
                 self._resume(claim)
         if not claims and not self.claims and claims is not None:
             # Claims of other jobs come back when they die: stay while any is open.
-            left = self._db(lambda s: s.open_for(self.devices, skip=self.skip))
+            left = self._db(lambda s: s.open_for(self.devices, self.skip, self.platform))
             self._open = left is None or left > 0
             self._wake = not self._open  # the loop ends now, not after its next tick
         return claimed_jobs([self.runnable[claim.test_id] for claim in claims or ()])
@@ -215,8 +264,9 @@ class QueueSource:
         """The lease was lost and its claims went back to the queue: the loop drops what it
         has not started, and this job joins the run again under a new lease."""
         why = self.heartbeat.why
+        name, kind = self.platform
         job_id = self._db(
-            lambda s: s.join(self.host, os.getpid(), self.devices, self.platform, self.lease)
+            lambda s: s.join(self.host, os.getpid(), self.devices, name, self.lease, kind)
         )
         if job_id is None:
             return

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from devpool.outcomes import Outcome
+from devpool.queue.classes import ClassFigures, Gap, figures, fits, gaps
 from devpool.queue.store import JobRow, TestRow
 from devpool.wording import counted
 
 SCHEMA = 1
-STATES = ("done", "claimed", "queued")
+STATES = ("done", "claimed", "queued", "deselected")
 SHOWN_QUEUED = 20
 _ORDER = {outcome.value: i for i, outcome in enumerate(Outcome)}
 
@@ -68,6 +69,8 @@ class RunStatus:
     jobs: tuple[JobStatus, ...]
     queued: tuple[QueuedStatus, ...]  # those no live job can hold first, then in order
     largest_live: int | None  # devices of the largest live job; None when none is alive
+    classes: tuple[ClassFigures, ...] = ()  # per platform of the jobs: jobs, tests, hours, wall
+    gaps: tuple[Gap, ...] = ()  # tests no live job of their class can take, or deselected
 
     @property
     def tests(self) -> int:
@@ -80,7 +83,7 @@ class RunStatus:
     @property
     def finished(self) -> bool:
         """Every test has its final outcome."""
-        return self.states["done"] == self.tests
+        return self.states["done"] + self.states.get("deselected", 0) == self.tests
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +99,8 @@ class RunStatus:
                 {"test": t.test_id, "request": t.request, "holdable": t.holdable}
                 for t in self.queued[:SHOWN_QUEUED]
             ],
+            "classes": [c.to_json() for c in self.classes],
+            "class_gaps": [{**g.to_json(), "sentence": g.sentence()} for g in self.gaps],
         }
 
     def lines(self) -> list[str]:
@@ -105,7 +110,9 @@ class RunStatus:
         lines = [
             f"queue run {self.run_id!r}: {counted(self.tests, 'test')}: {done} done"
             + (f" ({ended})" if ended else "")
-            + "".join(f", {self.states[state]} {state}" for state in STATES[1:])
+            + "".join(
+                f", {self.states[state]} {state}" for state in STATES[1:] if state in self.states
+            )
         ]
         for job in self.jobs:
             state = "lost its lease" if job.state == "lost" else job.state
@@ -113,6 +120,8 @@ class RunStatus:
                 f"  job {job.job_id}: {job.host} ({counted(job.devices, 'device')}), "
                 f"pid {job.pid}, {state}, {job.claimed} claimed, {job.done} done"
             )
+        lines += [f"  {c.line()}" for c in self.classes] if len(self.classes) > 1 else []
+        lines += [f"  {gap.sentence()}" for gap in self.gaps]
         if self.queued:
             stuck = ""
             if self.unholdable:
@@ -149,27 +158,33 @@ def run_status(
             outcomes[row.outcome or "?"] += 1
         elif state == "claimed" and row.job_id is not None:
             claimed[row.job_id] += 1
-        else:
+        elif state != "deselected":
             waiting.append(row)
     live = [job.devices for job in jobs if job.alive]
     largest = max(live) if live else None
+    alive = [job for job in jobs if job.alive]
     queued = [
         QueuedStatus(
             row.test_id,
             row.request,
             row.devices,
-            row.devices <= (-1 if largest is None else largest),
+            any(
+                j.devices >= row.devices and fits(row.platforms, j.platform, j.kind) for j in alive
+            ),
         )
         for row in waiting
     ]
     queued.sort(key=lambda test: test.holdable)  # stable: collection order within each
     return RunStatus(
         run_id=run_id,
-        states={state: states[state] for state in STATES},
+        # "deselected" only in a run that declared its classes (--devpool-queue-classes)
+        states={s: states[s] for s in STATES if s != "deselected" or states[s]},
         outcomes=dict(sorted(outcomes.items(), key=lambda kv: (_ORDER.get(kv[0], 99), kv[0]))),
         jobs=tuple(_job(job, claimed[job.job_id], lapsed) for job in jobs),
         queued=tuple(queued),
         largest_live=largest,
+        classes=tuple(figures(rows, jobs)),
+        gaps=tuple(gaps(run_id, rows, jobs)),
     )
 
 

@@ -8,7 +8,6 @@ perhaps to another job) cannot count a test a second time. Times are the databas
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,64 +15,12 @@ from typing import Any
 
 from devpool.database import connect, where
 from devpool.errors import DevpoolError
+from devpool.queue.classes import FITS, covered, kind_conflict
+from devpool.queue.compare import QueuedTest as QueuedTest
+from devpool.queue.compare import difference, fingerprint
+from devpool.queue.schema import NEWEST_COLUMN, SCHEMA, SCHEMA_LOCK
 from devpool.wording import counted
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS devpool_queue_runs (
-    run_id text PRIMARY KEY,
-    fingerprint text NOT NULL,
-    tests integer NOT NULL,
-    published_by text NOT NULL,
-    published_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS devpool_queue_jobs (
-    job_id bigserial PRIMARY KEY,
-    run_id text NOT NULL,
-    host text NOT NULL,
-    pid integer NOT NULL,
-    devices integer NOT NULL,
-    platform text NOT NULL,
-    lease_seconds double precision NOT NULL,
-    joined_at timestamptz NOT NULL DEFAULT now(),
-    expires_at timestamptz NOT NULL,
-    left_at timestamptz,
-    lost boolean NOT NULL DEFAULT false
-);
-CREATE TABLE IF NOT EXISTS devpool_queue_tests (
-    run_id text NOT NULL,
-    position integer NOT NULL,
-    test_id text NOT NULL,
-    devices integer NOT NULL,
-    request text NOT NULL,
-    estimate double precision NOT NULL,
-    state text NOT NULL DEFAULT 'queued',
-    job_id bigint,
-    token bigint,
-    claims integer NOT NULL DEFAULT 0,
-    outcome text,
-    gating boolean,
-    result jsonb,
-    ended_at timestamptz,
-    PRIMARY KEY (run_id, position),
-    UNIQUE (run_id, test_id)
-);
--- A rerun moved off the job (and host) its attempt failed on: which attempt is next, the
--- reruns spent, and the earlier attempts as the final report folds them in.
-ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS attempt integer NOT NULL DEFAULT 1;
-ALTER TABLE devpool_queue_tests
-    ADD COLUMN IF NOT EXISTS spent integer[] NOT NULL DEFAULT '{0,0,0}';
-ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS avoid_job bigint;
-ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS avoid_host text;
-ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS earlier jsonb NOT NULL DEFAULT '[]';
--- Tests tied by pytest-order or pytest-dependency: the first test's id, claimed with it.
-ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS chain text NOT NULL DEFAULT '';
-ALTER TABLE devpool_queue_tests ADD COLUMN IF NOT EXISTS moved_at timestamptz;
-CREATE INDEX IF NOT EXISTS devpool_queue_tests_state ON devpool_queue_tests (run_id, state);
-CREATE SEQUENCE IF NOT EXISTS devpool_queue_token;
-"""
-SCHEMA_LOCK = 0x646576706F6F6C  # pg_advisory_xact_lock key: two jobs creating tables at once
-NEWEST_COLUMN = "moved_at"  # a database without it was made by an older devpool: SCHEMA again
-SHOWN = 3  # node ids named in a sentence about a differing collection
 TAIL = 2.0  # a claim takes at most 1/(TAIL x live jobs) of the queued work it could hold
 
 
@@ -90,7 +37,9 @@ _LIVE = "NOT {j}.lost AND {j}.left_at IS NULL AND {j}.expires_at >= now()"
 _OTHER_JOB = (
     "EXISTS (SELECT 1 FROM devpool_queue_jobs o WHERE o.run_id = t.run_id AND "
     + _LIVE.format(j="o")
-    + " AND o.devices >= t.devices AND {other})"
+    + " AND o.devices >= t.devices AND "
+    + FITS.format(j="o")
+    + " AND {other})"
 )
 # A moved rerun goes to a job on another host first, then to another job on its host, and
 # back to the job it failed on only when no other can hold it, or when a lease has passed
@@ -107,6 +56,18 @@ _MAY_TAKE = f"""(t.avoid_job IS NULL
 _CHAIN_FREE = """(t.chain IN ('', t.test_id) OR NOT EXISTS (SELECT 1 FROM devpool_queue_tests h
     WHERE h.run_id = t.run_id AND h.test_id = t.chain AND h.state = 'queued'))"""
 
+# A test of a class the claiming job's platform (%(name)s, %(kind)s) is or runs as.
+_MINE = FITS.format(j="x").replace("x.platform", "%(name)s").replace("x.kind", "%(kind)s")
+# No live job of another platform may take test t: a job claims those first, since only its
+# class can run them, then the tests any class may run (each longest first); in a run of one
+# platform every test is so, and the order is longest first.
+_ONLY_MINE = (
+    "(NOT EXISTS (SELECT 1 FROM devpool_queue_jobs o WHERE o.run_id = t.run_id AND "
+    + _LIVE.format(j="o")
+    + " AND o.platform <> %(name)s AND "
+    + FITS.format(j="o")
+    + "))"
+)
 # Jobs whose lease ran out lose their claims, which go back to the queue untouched.
 _REAP = """
 WITH dead AS (
@@ -117,17 +78,6 @@ WITH dead AS (
 UPDATE devpool_queue_tests SET state = 'queued', job_id = NULL, token = NULL
 WHERE run_id = %(run)s AND state = 'claimed' AND job_id IN (SELECT job_id FROM dead)
 """
-
-
-@dataclass(frozen=True)
-class QueuedTest:
-    """One test as the run publishes it: its id, what it needs, and how long it should take."""
-
-    test_id: str
-    devices: int
-    request: str  # the request in words, for sentences ("2 devices", "cpu")
-    estimate: float
-    chain: str = ""  # the first test of its pytest-order/-dependency chain (plan/chains.py)
 
 
 @dataclass(frozen=True)
@@ -157,6 +107,7 @@ class JobRow:
     lost: bool
     claimed: int
     done: int
+    kind: str = ""
 
     def describe(self) -> str:
         return f"{self.host} ({counted(self.devices, 'device')})"
@@ -175,45 +126,7 @@ class TestRow:
     gating: bool
     result: Mapping[str, Any] | None
     job_id: int | None = None  # the job that holds or ran it
-
-
-def fingerprint(tests: Sequence[QueuedTest]) -> str:
-    """What every job of a run must have collected alike: ids, device counts and chains, in
-    any order (pytest-randomly shuffles each job's own way; the first job's order is the
-    run's)."""
-    text = "\n".join(sorted(f"{t.test_id}\t{t.devices}\t{t.chain}" for t in tests))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def difference(
-    published: Sequence[tuple[str, int]], mine: Sequence[QueuedTest], run_id: str, by: str
-) -> str:
-    """The sentence refusing a job whose collection differs from the published one."""
-    theirs = dict(published)
-    ours = {t.test_id: t.devices for t in mine}
-    lacking = [t for t in theirs if t not in ours]
-    extra = [t for t in ours if t not in theirs]
-    needs = [
-        f"{t} ({ours[t]} here, {theirs[t]} there)"
-        for t in ours
-        if theirs.get(t, ours[t]) != ours[t]
-    ]
-    parts = []
-    for what, ids in (
-        ("lacks {}", lacking),
-        ("has {} the run does not", extra),
-        ("needs other devices for {}", needs),
-    ):
-        if ids:
-            named = ", ".join(ids[:SHOWN]) + (", …" if len(ids) > SHOWN else "")
-            parts.append(what.format(counted(len(ids), "test")) + f" ({named})")
-    if not parts:
-        parts.append("ties its tests into other pytest-order or pytest-dependency chains")
-    return (
-        f"this job's collection differs from queue run {run_id!r} as {by} published it: it "
-        + "; ".join(parts)
-        + " (every job of a run must run the same commit with the same options)"
-    )
+    platforms: str = ""  # its class ('' any)
 
 
 class QueueStore:
@@ -236,15 +149,23 @@ class QueueStore:
                     f"no devpool queue at {where(url)} yet: no job of a run has reached it"
                 )
             return
-        ready = self.db.execute(
-            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
-            "AND table_name = 'devpool_queue_tests' AND column_name = %s",
-            (NEWEST_COLUMN,),
-        ).fetchone()
-        if ready is None:  # the first job ever on this database, or an older devpool's
+        if not self._ready():  # the first job ever on this database, or an older devpool's
             with self.db.transaction():
                 self.db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-                self.db.execute(SCHEMA)
+                # Made by the job this one waited for: its ALTERs again would lock table after
+                # table while other jobs read them, and two such orders deadlock.
+                if not self._ready():
+                    self.db.execute(SCHEMA)
+
+    def _ready(self) -> bool:
+        return (
+            self.db.execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+                "AND table_name = 'devpool_queue_tests' AND column_name = %s",
+                (NEWEST_COLUMN,),
+            ).fetchone()
+            is not None
+        )
 
     def close(self) -> None:
         self.db.close()
@@ -254,31 +175,41 @@ class QueueStore:
 
     # ---- publishing and joining ------------------------------------------------------------
 
-    def publish(self, tests: Sequence[QueuedTest], by: str) -> bool:
+    def publish(self, tests: Sequence[QueuedTest], by: str, classes: Sequence[str] = ()) -> bool:
         """Publish the run's tests (True), or check ours against those published (False).
+        classes: those the run covers (all when empty, else the others' tests are deselected).
 
         DevpoolError naming what differs when this job collected other tests."""
         mark = fingerprint(tests)
+        declared = ",".join(classes)
         with self.db.transaction():
             self.db.execute("SELECT pg_advisory_xact_lock(hashtext(%(run)s))", self._args())
             row = self.db.execute(
-                "SELECT fingerprint, published_by FROM devpool_queue_runs WHERE run_id = %(run)s",
+                "SELECT fingerprint, published_by, classes FROM devpool_queue_runs "
+                "WHERE run_id = %(run)s",
                 self._args(),
             ).fetchone()
             if row is None:
                 self.db.execute(
-                    "INSERT INTO devpool_queue_runs (run_id, fingerprint, tests, published_by) "
-                    "VALUES (%(run)s, %(mark)s, %(n)s, %(by)s)",
-                    self._args(mark=mark, n=len(tests), by=by),
+                    "INSERT INTO devpool_queue_runs (run_id, fingerprint, tests, published_by, "
+                    "classes) VALUES (%(run)s, %(mark)s, %(n)s, %(by)s, %(classes)s)",
+                    self._args(mark=mark, n=len(tests), by=by, classes=declared),
                 )
-                columns = "run_id, position, test_id, devices, request, estimate, chain"
-                copying = f"COPY devpool_queue_tests ({columns}) FROM STDIN"
+                columns = "run_id, position, test_id, devices, request, estimate, chain, platforms"
+                copying = f"COPY devpool_queue_tests ({columns}, state) FROM STDIN"
                 # COPY: 12,000 tests in tens of ms, where one INSERT each took over a second
                 with self.db.cursor() as cursor, cursor.copy(copying) as copy:
                     for i, t in enumerate(tests):
                         row = (self.run_id, i, t.test_id, t.devices, t.request, t.estimate)
-                        copy.write_row((*row, t.chain))
+                        state = "queued" if covered(t.platforms, classes) else "deselected"
+                        copy.write_row((*row, t.chain, t.platforms, state))
                 return True
+            if row[2] != declared:
+                raise DevpoolError(
+                    f"this job covers the classes {declared or 'all'} (--devpool-queue-classes) "
+                    f"where queue run {self.run_id!r} as {row[1]} published it covers "
+                    f"{row[2] or 'all'}: every job of a run must declare the same"
+                )
             if row[0] != mark:
                 published = self.db.execute(
                     "SELECT test_id, devices FROM devpool_queue_tests WHERE run_id = %(run)s "
@@ -294,17 +225,46 @@ class QueueStore:
         ).fetchone()
         return row is not None
 
-    def join(self, host: str, pid: int, devices: int, platform: str, lease: float) -> int:
-        """This job joins the run under a lease of `lease` seconds; its job id."""
+    def classes(self) -> list[str] | None:
+        """The classes the run declared it covers ([] all); None when it was never started."""
         row = self.db.execute(
-            "INSERT INTO devpool_queue_jobs "
-            "(run_id, host, pid, devices, platform, lease_seconds, expires_at) "
-            "VALUES (%(run)s, %(host)s, %(pid)s, %(devices)s, %(platform)s, %(lease)s, "
-            "now() + make_interval(secs => %(lease)s)) RETURNING job_id",
-            self._args(host=host, pid=pid, devices=devices, platform=platform, lease=lease),
+            "SELECT classes FROM devpool_queue_runs WHERE run_id = %(run)s", self._args()
         ).fetchone()
+        return None if row is None else [c for c in str(row[0]).split(",") if c]
+
+    def join(
+        self, host: str, pid: int, devices: int, platform: str, lease: float, kind: str = ""
+    ) -> int:
+        """This job joins the run under a lease of `lease` seconds; its job id. DevpoolError
+        when another job of the run runs the same platform name as another kind."""
+        args = self._args(
+            host=host, pid=pid, devices=devices, platform=platform, lease=lease, kind=kind
+        )
+        with self.db.transaction():
+            self.db.execute("SELECT pg_advisory_xact_lock(hashtext(%(run)s))", args)
+            kind_conflict(self.jobs(), platform, kind, f"{host}, pid {pid}")
+            row = self.db.execute(
+                "INSERT INTO devpool_queue_jobs "
+                "(run_id, host, pid, devices, platform, kind, lease_seconds, expires_at) "
+                "VALUES (%(run)s, %(host)s, %(pid)s, %(devices)s, %(platform)s, %(kind)s, "
+                "%(lease)s, now() + make_interval(secs => %(lease)s)) RETURNING job_id",
+                args,
+            ).fetchone()
         assert row is not None
         return int(row[0])
+
+    def fill_chains(self, tests: Sequence[QueuedTest]) -> None:
+        """The chains of a class's tests, which a job of another class that published the run
+        could not see (its platform deselected them): set before any of them is claimed."""
+        tied = [t for t in tests if t.platforms and t.chain]
+        if tied:
+            self.db.execute(
+                "UPDATE devpool_queue_tests t SET chain = v.chain "
+                "FROM unnest(%(tests)s::text[], %(chains)s::text[]) AS v(test_id, chain) "
+                "WHERE t.run_id = %(run)s AND t.test_id = v.test_id AND t.chain = '' "
+                "AND t.state = 'queued'",
+                self._args(tests=[t.test_id for t in tied], chains=[t.chain for t in tied]),
+            )
 
     def heartbeat(self, job_id: int) -> bool:
         """Renew the job's lease; False when it was lost (its claims went back)."""
@@ -353,28 +313,32 @@ class QueueStore:
         self.reap()
         with self.db.transaction():
             alive = self.db.execute(
-                "SELECT 1 FROM devpool_queue_jobs WHERE job_id = %(job)s AND NOT lost "
-                "AND left_at IS NULL FOR SHARE",
+                "SELECT platform, kind FROM devpool_queue_jobs WHERE job_id = %(job)s "
+                "AND NOT lost AND left_at IS NULL FOR SHARE",
                 {"job": job_id},
             ).fetchone()
             if alive is None:
                 return []
-            if guide:  # the queued work it could hold, and the live jobs to share it
+            args = self._args(job=job_id, devices=devices, most=most, skip=list(skip))
+            args.update(name=alive[0], kind=alive[1])
+            if guide:  # the queued work it could hold, and the live jobs of its class
                 queued, live = self.db.execute(
                     "SELECT (SELECT coalesce(sum(estimate * greatest(devices, 1)), 0) "
-                    "FROM devpool_queue_tests WHERE run_id = %(run)s AND state = 'queued' "
-                    "AND devices <= %(devices)s), (SELECT count(*) FROM devpool_queue_jobs j "
-                    f"WHERE j.run_id = %(run)s AND {_LIVE.format(j='j')})",
-                    self._args(devices=devices),
+                    "FROM devpool_queue_tests t WHERE run_id = %(run)s AND state = 'queued' "
+                    f"AND devices <= %(devices)s AND {_MINE}), (SELECT count(*) FROM "
+                    f"devpool_queue_jobs j WHERE j.run_id = %(run)s AND {_LIVE.format(j='j')} "
+                    "AND j.platform = %(name)s)",
+                    args,
                 ).fetchone() or (0.0, 1)
                 seconds = guided(seconds, float(queued), int(live))
             rows = self.db.execute(
                 "SELECT position, estimate * greatest(devices, 1) FROM devpool_queue_tests t "
                 "WHERE run_id = %(run)s AND state = 'queued' AND devices <= %(devices)s "
-                f"AND NOT (test_id = ANY(%(skip)s)) AND {_MAY_TAKE} AND {_CHAIN_FREE} "
-                "ORDER BY estimate * greatest(devices, 1) DESC, position "
+                f"AND NOT (test_id = ANY(%(skip)s)) AND {_MINE} AND {_MAY_TAKE} "
+                f"AND {_CHAIN_FREE} ORDER BY {_ONLY_MINE} DESC, "
+                "estimate * greatest(devices, 1) DESC, position "
                 "LIMIT %(most)s FOR UPDATE SKIP LOCKED",
-                self._args(job=job_id, devices=devices, most=most, skip=list(skip)),
+                args,
             ).fetchall()
             chosen: list[int] = []
             total = 0.0
@@ -485,13 +449,18 @@ class QueueStore:
                 self._args(job=job_id, tokens=tokens),
             )
 
-    def open_for(self, devices: int, skip: Sequence[str] = ()) -> int:
+    def open_for(
+        self, devices: int, skip: Sequence[str] = (), platform: tuple[str, str] = ("", "")
+    ) -> int:
         """Tests not ended yet that a job of `devices` devices could hold (queued or claimed:
-        a claim of a job that dies comes back), none of `skip`."""
+        a claim of a job that dies comes back), of its platform's (name, kind) classes, none
+        of `skip`."""
+        name, kind = platform
         row = self.db.execute(
-            "SELECT count(*) FROM devpool_queue_tests WHERE run_id = %(run)s "
-            "AND state <> 'done' AND devices <= %(devices)s AND NOT (test_id = ANY(%(skip)s))",
-            self._args(devices=devices, skip=list(skip)),
+            "SELECT count(*) FROM devpool_queue_tests t WHERE run_id = %(run)s "
+            "AND state IN ('queued', 'claimed') AND devices <= %(devices)s "
+            f"AND NOT (test_id = ANY(%(skip)s)) AND {_MINE}",
+            self._args(devices=devices, skip=list(skip), name=name, kind=kind),
         ).fetchone()
         return int(row[0]) if row else 0
 
@@ -502,18 +471,25 @@ class QueueStore:
             "SELECT j.job_id, j.host, j.pid, j.devices, j.platform, "
             "(NOT j.lost AND j.left_at IS NULL AND j.expires_at >= now()), j.lost, "
             "count(t.*) FILTER (WHERE t.state = 'claimed'), "
-            "count(t.*) FILTER (WHERE t.state = 'done') "
+            "count(t.*) FILTER (WHERE t.state = 'done'), j.kind "
             "FROM devpool_queue_jobs j LEFT JOIN devpool_queue_tests t "
             "ON t.run_id = j.run_id AND t.job_id = j.job_id "
             "WHERE j.run_id = %(run)s GROUP BY j.job_id ORDER BY j.job_id",
             self._args(),
         ).fetchall()
-        return [JobRow(int(r[0]), r[1], int(r[2]), int(r[3]), r[4], *r[5:7], *r[7:9]) for r in rows]
+        return [
+            JobRow(int(r[0]), r[1], int(r[2]), int(r[3]), r[4], r[5], r[6], r[7], r[8], r[9])
+            for r in rows
+        ]
 
     def remaining(self) -> int:
-        """Tests of the run without their final outcome yet."""
+        """Tests of the run without their final outcome yet that a job may still end: claimed,
+        or queued with a live job of their class (a class none has is not taken)."""
         row = self.db.execute(
-            "SELECT count(*) FROM devpool_queue_tests WHERE run_id = %(run)s AND state <> 'done'",
+            "SELECT count(*) FROM devpool_queue_tests t WHERE run_id = %(run)s "
+            "AND (state = 'claimed' OR (state = 'queued' AND EXISTS (SELECT 1 FROM "
+            f"devpool_queue_jobs o WHERE o.run_id = t.run_id AND {_LIVE.format(j='o')} "
+            f"AND {FITS.format(j='o')})))",
             self._args(),
         ).fetchone()
         return int(row[0]) if row else 0
@@ -522,7 +498,7 @@ class QueueStore:
         """Every test of the run, in collection order."""
         rows = self.db.execute(
             "SELECT position, test_id, devices, request, state, outcome, "
-            "coalesce(gating, false), result, job_id FROM devpool_queue_tests "
+            "coalesce(gating, false), result, job_id, platforms FROM devpool_queue_tests "
             "WHERE run_id = %(run)s ORDER BY position",
             self._args(),
         ).fetchall()
@@ -530,22 +506,27 @@ class QueueStore:
 
     def settle(self) -> list[str]:
         """End `unsatisfiable` the queued tests no live job can hold, naming what they need and
-        what joined; the ids of the tests ended. Claimed tests are left to their jobs."""
+        what joined; the ids of the tests ended. Claimed tests are left to their jobs, and
+        tests of a class no live job has to the verdict (classes.gaps: not taken)."""
         self.reap()
         jobs = self.jobs()
         largest = max((job.devices for job in jobs if job.alive), default=-1)
         joined = ", ".join(job.describe() for job in jobs) or "no job"
         with self.db.transaction():
+            live = f"o.run_id = t.run_id AND {_LIVE.format(j='o')} AND {FITS.format(j='o')}"
             rows = self.db.execute(
-                "SELECT position, test_id, request FROM devpool_queue_tests "
-                "WHERE run_id = %(run)s AND state = 'queued' AND devices > %(largest)s "
-                "FOR UPDATE SKIP LOCKED",
+                "SELECT position, test_id, request, platforms FROM devpool_queue_tests t "
+                "WHERE run_id = %(run)s AND state = 'queued' AND (devices > %(largest)s OR "
+                f"NOT EXISTS (SELECT 1 FROM devpool_queue_jobs o WHERE {live} "
+                "AND o.devices >= t.devices)) AND (platforms = '' OR EXISTS "
+                f"(SELECT 1 FROM devpool_queue_jobs o WHERE {live})) FOR UPDATE SKIP LOCKED",
                 self._args(largest=largest),
             ).fetchall()
-            for position, _test, request in rows:
+            for position, _test, request, platforms in rows:
+                of = f"{' or '.join(platforms.split(','))} " if platforms else ""
                 detail = (
-                    f"unsatisfiable: it needs {request} and no live job of the run can hold it "
-                    f"(joined: {joined})"
+                    f"unsatisfiable: it needs {request} and no live {of}job of the run can hold "
+                    f"it (joined: {joined})"
                 )
                 self.db.execute(
                     "UPDATE devpool_queue_tests SET state = 'done', outcome = 'infra', "

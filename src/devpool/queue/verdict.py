@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devpool.queue.classes import NOT_COVERED, Gap, figures, gaps
 from devpool.queue.store import JobRow, QueueStore, TestRow
 from devpool.report.junit import Attempt, add_attempt
 from devpool.report.record import RunRecord, apply_event
@@ -33,6 +34,7 @@ class Verdict:
     exitstatus: int
     jobs: tuple[JobRow, ...]
     rows: tuple[TestRow, ...]
+    gaps: tuple[Gap, ...] = ()  # classes no job took, or the run left out on purpose
 
 
 def wait_for_end(store: QueueStore, wait: float) -> list[TestRow]:
@@ -46,8 +48,13 @@ def wait_for_end(store: QueueStore, wait: float) -> list[TestRow]:
         time.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
 
 
-def outcome_of(run_id: str, rows: Sequence[TestRow], jobs: Sequence[JobRow]) -> Verdict:
-    """The run record the queue's rows make, and pytest's exit status for them."""
+def outcome_of(
+    run_id: str, rows: Sequence[TestRow], jobs: Sequence[JobRow], declared: Sequence[str] = ()
+) -> Verdict:
+    """The run record the queue's rows make, and pytest's exit status for them: NOT_COVERED
+    when all that ran passed but tests of a class no job of it took did not run."""
+    missing = gaps(run_id, rows, jobs, declared)
+    untaken = {test for gap in missing if not gap.deselected for test in gap.tests}
     record = RunRecord(Path(f"queue:{run_id}"))
     # Each job's devices get numbers of their own across the run, in the order jobs joined.
     offsets: dict[int, int] = {}
@@ -65,24 +72,27 @@ def outcome_of(run_id: str, rows: Sequence[TestRow], jobs: Sequence[JobRow]) -> 
             "run_id": run_id,
             "platform": next((job.platform for job in jobs), "?"),
             "devices": list(range(sum(job.devices for job in jobs))),
-            "tests": len(rows),
-            "planned": [row.test_id for row in rows],
+            "tests": len(rows) - sum(1 for row in rows if row.state == "deselected"),
+            "planned": [row.test_id for row in rows if row.state != "deselected"],
+            "deselected": sum(1 for row in rows if row.state == "deselected"),
             "host": ", ".join(job.describe() for job in jobs),
         },
     )
     for row in sorted(ended, key=_end):
         apply_event(record, {}, _job_end(row, offsets.get(row.job_id or 0, 0)))
-    finished = len(ended) == len(rows)
+    apart = sum(1 for row in rows if row.state == "deselected" or row.test_id in untaken)
+    finished = len(ended) + apart == len(rows)
     status = INTERRUPTED
     if finished:
         status = TESTS_FAILED if any(row.gating for row in rows) else 0
-        status = status if rows else NO_TESTS
-        apply_event(
-            record,
-            {},
-            {"type": "session_end", "time": max(times or [begin]), "exitstatus": status},
-        )
-    return Verdict(record, status, tuple(jobs), tuple(rows))
+        status = NOT_COVERED if untaken and not status else status
+        status = status if len(rows) > apart or untaken else NO_TESTS
+    end = {"type": "session_end", "time": max(times or [begin]), "exitstatus": status}
+    end["gaps"] = [{**gap.to_json(), "sentence": gap.sentence()} for gap in missing]
+    end["classes"] = [f.line() for f in figures(rows, jobs)] if len(jobs) else []
+    if finished:
+        apply_event(record, {}, end)
+    return Verdict(record, status, tuple(jobs), tuple(rows), tuple(missing))
 
 
 def _result(row: TestRow) -> Mapping[str, Any]:
@@ -137,10 +147,12 @@ def write_junit(path: Path, verdict: Verdict) -> None:
     record = verdict.record
     finals = {job.nodeid: job for job in record.final_attempts()}
     texts = {row.test_id: str(_result(row).get("text") or "") for row in verdict.rows}
+    untaken = {t: g.sentence() for g in verdict.gaps if not g.deselected for t in g.tests}
+    rows = [row for row in verdict.rows if row.state != "deselected"]  # as pytest's file
     suite = ET.Element("testsuite", name="pytest")
     counts = {"errors": 0, "failures": 0, "skipped": 0}
     total = 0.0
-    for row in verdict.rows:
+    for row in rows:
         names = mangle_test_address(row.test_id)
         job = finals.get(row.test_id)
         seconds = job.test_time if job is not None else 0.0
@@ -157,6 +169,7 @@ def write_junit(path: Path, verdict: Verdict) -> None:
         for attempt in _result(row).get("earlier") or ():  # the attempts that ran again
             add_attempt(case, _attempt(attempt), passed)
         message = job.detail if job is not None else "the run ended before this test did"
+        message = f"not taken: {untaken[row.test_id]}" if row.test_id in untaken else message
         text = texts.get(row.test_id) or "\n".join(job.tail if job is not None else [])
         if shown in ("skipped", "xfailed"):
             counts["skipped"] += 1
@@ -172,7 +185,7 @@ def write_junit(path: Path, verdict: Verdict) -> None:
     suite.set("errors", str(counts["errors"]))
     suite.set("failures", str(counts["failures"]))
     suite.set("skipped", str(counts["skipped"]))
-    suite.set("tests", str(len(verdict.rows)))
+    suite.set("tests", str(len(rows)))
     suite.set("time", f"{total:.3f}")
     root = ET.Element("testsuites", name="pytest tests")
     root.append(suite)

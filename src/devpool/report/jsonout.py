@@ -33,6 +33,12 @@ def render_json(record: RunRecord) -> str:
         "tests": {name: list(ids) for name, ids in summary.tests.items()},
         "interrupted": record.interrupted,
         "not_run": [nodeid for nodeid in summary.tests.get(NOT_RUN, ()) if nodeid != "?"],
+        # a queue run's classes that did not run (not taken, or deselected), and its figures
+        "class_gaps": [
+            {"sentence": g.sentence, "tests": list(g.tests), "deselected": g.deselected}
+            for g in summary.gaps
+        ],
+        "classes": list(summary.classes),
         # share of the run a lease held each device (worker start-up included) ...
         "utilisation": {str(u.device): round(u.share(duration), 4) for u in summary.use},
         # ... and share of the run its tests ran

@@ -35,6 +35,10 @@ def summary_markdown(summary: RunSummary) -> str:
     lines += ["| outcome | tests |", "| --- | ---: |"]
     lines += [f"| {name} | {count} |" for name, count in summary.counts()]
     lines.append("")
+    for gap in summary.gaps:  # a queue run's classes that did not run
+        lines += [f"> **{clean(gap.sentence)}**", ""]
+    if summary.classes:
+        lines += ["Per platform class:", "", *[f"- {clean(line)}" for line in summary.classes], ""]
     for heading, ids in name_lines(summary):
         lines += [f"### {clean(heading)}", ""]
         lines += [f"- `{clean(nodeid)}`" if nodeid[0] != "…" else f"- {nodeid}" for nodeid in ids]

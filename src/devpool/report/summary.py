@@ -52,8 +52,9 @@ class DeviceUse:
         )
 
 
-# Categories every form names the tests of (JSON names every category's tests).
-INTERRUPTED, NOT_RUN = "interrupted", "not run"
+# Categories every form names the tests of (JSON names every category's tests). A queue
+# run's test of a platform class no job of it took is "not taken" (queue/classes.py).
+INTERRUPTED, NOT_RUN, NOT_TAKEN = "interrupted", "not run", "not taken"
 NAMED = (
     Outcome.FAILED.value,
     Outcome.ERROR.value,
@@ -64,6 +65,7 @@ NAMED = (
     "quarantined",
     INTERRUPTED,
     NOT_RUN,
+    NOT_TAKEN,
 )
 _GATING = frozenset(o.value for o in Outcome if o.gates)
 
@@ -80,6 +82,16 @@ class Ending:
         """'FAILED', or 'FAILED+ERROR' for a test pytest counts in two categories."""
         words = [c for c in (self.job.counted or []) if c in _GATING] or [self.job.outcome or "?"]
         return "+".join(dict.fromkeys(w.upper() for w in words))
+
+
+@dataclass(frozen=True)
+class ClassGap:
+    """A queue run's tests of one platform class that did not run, and why: not taken (no
+    job of the class: the run is not green), or deselected (the run covers other classes)."""
+
+    sentence: str  # "8 tests for h200: no h200 runner joined run r1"
+    tests: tuple[str, ...]
+    deselected: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,10 +125,15 @@ class RunSummary:
     # what tests left behind (`leak` lines, issue 52), in the order they were found
     leaks: tuple[Leak, ...] = ()
     leaks_checked: bool = False  # the run looked for leaks (--devpool-leaks warn or fail)
+    gaps: tuple[ClassGap, ...] = ()  # a queue run's classes that did not run
+    classes: tuple[str, ...] = ()  # a queue run's per-class figures, a line each
 
     def leaked(self) -> tuple[str, ...]:
         """The tests charged with a leak, each once, in the order their first was found."""
         return tuple(dict.fromkeys(leak.nodeid for leak in self.leaks))
+
+    def not_taken(self) -> list[ClassGap]:
+        return [gap for gap in self.gaps if not gap.deselected]
 
     def counts(self) -> list[tuple[str, int]]:
         """(category, count) in the closing line's order, categories that no test is in left
@@ -153,8 +170,17 @@ class RunSummary:
                 parts.append(f"{counted(bad, 'test')} did not pass ({failing})")
             cut = [f"{n} {name}" for name, n in self.counts() if name in (INTERRUPTED, NOT_RUN)]
             return f"interrupted (exit code {self.exitstatus}): " + ", ".join(parts + cut)
+        missing = self.not_taken()
+        gap = "; ".join(g.sentence for g in missing)
         if bad:
-            return f"{counted(bad, 'test')} did not pass: {failing} (exit code {self.exitstatus})"
+            also = f"; {gap}" if gap else ""
+            status = f"(exit code {self.exitstatus})"
+            return f"{counted(bad, 'test')} did not pass: {failing}{also} {status}"
+        if missing:
+            taken = counted(sum(len(g.tests) for g in missing), "test")
+            return (
+                f"{taken} not taken by a runner of their class: {gap} (exit code {self.exitstatus})"
+            )
         return f"all tests passed (exit code {self.exitstatus})"
 
 
@@ -184,6 +210,14 @@ def summarize(record: RunRecord) -> RunSummary:
     missing = [nodeid for nodeid in planned if nodeid not in touched]
     if not planned:  # an older record without its plan: a count, no names
         missing = ["?"] * max(0, record.total_tests - len(finals) - len(interrupted))
+    gaps = tuple(
+        ClassGap(str(g.get("sentence")), tuple(g.get("tests") or ()), bool(g.get("deselected")))
+        for g in (record.end or {}).get("gaps") or ()
+    )
+    untaken = {nodeid for gap in gaps if not gap.deselected for nodeid in gap.tests}
+    if untaken:
+        tests[NOT_TAKEN] = [nodeid for nodeid in missing if nodeid in untaken]
+        missing = [nodeid for nodeid in missing if nodeid not in untaken]
     if missing:
         tests[NOT_RUN] = missing
 
@@ -222,11 +256,14 @@ def summarize(record: RunRecord) -> RunSummary:
         cut=record.cut_sentence(),
         outcomes={
             **{nodeid: NOT_RUN for nodeid in missing if nodeid != "?"},
+            **{nodeid: NOT_TAKEN for nodeid in tests.get(NOT_TAKEN, ())},
             **{nodeid: INTERRUPTED for nodeid in interrupted},
             **{nodeid: job.shown or "?" for nodeid, job in finals.items()},
         },
         durations={nodeid: job.test_time for nodeid, job in finals.items()},
         deselected=int(record.start.get("deselected") or 0),
+        gaps=gaps,
+        classes=tuple(str(line) for line in (record.end or {}).get("classes") or ()),
         appeared=tuple(
             dict.fromkeys(
                 category

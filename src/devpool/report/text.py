@@ -20,6 +20,9 @@ def render_text(record: RunRecord, tail_lines: int = 50) -> str:
     if summary.damage:
         out.append(f"record damaged: {summary.damage}")
     out.append(", ".join(f"{n} {name}" for name, n in summary.counts()) or "no tests ran")
+    out += [gap.sentence for gap in summary.gaps]
+    if summary.classes:
+        out += ["per platform class:", *[f"  {line}" for line in summary.classes]]
     for heading, ids in name_lines(summary):
         out += [f"{heading}:", *[f"  {nodeid}" for nodeid in ids]]
     if summary.leaks:

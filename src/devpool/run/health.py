@@ -145,7 +145,9 @@ class Foreign:
         for device in [d for d, at in self.retry_at.items() if at <= now]:
             holder = Holder.for_this_process(self.ctx.run_id, "probe")
             got = self.ctx.lock_dir.try_acquire(self.platform, [device], holder)
-            shared = isinstance(got, list) and any(b.shares for b in got)
+            # Shares, or a lock file made unusable: the next placement tries it (and retires
+            # the device if its lock file still cannot be used).
+            shared = isinstance(got, list) and any(b.shares or b.unusable for b in got)
             if isinstance(got, Lease) or shared:
                 # Free, or shared by partial holders: a memory request may still fit there,
                 # so the next placement tries it (and marks it again if it does not fit).

@@ -60,7 +60,7 @@ class Placing:
         self.stopped = False  # -x / --maxfail: the loop said stop
         # The runs that share our devices: a host's lock folder, or a Ray cluster's store.
         self.room: Room = backend.waiting_room(ctx.run_id) or WaitingRoom(
-            ctx.lock_dir.path, ctx.run_id
+            ctx.lock_dir.path, ctx.run_id, foreign.say
         )
         self.limit: int | None = None  # most devices we may hold while other runs wait
         self.shared_at = 0.0
@@ -213,7 +213,12 @@ class Placing:
                     self.host.wait(job, got.host, now)
                 else:
                     self.scheduler.unplace(job)
-                    self.foreign.mark(got.devices, now, job.devices_needed)
+                    for planted in [b for b in got.devices if b.unusable]:
+                        # Another user made its lock file unusable: the run does without it.
+                        self.health.retire(planted.device, str(planted.unusable))
+                        self.scheduler.retire_device(planted.device)  # not placed there again
+                    held = [b for b in got.devices if not b.unusable]
+                    self.foreign.mark(held, now, job.devices_needed)
                 return False
             lease = got
             self.host.leased(job, lease)

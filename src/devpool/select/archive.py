@@ -10,15 +10,21 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-import tempfile
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from devpool.select.baseline import DATABASE, MANIFEST, BaselineProblem, Store
+from devpool.select.baseline import DATABASE, MANIFEST, BaselineProblem, Store, plain_name
 
 # A generation as it travels: its id, its manifest's bytes, its database's bytes.
 Generation = tuple[str, bytes, bytes]
+
+# What an archive may hold: a generation is two files, its database the big one.
+MEMBERS_LIMIT = 10_000
+MANIFEST_LIMIT = 1 << 20
+DATABASE_LIMIT = 128 << 20
+TOTAL_LIMIT = 512 << 20
 
 
 def of_folder(generation: Path) -> Generation:
@@ -41,7 +47,8 @@ def write_archive(generations: Sequence[Generation], archive: Path) -> None:
 
 
 def read_archive(archive: Path) -> list[Generation]:
-    """Every generation folder of an archive; BaselineProblem when it holds none."""
+    """Every generation folder of an archive; BaselineProblem, in one sentence, when it is
+    damaged, too big or holds none."""
     folders = _folders(archive)
     found = [
         (name, files[MANIFEST], files[DATABASE])
@@ -49,26 +56,18 @@ def read_archive(archive: Path) -> list[Generation]:
         if set(files) == {MANIFEST, DATABASE}
     ]
     if not found:
-        raise BaselineProblem(f"{archive} is not a devpool baseline export: it holds no generation")
+        raise BaselineProblem(
+            f"{archive} is not a devpool baseline export: it holds no {MANIFEST} and {DATABASE}"
+        )
     return found
 
 
 def import_archive(store: Store, archive: Path) -> list[Path]:
     """Every generation of the archive into the store, each checked first (BaselineProblem)."""
-    folders = _folders(archive)
-    if len(folders) <= 1:
-        return [store.import_generation(archive)]
-    imported = []
-    with tempfile.TemporaryDirectory(prefix="devpool-import-") as scratch:
-        for name, files in sorted(folders.items()):
-            generation = Path(scratch) / name
-            generation.mkdir()
-            for file_name, data in files.items():
-                (generation / file_name).write_bytes(data)
-            one = Path(scratch) / f"{name}.tar.gz"
-            write_archive([of_folder(generation)], one)
-            imported.append(store.import_generation(one))
-    return imported
+    return [
+        store.place(manifest, database, f"{archive} ({name})" if name else str(archive))
+        for name, manifest, database in read_archive(archive)
+    ]
 
 
 def bucket_words(generation: Path) -> str:
@@ -95,21 +94,42 @@ def manifest_words(manifest: Mapping[str, Any]) -> str:
 
 
 def _folders(archive: Path) -> dict[str, dict[str, bytes]]:
-    """The archive's generation folders and their two files; {} if it cannot be read (the
-    one-generation import then says why)."""
+    """The archive's generation folders and their two files, read within the limits: an
+    archive is input from elsewhere, and a small one can unpack to gigabytes."""
     folders: dict[str, dict[str, bytes]] = {}
+    total = 0
     try:
         with tarfile.open(archive, "r:*") as tar:
-            for member in tar.getmembers():
+            for count, member in enumerate(_members(tar)):
+                if count >= MEMBERS_LIMIT:
+                    raise BaselineProblem(
+                        f"{archive} holds more than {MEMBERS_LIMIT} files; "
+                        "it is not a devpool baseline export"
+                    )
                 folder, _, name = member.name.rpartition("/")
-                handle = tar.extractfile(member) if member.isfile() else None
-                if name in (MANIFEST, DATABASE) and handle is not None and _plain(folder):
-                    folders.setdefault(folder, {})[name] = handle.read()
-    except (OSError, tarfile.TarError):
-        return {}
+                if name not in (MANIFEST, DATABASE) or not member.isfile():
+                    continue
+                limit = MANIFEST_LIMIT if name == MANIFEST else DATABASE_LIMIT
+                total += member.size
+                if member.size > limit or total > TOTAL_LIMIT:
+                    raise BaselineProblem(
+                        f"{archive}: {member.name} is too big "
+                        f"({member.size} bytes; at most {limit}, {TOTAL_LIMIT} in all)"
+                    )
+                handle = tar.extractfile(member)
+                if handle is not None:
+                    folders.setdefault(folder if plain_name(folder) else "", {})[name] = (
+                        handle.read(limit + 1)
+                    )
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+        why = (str(exc) or type(exc).__name__).splitlines()[0].rstrip(":")
+        if isinstance(exc, tarfile.ReadError) and "could not be opened" in why:
+            why = "no known compression or tar header"
+        raise BaselineProblem(f"{archive} is damaged or not a tar archive: {why}") from None
     return folders
 
 
-def _plain(folder: str) -> bool:
-    """A folder name that stays inside the scratch folder."""
-    return bool(folder) and "/" not in folder and folder not in (".", "..")
+def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """The members one at a time: getmembers() would first keep every header of a huge tar."""
+    while (member := tar.next()) is not None:
+        yield member

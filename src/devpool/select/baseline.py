@@ -4,7 +4,8 @@ A generation lives in .devpool/select/<bucket id>/<generation id>/ as manifest.j
 deps.json. It is written in a temporary folder and renamed into place, so a reader never
 sees half of one; nothing rewrites it afterwards. The manifest says what the baseline is
 valid for (bucket, platform, runtime shape and identity, compatibility inputs, commit)
-and holds the database's sha256. `export` / `import_generation` move one as a tar file.
+and holds the database's sha256. `export_generation` writes one as a tar file; archive.py
+reads archives back (`Store.place` takes each generation in).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -398,30 +400,19 @@ class Store:
         except OSError as exc:
             raise BaselineProblem(f"baseline {generation.name} cannot be read: {exc}") from None
 
-    def import_generation(self, archive: Path) -> Path:
-        """Read an exported generation into the store, checked first; returns its folder."""
-        try:
-            with tarfile.open(archive, "r:*") as tar:
-                files = {}
-                for member in tar.getmembers():
-                    name = member.name.rsplit("/", 1)[-1]
-                    handle = tar.extractfile(member) if member.isfile() else None
-                    if name in (MANIFEST, DATABASE) and handle is not None:
-                        files[name] = handle.read()
-        except (OSError, tarfile.TarError) as exc:
-            raise BaselineProblem(f"{archive} is not a devpool baseline export: {exc}") from None
-        if set(files) != {MANIFEST, DATABASE}:
-            raise BaselineProblem(f"{archive} holds no {MANIFEST} and {DATABASE}")
-        manifest, _ = check_generation(files[MANIFEST], files[DATABASE], str(archive))
-        folder: Path = self.path / str(manifest["bucket"]["id"])
-        target: Path = folder / str(manifest["generation"])
+    def place(self, manifest_bytes: bytes, database_bytes: bytes, where: str) -> Path:
+        """A generation read from elsewhere (an import), checked first, into the store;
+        returns its folder. Its ids are plain names (check_generation), so it lands inside."""
+        manifest, _ = check_generation(manifest_bytes, database_bytes, where)
+        folder: Path = self.path / manifest["bucket"]["id"]
+        target: Path = folder / manifest["generation"]
         if target.exists():
             return target
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".tmp-{uuid.uuid4().hex}"
         tmp.mkdir()
-        for name, data in files.items():
-            (tmp / name).write_bytes(data)
+        (tmp / MANIFEST).write_bytes(manifest_bytes)
+        (tmp / DATABASE).write_bytes(database_bytes)
         os.rename(tmp, target)
         return target
 
@@ -463,6 +454,7 @@ def check_generation(
             f"{where}: schema {manifest.get('schema') if isinstance(manifest, dict) else '?'}"
             f" is not devpool's baseline schema {SCHEMA}"
         )
+    _check_names(manifest, where)
     if hashlib.sha256(database_bytes).hexdigest() != manifest.get("db_sha256"):
         raise BaselineProblem(f"{where}: its database is damaged (checksum mismatch)")
     try:
@@ -473,3 +465,26 @@ def check_generation(
     except (ValueError, KeyError, AssertionError, TypeError):
         raise BaselineProblem(f"{where}: its database is damaged (unreadable)") from None
     return manifest, database
+
+
+# A bucket or generation id names a folder of the store: a plain name, never a path.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _check_names(manifest: Mapping[str, Any], where: str) -> None:
+    """The manifest's bucket and generation ids, checked before any path is built of them."""
+    bucket = manifest.get("bucket")
+    if not isinstance(bucket, dict) or not plain_name(bucket.get("id")):
+        raise BaselineProblem(f"{where}: its manifest names no valid bucket id")
+    if not plain_name(manifest.get("generation")):
+        raise BaselineProblem(f"{where}: its manifest names no valid generation id")
+    paths = bucket.get("paths")
+    if not isinstance(paths, list) or not all(isinstance(path, str) for path in paths):
+        raise BaselineProblem(f"{where}: its manifest's bucket has no list of paths")
+    if not all(isinstance(bucket.get(key, ""), str) for key in ("markexpr", "keyword")):
+        raise BaselineProblem(f"{where}: its manifest's bucket -m or -k is not text")
+
+
+def plain_name(value: object) -> bool:
+    """A bucket or generation id that can name a folder of the store, and nothing else."""
+    return isinstance(value, str) and bool(_PLAIN_NAME.fullmatch(value)) and ".." not in value

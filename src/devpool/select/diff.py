@@ -99,6 +99,10 @@ def select(store: BaselineStore, current: Current, now: float | None = None) -> 
     except BaselineProblem as exc:
         return Selection(full_reason=str(exc))
     if found is None:
+        why_none = getattr(store, "why_none", None)  # a fleet's: a class its run did not cover
+        why = why_none(current.bucket.id, current.platform) if why_none else None
+        if why:
+            return Selection(full_reason=f"no baseline for platform {current.platform}: {why}")
         return Selection(
             full_reason="no baseline for this bucket (record one with --devpool-select record)"
         )

@@ -33,15 +33,9 @@ def pool_mark(platform: str, pool: int) -> dict[str, Any]:
     return {f"{POOL_MARK}{platform} {pool}": [platform, pool]}
 
 
-def pools_of(marks: Mapping[str, Any], platform: str) -> list[int]:
-    """The pool sizes of the run's jobs on this platform that recorded tests, ascending."""
-    return sorted(
-        {
-            int(value[1])
-            for key, value in marks.items()
-            if key.startswith(POOL_MARK) and value[0] == platform
-        }
-    )
+def shapes_of(marks: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(platform, pool size) of every job of the run that recorded tests."""
+    return sorted({(str(v[0]), int(v[1])) for key, v in marks.items() if key.startswith(POOL_MARK)})
 
 
 def entry_of(

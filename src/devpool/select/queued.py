@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from devpool.errors import DevpoolError
+from devpool.queue.classes import gaps as class_gaps
 from devpool.queue.selection import note_selection
 from devpool.queue.store import QueueStore
 from devpool.select.diff import Selection
-from devpool.select.fleet import database_of, missing, pools_of, unpack_parts
+from devpool.select.fleet import database_of, missing, shapes_of, unpack_parts
 from devpool.select.store_pg import PgStore
 from devpool.wording import counted
 
@@ -40,29 +41,49 @@ def publish_when_complete(
     DevpoolError when it cannot be published: tests without dependencies, a database away."""
     queue = QueueStore(queue_url, run)
     try:
-        rows = queue.tests()
+        rows, jobs = queue.tests(), queue.jobs()
     finally:
         queue.close()
-    waiting = [row for row in rows if row.state != "done"]
+    # A class no live job of it can take is not waited for: it gets no baseline (issue 56).
+    gaps = {test: gap for gap in class_gaps(run, rows, jobs) for test in gap.tests}
+    waiting = [row for row in rows if row.state != "done" and row.test_id not in gaps]
     if waiting:
         return None, (
             f"this job's tests sent to queue run {run!r}; the job that ends it last publishes "
             f"the baseline ({len(waiting)} of its tests still running or queued)"
         )
     # Tests no job could hold never ran: they are new to the next selection, as at home.
-    required = [row.test_id for row in rows if not (row.result or {}).get("unsatisfiable")]
+    required = [
+        row.test_id
+        for row in rows
+        if row.state == "done" and not (row.result or {}).get("unsatisfiable")
+    ]
     entries, marks = unpack_parts(store.parts(run))
     why = missing(required, entries)
     if why:
         raise DevpoolError(f"queue run {run!r}: {why}")
     database = database_of(root, {test: entries[test] for test in required})
-    # Runners of every size that took part read the run's baseline: a generation for each.
-    pools = sorted({*pools_of(marks, manifest["platform"]), manifest["shape"]["pool"]})
-    name = store.write(manifest, database, run=run, pools=pools)
+    # Runners of every platform and size that took part read the run's baseline: a
+    # generation for each; a class none of whose jobs took its tests gets none, and why.
+    platform = manifest["platform"]
+    shapes = sorted({*shapes_of(marks), (platform, manifest["shape"]["pool"])})
+    covered = {name for name, _ in shapes}
+    uncovered = sorted(
+        {
+            (name, gap.sentence())
+            for gap in {id(g): g for g in gaps.values()}.values()
+            for name in gap.platforms.split(",")
+            if name not in covered
+        }
+    )
+    name = store.write(manifest, database, run=run, shapes=shapes, uncovered=uncovered)
     if name is None:
         return None, f"queue run {run!r}'s baseline was published by another of its jobs"
-    shapes = " and ".join(counted(pool, "device") for pool in pools)
+    said = " and ".join(
+        (f"{p} " if len(covered) > 1 else "") + counted(pool, "device") for p, pool in shapes
+    )
+    none = f"; none for {', '.join(sorted({n for n, _ in uncovered}))}" if uncovered else ""
     return name, (
         f"published queue run {run!r}'s baseline {name} ({len(required)} tests), "
-        f"for runners of {shapes}"
+        f"for runners of {said}{none}"
     )

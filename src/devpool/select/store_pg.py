@@ -65,6 +65,10 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.select_runs (
 CREATE TABLE IF NOT EXISTS {SCHEMA}.select_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT INTO {SCHEMA}.select_meta VALUES ('schema', '{TABLES}') ON CONFLICT DO NOTHING;
 """
+# A recording queue run's classes that no job of theirs took: no baseline, and why (issue 56).
+_UNCOVERED = f"""CREATE TABLE IF NOT EXISTS {SCHEMA}.select_uncovered (
+    bucket TEXT NOT NULL, platform TEXT NOT NULL, run TEXT NOT NULL, why TEXT NOT NULL,
+    made TIMESTAMPTZ NOT NULL DEFAULT now())"""
 _NEWEST = (
     f"SELECT generation, manifest, deps FROM {SCHEMA}.select_generations "
     "WHERE bucket = %s AND identity = %s ORDER BY id DESC LIMIT 1"
@@ -182,17 +186,22 @@ class PgStore:
         database: Mapping[str, Any],
         run: str | None = None,
         pools: Sequence[int] = (),
+        shapes: Sequence[tuple[str, int]] = (),
+        uncovered: Sequence[tuple[str, str]] = (),
     ) -> str | None:
         """Publish one generation in one transaction, the oldest beyond KEEP of its bucket
         and identity dropped; its id. With `run`: once for that run (None when another job
         of it published first). With `pools` (a queue run whose jobs had runners of several
         sizes): one generation for each, alike but for the pool, in the same transaction;
         the first one's id. DevpoolError when the database cannot take it."""
-        shapes = [
-            {**manifest, "shape": {**manifest["shape"], "pool": pool}}
-            for pool in (pools or [manifest["shape"]["pool"]])
+        pairs: list[tuple[str | None, int]] = list(shapes) or [
+            (manifest.get("platform"), pool) for pool in (pools or [manifest["shape"]["pool"]])
         ]
-        sealed_all = [sealed(shape, database) for shape in shapes]
+        made = [
+            {**manifest, "platform": platform, "shape": {**manifest["shape"], "pool": pool}}
+            for platform, pool in pairs
+        ]
+        sealed_all = [sealed(shape, database) for shape in made]
         bucket = str(manifest["bucket"]["id"])
         conn = self._connect(make=True)
         assert conn is not None  # made
@@ -215,11 +224,38 @@ class PgStore:
                     )
                 for full, data in sealed_all:
                     self._insert(conn, full, data)
+                if uncovered:  # classes the run did not cover: no baseline, and why
+                    conn.execute(_UNCOVERED)
+                    for platform, why in uncovered:
+                        conn.execute(
+                            f"INSERT INTO {SCHEMA}.select_uncovered VALUES (%s, %s, %s, %s)",
+                            (bucket, platform, run, why),
+                        )
                 if run is not None:
                     conn.execute(f"DELETE FROM {SCHEMA}.select_parts WHERE run = %s", (run,))
         except driver(self.option).Error as exc:
             raise DevpoolError(f"cannot write a baseline to {self.where}: {_said(exc)}") from None
         return str(sealed_all[0][0]["generation"])
+
+    def why_none(self, bucket_id: str, platform: str) -> str | None:
+        """Why the newest recording of this bucket made no baseline for this platform (its
+        run did not cover the class); None when none says so."""
+        try:
+            conn = self._connect(make=False)
+            if conn is None:
+                return None
+            with conn:
+                found = conn.execute(f"SELECT to_regclass('{SCHEMA}.select_uncovered')")
+                if (found.fetchone() or (None,))[0] is None:
+                    return None
+                row = conn.execute(
+                    f"SELECT run, why FROM {SCHEMA}.select_uncovered WHERE bucket = %s "
+                    "AND platform = %s ORDER BY made DESC LIMIT 1",
+                    (bucket_id, platform),
+                ).fetchone()
+        except (DevpoolError, driver(self.option).Error):
+            return None
+        return None if row is None else f"recording run {row[0]} made none for it: {row[1]}"
 
     def _insert(self, conn: Any, full: Mapping[str, Any], data: bytes) -> None:
         """One sealed generation, and its bucket and identity trimmed to the newest KEEP."""

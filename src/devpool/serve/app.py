@@ -9,9 +9,11 @@ inside a run folder, as plain text, never through a symlink.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import os
 import re
+import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -211,6 +213,7 @@ class TokenCheck(BaseHTTPMiddleware):
     def __init__(self, app: Any, token: str | None) -> None:
         super().__init__(app)
         self.token = token
+        self.cookie = "" if token is None else _derived(token)
 
     async def dispatch(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
@@ -231,8 +234,11 @@ class TokenCheck(BaseHTTPMiddleware):
             given = header[7:].strip()
         from_cookie = given is None
         if from_cookie:
-            given = request.cookies.get(COOKIE)
-        if given is None or not hmac.compare_digest(given.encode(), self.token.encode()):
+            cookie = request.cookies.get(COOKIE)
+            ok = cookie is not None and hmac.compare_digest(cookie, self.cookie)
+        else:
+            ok = given is not None and hmac.compare_digest(given.encode(), self.token.encode())
+        if not ok:
             return PlainTextResponse(
                 "devpool serve needs its token: Authorization: Bearer TOKEN or ?token=TOKEN\n",
                 401,
@@ -241,8 +247,20 @@ class TokenCheck(BaseHTTPMiddleware):
         response = await call_next(request)
         response.headers.update(_HEADERS)
         if not from_cookie:
-            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
+            # A value derived from the token, never the token: a stolen cookie is no token.
+            secure = request.url.scheme == "https"
+            response.set_cookie(
+                COOKIE, self.cookie, httponly=True, samesite="strict", secure=secure
+            )
         return response
+
+
+def _derived(token: str) -> str:
+    """The cookie's value: an HMAC of the token, salted per server start."""
+    return hmac.new(_COOKIE_SALT, token.encode(), hashlib.sha256).hexdigest()
+
+
+_COOKIE_SALT = secrets.token_bytes(16)
 
 
 def build_app(

@@ -18,10 +18,16 @@ TOKEN_ENV = "DEVPOOL_SERVE_TOKEN"
 
 
 def _serve(args: argparse.Namespace) -> int:
-    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if args.token is not None:
+        raise DevpoolError(
+            "devpool serve --token is gone: a token on the command line is shown to every "
+            f"user of the host by ps; use --token-file=PATH or {TOKEN_ENV}"
+        )
+    token = _token_from_file(args.token_file) if args.token_file else None
+    token = token or os.environ.get(TOKEN_ENV) or None
     if not is_loopback(args.host) and token is None:
         raise DevpoolError(
-            f"devpool serve on {args.host} (beyond loopback) needs --token or {TOKEN_ENV}"
+            f"devpool serve on {args.host} (beyond loopback) needs --token-file or {TOKEN_ENV}"
         )
     try:
         import uvicorn
@@ -122,6 +128,18 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _token_from_file(path: str) -> str:
+    """The token, the first line of a file; one sentence when it cannot be read or is empty."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            token = handle.read(4096).strip().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DevpoolError(f"--token-file {path} cannot be read: {exc}") from None
+    if not token or not token[0].strip():
+        raise DevpoolError(f"--token-file {path} is empty")
+    return token[0].strip()
+
+
 def add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
     """Add `devpool serve` to the `devpool` command's subcommands."""
     serve = commands.add_parser(
@@ -131,8 +149,12 @@ def add_serve_command(commands: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (default 8470)")
     serve.add_argument("--lock-dir", help="lock folder (default: as for devpool locks)")
     serve.add_argument(
-        "--token", help=f"every request must carry it (or set {TOKEN_ENV}); needed off loopback"
+        "--token-file",
+        metavar="PATH",
+        help=f"a file holding the token every request must carry (or set {TOKEN_ENV}); "
+        "needed off loopback",
     )
+    serve.add_argument("--token", help=argparse.SUPPRESS)  # refused with a sentence: see _serve
     serve.add_argument(
         "--ray-address",
         action="append",

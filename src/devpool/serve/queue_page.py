@@ -53,7 +53,9 @@ def _run(run: Mapping[str, Any], now: float) -> str:
         f"<h3>run {escape(run['run'])}</h3>",
         f'<p class="queue-counts">{run["tests"]} tests: {states["done"]} done'
         f"{' (' + outcomes + ')' if outcomes else ''}, {states['claimed']} claimed, "
-        f"{states['queued']} queued{published}</p>",
+        f"{states['queued']} queued"
+        f"{', ' + str(states['deselected']) + ' deselected' if states.get('deselected') else ''}"
+        f"{published}</p>",
     ]
     if run["jobs"]:
         parts.append(
@@ -73,6 +75,7 @@ def _run(run: Mapping[str, Any], now: float) -> str:
         parts.append("</table>")
     else:
         parts.append("<p>No job has joined.</p>")
+    parts.append(_classes(run))
     if run["queued"]:
         parts.append(_queued(run))
     parts.append("</div>")
@@ -101,4 +104,27 @@ def _queued(run: Mapping[str, Any]) -> str:
     if more > 0:
         parts.append(f"<li class=muted>… and {more} more</li>")
     parts.append("</ul>")
+    return "".join(parts)
+
+
+def _classes(run: Mapping[str, Any]) -> str:
+    """Per platform class: its jobs, the tests they ran, device-hours and the wall; then the
+    tests of a class no live job of it can take (or that the run left out)."""
+    parts = []
+    if run.get("classes"):
+        parts.append(
+            '<table class="queue-classes"><tr><th>class</th><th>jobs</th><th>tests</th>'
+            "<th>device-hours</th><th>wall</th></tr>"
+        )
+        for row in run["classes"]:
+            parts.append(
+                f'<tr class="queue-class" data-class="{escape(row["platform"])}">'
+                f"<td>{escape(row['platform'])}</td><td class=num>{row['jobs']}</td>"
+                f"<td class=num>{row['tests']}</td><td class=num>{row['device_hours']:.2f}</td>"
+                f"<td class=num>{duration(row['wall'])}</td></tr>"
+            )
+        parts.append("</table>")
+    for gap in run.get("class_gaps") or ():
+        css = "muted" if gap["deselected"] else "bad"
+        parts.append(f'<p class="queue-gap {css}">{escape(gap["sentence"])}</p>')
     return "".join(parts)

@@ -9,10 +9,10 @@ locks for longer than ``status`` does, or starts a process. Each view is a dict 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import re
 import socket
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devpool.devices.fairshare import Waiter, fair_limit
+from devpool.devices.fairshare import Waiter, fair_limit, read_waiters
 from devpool.devices.leases import Holder
 from devpool.devices.lockdir import LockDir, LockState
+from devpool.devices.untrusted import folder_problem
 from devpool.errors import DevpoolError
 from devpool.report.memory_lane import capacities
 from devpool.report.record import RunRecord, read_record
@@ -143,24 +144,21 @@ def devices_view(
 
 
 def waiters(lock_dir: Path) -> list[Waiter]:
-    """Runs waiting in the lock folder's ``waiting/`` (read only: dead ones are skipped, not
-    removed as a run's own ``WaitingRoom`` does)."""
+    """Runs waiting in the lock folder's ``waiting/``, read as untrusted input as a run reads
+    them (dead ones are skipped, not removed; a damaged file is said once, on stderr)."""
     folder = lock_dir / "waiting"
-    if not folder.is_dir() or folder.is_symlink():
+    if folder_problem(folder, any_owner=True) is not None:
         return []
-    found = []
-    host = socket.gethostname()
-    for entry in sorted(folder.glob("*.json")):
-        try:
-            if entry.is_symlink():
-                continue
-            waiter = Waiter(**json.loads(entry.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
-            continue
-        if waiter.host == host and not _alive(waiter.pid):
-            continue
-        found.append(waiter)
-    return sorted(found, key=lambda w: w.since)
+    return read_waiters(folder, _warn_once)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(name: str, line: str) -> None:
+    if name not in _WARNED and len(_WARNED) < 1000:
+        _WARNED.add(name)
+        print(f"devpool serve: skipping {line}", file=sys.stderr)
 
 
 def waiting_view(found: Sequence[Waiter], states: Sequence[LockState]) -> dict[str, Any]:
@@ -473,9 +471,11 @@ class RunIndex:
             return None
         try:
             record = read_record(path)
-        except DevpoolError:
+            # A record is a file anyone who can write the run folder may have damaged: one
+            # whose fields have the wrong types is left off the page, never a 500.
+            return summarise(project.key, record, _is_live(record))
+        except (DevpoolError, ValueError, TypeError, KeyError, AttributeError, OverflowError):
             return None
-        return summarise(project.key, record, _is_live(record))
 
 
 def runs_view(summaries: Sequence[RunSummary], live: bool) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import pytest
 from devpool.backends import Backend
 from devpool.backends.local import LocalBackend
 from devpool.config import Settings
+from devpool.database import shown, shown_args
 from devpool.devices import memory, probes
 from devpool.devices.cores import usable_cores
 from devpool.devices.inventory import Inventory
@@ -74,6 +75,7 @@ class Controller:
         self.log_dir = self.run_dir / "logs"
         self.requests: dict[str, Request] = {}
         self.asked: dict[str, int] = {}  # devices each test asks for, skipped here or not
+        self.classes: dict[str, tuple[str, ...]] = {}  # each test's platforms filter
         self.failed_before: set[str] = set()  # with --ff / --lf: these start first
         self.deselected: list[tuple[str, str]] = []
         self.repeats: dict[str, list[tuple[Outcome, str]]] = {}
@@ -177,7 +179,7 @@ class Controller:
         self.record = RecordWriter(self.record_path)
         inventory = self.inventory
         options = {
-            name: str(value) if isinstance(value, Path) else value
+            name: shown(str(value)) if isinstance(value, (Path, str)) else value
             for name, value in vars(self.settings).items()
             if name not in ("platforms", "devices")
         }
@@ -186,7 +188,7 @@ class Controller:
             run_id=self.run_id,
             host=self.host,
             pid=os.getpid(),
-            args=list(session.config.invocation_params.args),
+            args=shown_args(session.config.invocation_params.args),
             cwd=str(session.config.invocation_params.dir),
             platform=inventory.platform.name,
             kind=inventory.platform.kind,
@@ -310,6 +312,8 @@ class Controller:
                     "it, or pass --devpool-skip-unsatisfiable to skip such tests"
                 )
             self.asked[item.nodeid] = request.device_count * request.nodes  # for a queue
+            if request.platforms is not None:  # its class, in a queue run (queue/classes.py)
+                self.classes[item.nodeid] = request.platforms
             request = skips.beyond_pool(item, request, len(self.inventory.devices))
             if request.platforms is not None and not (
                 platform.name in request.platforms or platform.kind in request.platforms
@@ -441,9 +445,12 @@ class Controller:
         from devpool.queue.source import join_queue
 
         try:
+            default, notes = self.settings.default_estimate, self.quarantine_notes
+            of = past_runs.class_estimates(self.history_path, notes, self.estimates, default)
             source = join_queue(
-                self.settings, plan, self.inventory, self.host, self.max_parallel, self.asked
-            )
+                self.settings, plan, self.inventory, self.host, self.max_parallel, self.asked,
+                self.classes, of,
+            )  # fmt: skip
         except DevpoolError as exc:
             backend.close()
             raise pytest.UsageError(str(exc)) from None
@@ -452,7 +459,8 @@ class Controller:
         self.config.pluginmanager.register(source, "devpool-queue")
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
-            terminal.write_line(f"devpool: {source.joined}")
+            for line in [source.joined, *source.notes]:
+                terminal.write_line(f"devpool: {line}")
         return source
 
     @pytest.hookimpl(tryfirst=True)

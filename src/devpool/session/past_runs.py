@@ -11,7 +11,7 @@ import datetime as dt
 import hashlib
 import os
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -67,6 +67,24 @@ def read_estimates(
     except DevpoolError as exc:
         notes.append(f"duration history not used: {exc}")
         return Estimates({}, {})
+
+
+def class_estimates(
+    history_path: HistorySpec, notes: list[str], fallback: Mapping[str, float], default: float
+) -> Callable[[str, Sequence[str]], float]:
+    """The estimate of a test of another class (a queue run's test this platform deselects):
+    the durations measured on its class's platform first, read once per platform."""
+    read: dict[str, dict[str, float]] = {}
+
+    def estimate_of(nodeid: str, platforms: Sequence[str]) -> float:
+        for name in sorted(platforms):
+            if name not in read:
+                read[name] = read_estimates(history_path, None, notes, name).durations
+            if nodeid in read[name]:
+                return read[name][nodeid]
+        return fallback.get(nodeid, default)
+
+    return estimate_of
 
 
 def shard_split(
