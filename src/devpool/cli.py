@@ -27,6 +27,7 @@ from devpool.report.record import latest_record, read_run
 from devpool.report.text import render_text
 from devpool.select.cli import add_select_command, build_transfer_parser
 from devpool.serve import add_serve_command
+from devpool.session.rerun import add_rerun_command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -296,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="-- then pytest's arguments (a leading `pytest` or `python -m pytest` is dropped)",
     )
     run.set_defaults(func=_run)
+    add_rerun_command(commands)
     add_capacity_commands(commands)
     add_adopt_command(commands)
     add_select_command(commands)
@@ -318,7 +320,7 @@ def build_verify_parser() -> argparse.ArgumentParser:
 
 
 # Commands whose arguments after `--` go to pytest.
-_PASS_THROUGH = ("run", "capacity", "shard", "adopt")
+_PASS_THROUGH = ("run", "rerun", "capacity", "shard", "adopt")
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -344,7 +346,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if unknown:
         hint = "; pytest's own options go after `--`" if command in _PASS_THROUGH else ""
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
-    if args.command == "run":
+    if args.command in ("run", "rerun"):
         args.pytest_args = [*args.pytest_args, *after]
     elif args.command in ("capacity", "shard", "adopt"):
         args.paths = [*args.paths, *after]

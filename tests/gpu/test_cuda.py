@@ -391,3 +391,102 @@ def test_two_rank_nccl_tests_reuse_one_group(tmp_path: Path) -> None:
     # The group one test made served the next: the same two processes ran all three.
     pids = {n: {(tmp_path / f"pids-{n}-{r}.txt").read_text() for r in (0, 1)} for n in range(3)}
     assert pids[0] == pids[1] == pids[2], pids
+
+
+# ---- issue 52: every device handed over clean ----------------------------------------------
+
+
+def _nvml_used_by(pid: int) -> int:
+    """Bytes NVML says pid holds on any device, 0 when NVML is missing."""
+    try:
+        import pynvml
+    except ImportError:
+        return 0
+    pynvml.nvmlInit()
+    try:
+        used = 0
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == pid:
+                    used += int(proc.usedGpuMemory or 0)
+        return used
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_a_leaked_server_holding_gpu_memory_is_ended_before_the_next_test(
+    tmp_path: Path,
+) -> None:
+    """A server started in its own session allocates 4 GiB and is never stopped: named LEAK,
+    ended, and the next test on the GPU sees neither it nor its memory (NVML, from inside)."""
+    code, output, events = _session(
+        tmp_path,
+        f"""
+        import os, subprocess, sys
+        import pytest
+        import torch
+
+        SERVER = (
+            "import torch, time; x = torch.empty(4 * 2**30, dtype=torch.uint8, device='cuda'); "
+            "torch.cuda.synchronize(); print('up', flush=True); time.sleep(600)"
+        )
+
+        @pytest.mark.device_count(1)
+        def test_a_leaves_a_server():
+            proc = subprocess.Popen(
+                [sys.executable, "-c", SERVER], start_new_session=True, stdout=subprocess.PIPE
+            )
+            assert proc.stdout.readline() == b"up\\n"
+            open({str(tmp_path / "server.pid")!r}, "w").write(str(proc.pid))
+
+        @pytest.mark.device_count(1)
+        def test_b_sees_nothing_of_it():
+            import pynvml
+            pid = int(open({str(tmp_path / "server.pid")!r}).read())
+            assert not os.path.exists(f"/proc/{{pid}}")
+            pynvml.nvmlInit()
+            index = int(os.environ["DEVPOOL_DEVICES"])
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            others = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+            assert pid not in others, others
+        """,
+        "--devpool-max-parallel=1",
+    )
+    assert code == 0, output
+    leaks = [e for e in events if e["type"] == "leak"]
+    assert [str(e["nodeid"]).split("::")[-1] for e in leaks] == ["test_a_leaves_a_server"]
+    assert leaks[0]["ended"] in ("terminated", "killed"), leaks
+    assert "LEAK" in output
+    pid = int((tmp_path / "server.pid").read_text())
+    assert _nvml_used_by(pid) == 0
+
+
+def test_a_tensor_kept_in_a_warm_worker_retires_it(tmp_path: Path) -> None:
+    """A test keeps 2 GiB in a global (torch's caching allocator): the memory is named, the
+    worker retired, and the next test runs in a fresh process that holds nothing."""
+    code, output, events = _session(
+        tmp_path,
+        """
+        import os
+        import pytest
+        import torch
+
+        KEPT = []
+
+        @pytest.mark.device_count(1)
+        def test_a_keeps_a_tensor():
+            KEPT.append(torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda"))
+            open("first.pid", "w").write(str(os.getpid()))
+
+        @pytest.mark.device_count(1)
+        def test_b_fresh():
+            assert str(os.getpid()) != open("first.pid").read()
+            assert torch.cuda.memory_allocated() == 0
+        """,
+        "--devpool-max-parallel=1",
+        "--devpool-leak-memory-share=0",
+    )
+    assert code == 0, output
+    [leak] = [e for e in events if e["type"] == "leak"]
+    assert leak["kind"] == "memory" and leak["ended"] == "retired", leak

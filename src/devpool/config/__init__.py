@@ -173,6 +173,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("keep-runs", positive_int, "run folders kept under .devpool/runs (default 20)"),
     Option(
+        "share-runs",
+        _flag,
+        "run folders devpool makes are readable by the group (mode 0750), not only by this "
+        "user (0700); for a shared host where a team reads each other's runs",
+        flag=True,
+    ),
+    Option(
         "run-record",
         text,
         "the run record, JSON lines (default <run dir>/record.jsonl)",
@@ -344,6 +351,7 @@ class Settings:
     select: str = "off"
     select_base: str = "HEAD"
     keep_runs: int = 20
+    share_runs: bool = False
     github: bool | None = None
     keep_artifacts: bool = False
     history: HistorySpec | None = None  # a file, or a PostgreSQL URL (history/place.py)

@@ -409,6 +409,15 @@ class Replay:
     def where(self, devices: tuple[int, ...]) -> str:
         return f"{self.platform.name}:{format_ids(devices)}" if devices else "cpu"
 
+    def show(self, text: str) -> None:
+        """What a worker's pytest wrote to its terminal mid-test (--setup-show), as written."""
+        terminal = self.session.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal._tw.write(text)  # noqa: SLF001 - pytest's own writer, as its plugins use
+            terminal._tw.flush()  # noqa: SLF001
+            if self._verbose:  # -v: the report's line starts a line of its own (as after xdist's)
+                terminal.currentfspath = -2
+
     def say(self, text: str) -> None:
         terminal = self.session.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:

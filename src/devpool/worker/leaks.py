@@ -225,8 +225,8 @@ class LeakWatch:
         grown = {d: b - self._held.get(d, 0) for d, b in now.items() if b > self._held.get(d, 0)}
         if not grown:
             return []
-        limit = _declared() * self.share
-        retire = any(b > limit for b in now.values()) if limit else False
+        declared = _declared() or _torch_total()
+        retire = bool(declared) and any(b > declared * self.share for b in now.values())
         self.retire = self.retire or retire
         platform = os.environ.get("DEVPOOL_PLATFORM", "device")
         devices = [d for d in os.environ.get("DEVPOOL_DEVICES", "").split(",") if d]
@@ -255,6 +255,18 @@ def _declared() -> int:
         if value.isdigit():
             return int(value)
     return 0
+
+
+def _torch_total() -> int:
+    """A whole cuda device's memory, when torch has initialised CUDA in this process."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return 0
+    try:
+        return int(cuda.get_device_properties(0).total_memory)
+    except Exception:  # noqa: BLE001 - no answer is no limit
+        return 0
 
 
 def _holds(left: leftovers.Leftover) -> list[str]:
