@@ -22,6 +22,7 @@ MAX_CLASS_LINES = 300
 OVER_FOR_NOW: dict[str, int] = {
     "queue/store.py": 600,
     "worker/session.py": 600,
+    "run/loop.py": 600,
     "worker/protocol.py": 600,
     "serve/pages.py": 600,
     "serve/views.py": 600,

@@ -174,7 +174,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("keep-runs", positive_int, "run folders kept under .devpool/runs (default 20)"),
     Option(
         "share-runs",
-        _flag,
+        flag,
         "run folders devpool makes are readable by the group (mode 0750), not only by this "
         "user (0700); for a shared host where a team reads each other's runs",
         flag=True,
