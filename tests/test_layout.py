@@ -15,9 +15,29 @@ import devpool
 
 SRC = Path(devpool.__file__).resolve().parent
 MAX_TOP_LEVEL = 12
-MAX_LINES = 600
-# Over the limit today, to be split by concern (issue 20): each may shrink, never grow.
-OVER_FOR_NOW: dict[str, int] = {}
+MAX_LINES = 500  # a module; over it, two concerns share a room (STYLE.md)
+MAX_CLASS_LINES = 300
+# Over the limits today, to be split by concern (issue 53): each stays under the ceiling it
+# had, and a module or class not named here fails at the limit.
+OVER_FOR_NOW: dict[str, int] = {
+    "queue/store.py": 600,
+    "worker/session.py": 600,
+    "run/loop.py": 600,
+    "worker/protocol.py": 600,
+    "serve/pages.py": 600,
+    "serve/views.py": 600,
+}
+CLASSES_OVER_FOR_NOW: dict[str, int] = {
+    "backends/ray/backend.py::RayBackend": 500,
+    "queue/store.py::QueueStore": 500,
+    "run/loop.py::Loop": 500,
+    "worker/session.py::WorkerSession": 500,
+    "session/controller.py::Controller": 500,
+    "run/placing.py::Placing": 500,
+    "run/replay.py::Replay": 500,
+    "backends/local.py::LocalBackend": 400,
+    "queue/source.py::QueueSource": 400,
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -131,6 +151,27 @@ def test_no_module_is_over_the_line_limit() -> None:
         if lines > OVER_FOR_NOW.get(rel, MAX_LINES):
             over[rel] = lines
     assert over == {}, f"over {MAX_LINES} lines (or over their ceiling in OVER_FOR_NOW): {over}"
+
+
+def _class_sizes() -> dict[str, int]:
+    """ "file::Class" → its lines, for every class of the package (nested ones too)."""
+    sizes = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                sizes[f"{rel}::{node.name}"] = (node.end_lineno or node.lineno) - node.lineno + 1
+    return sizes
+
+
+def test_no_class_is_over_the_line_limit() -> None:
+    sizes = _class_sizes()
+    over = {
+        name: lines
+        for name, lines in sizes.items()
+        if lines > CLASSES_OVER_FOR_NOW.get(name, MAX_CLASS_LINES)
+    }
+    assert over == {}, f"over {MAX_CLASS_LINES} lines (or their CLASSES_OVER_FOR_NOW): {over}"
 
 
 def test_a_ray_node_actor_imports_no_pytest() -> None:

@@ -27,6 +27,7 @@ from devpool.report.record import latest_record, read_run
 from devpool.report.text import render_text
 from devpool.select.cli import add_select_command, build_transfer_parser
 from devpool.serve import add_serve_command
+from devpool.session.rerun import add_rerun_command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -160,13 +161,13 @@ def _doctor(args: argparse.Namespace) -> int:
 
     from devpool.devices import probes
     from devpool.devices.fairshare import WaitingRoom
-    from devpool.devices.inventory import BUILTIN_PLATFORMS, detect, resolve_inventory
+    from devpool.devices.inventory import AUTO_ORDER, BUILTIN_PLATFORMS, detect, resolve_inventory
 
     named = _named_lock_dir(args)  # a mistake is said before any fact
     python = host_platform.python_version()
     print(f"devpool {__version__}, pytest {pytest.__version__}, Python {python}")
     settings = _project(args.devices)
-    for kind in ("cuda", "ascend", "rocm"):
+    for kind in AUTO_ORDER:
         found = detect(kind, timeout=args.timeout)
         print(f"{kind:7} devices: {', '.join(map(str, found)) if found else 'none found'}")
     for argv in (
@@ -296,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="-- then pytest's arguments (a leading `pytest` or `python -m pytest` is dropped)",
     )
     run.set_defaults(func=_run)
+    add_rerun_command(commands)
     add_capacity_commands(commands)
     add_adopt_command(commands)
     add_select_command(commands)
@@ -318,7 +320,7 @@ def build_verify_parser() -> argparse.ArgumentParser:
 
 
 # Commands whose arguments after `--` go to pytest.
-_PASS_THROUGH = ("run", "capacity", "shard", "adopt")
+_PASS_THROUGH = ("run", "rerun", "capacity", "shard", "adopt")
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -344,7 +346,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if unknown:
         hint = "; pytest's own options go after `--`" if command in _PASS_THROUGH else ""
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
-    if args.command == "run":
+    if args.command in ("run", "rerun"):
         args.pytest_args = [*args.pytest_args, *after]
     elif args.command in ("capacity", "shard", "adopt"):
         args.paths = [*args.paths, *after]

@@ -1,11 +1,13 @@
-"""PostgreSQL, shared by the queue (queue/) and the fleet's duration history (history/):
-its URLs checked and shown without their password, connections opened, and every way one
-fails said in one sentence."""
+"""PostgreSQL, shared by the queue (queue/), the fleet's duration history (history/) and its
+baselines (select/): its URLs checked and shown without their password, connections opened,
+tables made once under a lock and their version read, and every way one fails said in one
+sentence."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -14,6 +16,9 @@ from devpool.errors import DevpoolError
 if TYPE_CHECKING:
     import psycopg
 
+# The schema the fleet's duration history and its baselines share (history/postgres.py,
+# select/store_pg.py), beside whatever else the database holds.
+FLEET_SCHEMA = "devpool_history"
 CONNECT_TIMEOUT = 5  # seconds: an unreachable host is said in one sentence, not waited on
 # A server cut off by the network (not restarted: that closes the connection) must not hold a
 # query, a heartbeat or the host page's question forever: the connection fails within about
@@ -121,3 +126,21 @@ def failure_sentence(url: str, message: str, option: str = "--devpool-queue") ->
 
 def _last(line: str) -> str:
     return line.split("FATAL:", 1)[-1].strip().rstrip(".")
+
+
+@contextmanager
+def under_lock(conn: Any, key: int) -> Iterator[Any]:
+    """A transaction holding an advisory lock: the first runner to open an empty (or older)
+    database makes (or upgrades) its tables while the others wait, then find them made."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+        yield conn
+
+
+def tables_version(conn: Any, meta: str) -> int | None:
+    """The schema version in a meta table (`schema.table` of key/value rows); None where that
+    table is not there yet."""
+    if conn.execute(f"SELECT to_regclass('{meta}')").fetchone()[0] is None:
+        return None
+    row = conn.execute(f"SELECT value FROM {meta} WHERE key = 'schema'").fetchone()
+    return int(row[0]) if row is not None else 0

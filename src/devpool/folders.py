@@ -35,18 +35,34 @@ def made(folder: Path) -> Path:
     return folder
 
 
-def writable_folder(path: Path, what: str) -> None:
-    """Make the folder a user named for devpool's output, or say in one sentence why not.
+def new_folder(path: Path, mode: int) -> bool:
+    """Make the folder (and its parents), itself with exactly ``mode`` whatever the umask;
+    False when something was there already (it keeps its mode)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        return False
+    os.chmod(path, mode)
+    return True
+
+
+def writable_folder(path: Path, what: str, mode: int = 0o777) -> None:
+    """Make the folder a user named for devpool's output (``mode`` less the umask's bits
+    if devpool makes it), or say in one sentence why not.
 
     what: how the user named it, e.g. "--devpool-run-dir"."""
     from devpool.errors import DevpoolError
 
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise DevpoolError(f"{what} {path} is a file, not a folder") from None
+        if mode == 0o777:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            new_folder(path, mode)
     except OSError as exc:
         raise DevpoolError(f"{what} {path} cannot be made: {exc.strerror}") from None
+    if not path.is_dir():
+        raise DevpoolError(f"{what} {path} is a file, not a folder")
     probe = path / f".devpool-write-check-{os.getpid()}"
     try:
         probe.touch()

@@ -219,7 +219,9 @@ def _configure_controller(config: pytest.Config) -> None:
     from devpool.folders import writable_folder
 
     if settings.run_dir is not None:
-        writable_folder(settings.run_dir, "--devpool-run-dir")
+        from devpool.session.run_folder import run_folder_mode
+
+        writable_folder(settings.run_dir, "--devpool-run-dir", run_folder_mode(settings))
     if settings.history is not None:
         from devpool.history.place import check_history
 

@@ -1,4 +1,5 @@
-"""Words for counts in what devpool prints: '1 device', '2 devices', never '1 devices'."""
+"""Words in what devpool prints: counts ('1 device', '2 devices', never '1 devices'),
+durations, how a process ended."""
 
 from __future__ import annotations
 
@@ -21,3 +22,16 @@ def describe_exit(code: int | None) -> str:
             name = f"signal {-code}"
         return f"was killed by {name} (signal {-code})"
     return f"exited with code {code}"
+
+
+def duration(seconds: float) -> str:
+    """A span of time as every view says it: '2.00 s', '12.3 s', '4 m 05 s', '2 h 03 m'."""
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} m {rest:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} m"

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devpool.backends.failfast import FailFast
 from devpool.backends.merge import ENDED, Merge, merge_phase
 from devpool.worker import protocol
 
@@ -168,3 +169,56 @@ def test_a_partial_skip_names_the_ranks_that_skipped() -> None:
     assert merged["outcome"] == "failed"
     assert merged["longrepr"].startswith("skipped on ranks 1, 2 only, ran on rank 0")
     assert "[rank 1] Skipped: why 1" in merged["longrepr"]
+
+
+def test_setup_show_text_is_rank_0s_once_where_rank_0_wrote_it() -> None:
+    merge = Merge(2)
+    start = {"ev": "start", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]}
+    for rank in (0, 1):
+        feed(merge, rank, start)
+        feed(merge, rank, {"ev": "shown", "text": f"SETUP {rank}"})
+        feed(merge, rank, {"ev": "report", "data": report("t.py::a", "setup", "passed", rank)})
+        feed(merge, rank, {"ev": "report", "data": report("t.py::a", "call", "passed", rank)})
+        feed(merge, rank, {"ev": "shown", "text": f"TEARDOWN {rank}"})
+        feed(merge, rank, {"ev": "report", "data": report("t.py::a", "teardown", "passed", rank)})
+    out = feed(merge, 0, {"ev": "finish", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]})
+    out += feed(merge, 1, {"ev": "finish", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]})
+    told = [m.get("text") or m.get("data", {}).get("when") or m["ev"] for m in out]
+    assert told == ["SETUP 0", "setup", "call", "TEARDOWN 0", "teardown", "finish"]
+    # After its last test (the widest fixtures' teardown), rank 0's text goes out at once.
+    assert feed(merge, 0, {"ev": "shown", "text": "TEARDOWN s"}) == [
+        {"ev": "shown", "text": "TEARDOWN s"}
+    ]
+    assert feed(merge, 1, {"ev": "shown", "text": "TEARDOWN s"}) == []
+
+
+def test_ranks_at_a_debugger_get_the_terminal_in_turn() -> None:
+    merge = Merge(3)
+    start = {"ev": "start", "nodeid": "t.py::a", "location": ["t.py", 0, "a"]}
+    for rank in range(3):
+        feed(merge, rank, start)
+    asks = [{"ev": "debugger", "pid": 100 + rank} for rank in range(3)]
+    assert feed(merge, 1, asks[1]) == [{**asks[1], "post_mortem": False}]
+    assert feed(merge, 0, asks[0]) == []  # waits for rank 1's prompt to end
+    assert feed(merge, 2, asks[2]) == []
+    left = {"ev": "debugger_left", "pid": 101}
+    assert feed(merge, 1, left) == [left, {**asks[0], "post_mortem": False}]
+    # A rank devpool ends at its prompt gives the terminal to the next.
+    out = [protocol.to_object(m) for m in merge.end_rank(0, f"{ENDED}rank 1 failed")]
+    assert out[:2] == [{"ev": "debugger_left", "pid": 100}, {**asks[2], "post_mortem": False}]
+    quit_ = {"ev": "quit", "msg": "Quitting debugger", "returncode": 2}
+    assert feed(merge, 2, quit_) == [quit_]
+
+
+def test_no_rank_straggles_while_one_sits_at_a_prompt() -> None:
+    fate = FailFast(2, straggle=5.0)
+    location = ["t.py", 0, "a"]
+    for rank in (0, 1):
+        fate.take(rank, protocol.Start(nodeid="t.py::a", location=location), 0.0)
+    fate.take(0, protocol.Debugger(pid=100), 1.0)
+    fate.take(1, protocol.Finish(nodeid="t.py::a", location=location), 1.0)
+    assert fate.due() == []
+    fate.tick(100.0)
+    assert fate.fallen is None and not fate.straggling
+    fate.take(0, protocol.DebuggerLeft(pid=100), 100.0)
+    assert fate.due() == [105.0]  # the window starts again from the prompt's end

@@ -20,7 +20,7 @@ def test_resource_seconds_count_units_times_seconds_of_what_runs() -> None:
     ]
     rep = capacity_report(tests, "sim", None, {"t::a": 3.0, "t::b": 5.0}, 1.0)
     assert rep.resource_seconds == {"hccl": 8.0, "lic": 10.0}
-    assert "resource-seconds (units × seconds): hccl 8.0 s, lic 10.0 s" in render_text(rep)
+    assert "resource-seconds (units × seconds): hccl 8.00 s, lic 10.0 s" in render_text(rep)
     assert json.loads(render_json(rep))["resource_seconds"] == {"hccl": 8.0, "lic": 10.0}
 
 

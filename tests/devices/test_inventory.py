@@ -635,3 +635,22 @@ def test_detect_rocm_counts_amd_render_nodes_without_rocm_smi(
     assert detect("rocm", timeout=5) == [0, 1]
     os.remove(kfd)
     assert detect("rocm", timeout=5) is None
+
+
+def test_a_platform_ids_spec_is_read_in_one_place() -> None:
+    """--devices, `devpool select --devices` and `devpool capacity --devices` read
+    PLATFORM:IDS alike: the same ids, the same sentence for a mistake."""
+    from devpool.capacity.cli import _spec_platform
+    from devpool.select.cli import _spec_shape
+
+    assert inventory.named_ids(" sim:0-2,5 ") == ("sim", [0, 1, 2, 5])
+    assert inventory.named_ids("auto") is None and inventory.named_ids("0-3") is None
+    assert _spec_shape("cuda:0-7", True) == ("cuda", 8)
+    assert _spec_platform("cuda:0-7", {}) == ("cuda", 8)
+    for read in (
+        inventory.named_ids,
+        lambda spec: _spec_shape(spec, True),
+        lambda spec: _spec_platform(spec, {}),
+    ):
+        with pytest.raises(DevpoolError, match=r"^--devices .cuda:0-x. is malformed"):
+            read("cuda:0-x")

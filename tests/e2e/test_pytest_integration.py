@@ -8,6 +8,7 @@ the files the run leaves behind.
 from __future__ import annotations
 
 import re
+import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -754,6 +755,8 @@ def test_old_run_folders_are_pruned_and_other_folders_left_alone(
     assert "keep-me" in left  # not a folder devpool made
     assert old[-1] in left and not set(old[:-1]) & set(left)
     assert len(left) == 3  # the newest old run, this run, and keep-me
+    (made,) = set(left) - {"keep-me", old[-1]}
+    assert stat.S_IMODE((runs / made).stat().st_mode) == 0o700  # this user's alone
 
 
 @pytest.mark.parametrize("fork_server", [False, True], ids=["fresh", "fork-server"])

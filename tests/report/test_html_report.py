@@ -276,7 +276,7 @@ def test_tooltip_names_test_devices_duration_wait_attempt_outcome(finished: list
     lines = bar_title(bar).splitlines()
     assert lines[0] == PAIR_ID
     for expected in (
-        "devices: sim:0-1",
+        "devices: sim:0,1",
         "duration: 1.50 s",
         "queue wait: 0.25 s",
         "attempt: 1",

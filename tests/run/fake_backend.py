@@ -8,7 +8,8 @@ send. What a test does is in its name:
 - `test_pass*` passes, `test_fail*` fails (its call), `test_skip*` skips (its setup);
 - `test_crash*` kills its worker under it (no finish, the pipe ends: a crash);
 - `test_crash_once*` does so on its first attempt only, then passes;
-- `test_missing*` is not collected by the worker.
+- `test_missing*` is not collected by the worker;
+- `test_hang*` hangs in its call: nothing more comes from its worker until it is signalled.
 
 A worker started for a once-fixture (DEVPOOL_ONCE_SETUP in its environment) sets it up at
 once and tears it down at its stop; one named `lost*` dies before its setup ends, one
@@ -94,6 +95,9 @@ class ScriptedWorker(WorkerHandle):
                 self.outbox.append(_report(test.nodeid, location, "setup", "passed"))
                 self._end(-signal.SIGSEGV)
                 return
+            if name.startswith("test_hang"):
+                self.outbox.append(_report(test.nodeid, location, "setup", "passed"))
+                return  # the rest of the batch waits behind it, as in a real worker
             if name.startswith("test_skip"):
                 self.outbox.append(_report(test.nodeid, location, "setup", "skipped"))
             else:

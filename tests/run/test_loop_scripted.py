@@ -74,3 +74,56 @@ def test_the_tests_batched_behind_a_crash_go_back_untouched(pytester: pytest.Pyt
         assert event["attempt"] == 1  # no attempt of theirs: the same attempt runs later
         assert "ended before it ran" in event["reason"]
         assert ends(attempts, event["nodeid"]) == [(1, "passed")]
+
+
+def test_a_hung_test_times_out_with_its_stacks_and_the_run_goes_on(
+    pytester: pytest.Pytester,
+) -> None:
+    names = ["test_hang_a", "test_pass_b"]
+    result, attempts = run(
+        pytester,
+        names,
+        *("--devices", "sim:0", "--devpool-cpu-slots=1"),
+        *("--devpool-test-timeout=0.5", "--devpool-timeout-grace=0.2"),
+    )
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("timeout"), outcomes.get("passed")) == (1, 1), result.stdout.str()
+    assert ends(attempts, "test_hang_a") == [(1, "timeout")]  # no rerun unless asked
+    assert ends(attempts, "test_pass_b") == [(1, "passed")]
+    states = [
+        e["state"] for e in attempts if e["type"] == "attempt" and e["nodeid"].endswith("hang_a")
+    ]
+    assert "timed-out" in states, states
+    result.stdout.fnmatch_lines(
+        [
+            "*TIMEOUT*test_hang_a*exceeded its 0.5s limit; stacks dumped*",
+            "*(a scripted worker has no stacks)*",  # what dump_stacks wrote, in its report
+        ]
+    )
+
+
+def test_a_failure_runs_again_under_reruns_and_gates_once(pytester: pytest.Pytester) -> None:
+    result, attempts = run(
+        pytester, ["test_fail_a", "test_pass_b"], "--devices", "sim:0", "--devpool-reruns=1"
+    )
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("failed"), outcomes.get("rerun"), outcomes.get("passed")) == (1, 1, 1)
+    assert ends(attempts, "test_fail_a") == [(1, "failed"), (2, "failed")]
+    failed = [e for e in attempts if e["type"] == "job_end" and e["test"].endswith("test_fail_a")]
+    # The first attempt is a RERUN that gates nothing; the last one is the test's ending.
+    assert [(e["retried"], e["gating"]) for e in failed] == [(True, False), (False, True)]
+    assert failed[0]["worker_pid"] != failed[1]["worker_pid"]  # in a fresh worker
+
+
+def test_x_stops_the_run_at_the_first_failure(pytester: pytest.Pytester) -> None:
+    names = ["test_fail_a", "test_pass_b", "test_pass_c", "test_pass_d"]
+    result, attempts = run(pytester, names, "--devices", "sim:0", "--devpool-cpu-slots=1", "-x")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert result.parseoutcomes().get("failed") == 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["*stopping after 1 failures*"])
+    # Tests already handed to the worker may finish; none is started after the stop, and
+    # what did not start is said as not run.
+    assert ends(attempts, "test_pass_d") == []
+    result.stdout.fnmatch_lines(["NOT RUN  test_s.py::test_pass_d*"])
+    for name in names:
+        assert len(ends(attempts, name)) <= 1, name

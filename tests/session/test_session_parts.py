@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from devpool.config import Settings
 from devpool.outcomes import RERUN, Outcome
 from devpool.session.jobs import repeat_id
 from devpool.session.past_runs import read_estimates
-from devpool.session.run_folder import RUN_ID, prune_runs, run_id
+from devpool.session.run_folder import RUN_ID, make_run_folder, prune_runs, run_id
 from devpool.session.summary import teststatus as status_of
 
 
@@ -44,6 +46,22 @@ def test_old_run_folders_are_pruned_and_others_left_alone(tmp_path: Path) -> Non
     settings = Settings(devices=None, platforms={}, keep_runs=2)
     prune_runs(runs / names[-1], settings)
     assert sorted(p.name for p in runs.iterdir()) == sorted([*names[-2:], "mine"])
+
+
+def test_run_folders_are_made_private_unless_shared(tmp_path: Path) -> None:
+    """0700 whatever the umask (a record names tests, hosts and options), 0750 with
+    --devpool-share-runs; a folder that is there already keeps its mode."""
+    old = os.umask(0o022)
+    try:
+        private = make_run_folder(tmp_path / "runs" / "a", Settings(devices=None, platforms={}))
+        shared = Settings(devices=None, platforms={}, share_runs=True)
+        group = make_run_folder(tmp_path / "runs" / "b", shared)
+        (tmp_path / "mine").mkdir(mode=0o755)
+        make_run_folder(tmp_path / "mine", Settings(devices=None, platforms={}))
+    finally:
+        os.umask(old)
+    modes = [stat.S_IMODE(path.stat().st_mode) for path in (private, group, tmp_path / "mine")]
+    assert modes == [0o700, 0o750, 0o755]
 
 
 def test_no_history_means_no_estimates(tmp_path: Path) -> None:

@@ -17,6 +17,9 @@ TESTS = (protocol.Test("t.py::a[1]", "t.py::a[1]", 1), protocol.Test("t.py::b", 
 EXAMPLES: list[protocol.Message] = [
     protocol.Run(job=7, tests=TESTS, fresh_after_failure=True, fatal=("CUDA error",)),
     protocol.Run(job=8, tests=TESTS[:1]),
+    protocol.Run(job=9, tests=TESTS[:1], stdin="/proc/1/fd/0"),
+    protocol.Lend(pid=456, lent=True, stdin=None, stdout="/proc/1/fd/1", stderr="/proc/1/fd/2"),
+    protocol.Lend(pid=456),
     protocol.More(job=7, seq=2, tests=TESTS),
     protocol.Cancel(),
     protocol.Stop(),
@@ -35,6 +38,12 @@ EXAMPLES: list[protocol.Message] = [
         ended="terminated",
     ),
     protocol.Leak(nodeid="t.py::a", kind="thread", pid=7, fixture="srv (module)"),
+    protocol.Shown(text="\n        SETUP    F fix"),
+    protocol.Debugger(pid=456, post_mortem=True),
+    protocol.Debugger(pid=456),
+    protocol.DebuggerLeft(pid=456),
+    protocol.Quit(msg="Quitting debugger", returncode=2),
+    protocol.Quit(msg="enough"),
     protocol.Missing(nodeid="t.py::gone"),
     protocol.Renamed(nodeid="t.py::a[x1]", as_="t.py::a[x2]"),
     protocol.Warned(
@@ -142,7 +151,7 @@ def test_an_owner_without_a_handler_is_named() -> None:
     class Partial:
         def _on_ready(self, slot: object, event: protocol.Ready) -> None: ...
 
-    with pytest.raises(protocol.ProtocolError, match="Partial handles no Done, Finish"):
+    with pytest.raises(protocol.ProtocolError, match="Partial handles no Debugger, DebuggerLeft"):
         protocol.handlers(Partial(), protocol.EVENTS)
 
 
@@ -159,5 +168,21 @@ def test_a_worker_reads_typed_commands_and_a_stop_when_the_controller_is_gone() 
         os.close(write_end)
         assert commands.pending() == [protocol.Stop()]
         assert commands.next() is None
+    finally:
+        os.close(read_end)
+
+
+def test_a_worker_at_a_debugger_takes_its_own_grant_and_keeps_other_commands() -> None:
+    """A ranks(n) test's grant goes to each of its ranks: one rank takes the one for its pid,
+    and one meant for another rank is not taken for its own later."""
+    read_end, write_end = os.pipe()
+    commands = protocol.Commands(read_end)
+    mine = protocol.Lend(pid=2, lent=True, stdin="/proc/1/fd/0")
+    try:
+        protocol.write(write_end, protocol.Lend(pid=1), protocol.Cancel(), mine)
+        assert commands.wait_for(protocol.Lend, lambda lend: lend.pid == 2) == mine
+        assert commands.pending() == [protocol.Cancel()]
+        os.close(write_end)
+        assert commands.wait_for(protocol.Lend) is None
     finally:
         os.close(read_end)

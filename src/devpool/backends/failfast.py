@@ -80,6 +80,12 @@ class FailFast:
             elif outcome == "skipped" and self.skip is None and self.fallen is None:
                 self.skip = (now + SKIP_WAIT, rank, str(data["nodeid"]), when)
         out = self.merge.feed(rank, message)
+        if isinstance(message, protocol.DebuggerLeft) and not self.merge.prompts:
+            # The windows for the other ranks stopped at the prompt: they start again.
+            if self.skip is not None:
+                self.skip = (now + SKIP_WAIT, *self.skip[1:])
+            if self.lag is not None:
+                self.lag = (now + self.straggle, self.lag[1])
         if not isinstance(message, protocol.Finish):
             return self._seen(out)
         if self.lag is None and self.fallen is None and not out:
@@ -115,8 +121,10 @@ class FailFast:
         return []
 
     def tick(self, now: float) -> None:
-        """The skip window and the SIGKILLs, when due."""
-        if self.skip is not None and now >= self.skip[0] and self.fallen is None:
+        """The skip window and the SIGKILLs, when due; no rank is a straggler while one sits
+        at a debugger's prompt."""
+        judging = self.fallen is None and not self.merge.prompts
+        if self.skip is not None and now >= self.skip[0] and judging:
             _, who, nodeid, when = self.skip
             behind = [
                 r
@@ -126,7 +134,7 @@ class FailFast:
             if behind:
                 self._fall(who, "skipped", nodeid, now)
             self.skip = None
-        if self.lag is not None and now >= self.lag[0] and self.fallen is None:
+        if self.lag is not None and now >= self.lag[0] and judging:
             self._straggled(self.lag[1], now)
         if self.term_at is not None and now >= self.term_at:
             self.term_at = None
@@ -138,6 +146,8 @@ class FailFast:
 
     def due(self) -> list[float]:
         skip, lag = self.skip[0] if self.skip else None, self.lag[0] if self.lag else None
+        if self.merge.prompts:
+            skip = lag = None
         return [t for t in (self.kill_at, skip, lag, self.term_at) if t is not None]
 
     def take_orders(self) -> list[tuple[int, int]]:

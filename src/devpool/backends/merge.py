@@ -91,6 +91,8 @@ def ranks_named(ranks: Iterable[int]) -> str:
     return f"{word} {', '.join(map(str, listed))}"
 
 
+_PHASES = {"setup": 0, "call": 1, "teardown": 2}
+
 ENDED = "ended: "  # the part of a rank devpool ended because another rank's ending doomed it
 
 
@@ -144,6 +146,11 @@ class Merge:
         self.gone: set[int] = set()  # ranks that will say nothing more
         self.missing: set[str] = set()
         self.done: dict[int, dict[int, list[str]]] = {}
+        # --setup-show's text of rank 0, per open test: (rank 0's reports before it, text).
+        self.shown: dict[str, list[tuple[int, protocol.Shown]]] = {}
+        # Ranks at a debugger's prompt, in turn: the first holds the terminal, the others
+        # wait (the loop lends one worker's terminal at a time).
+        self.prompts: list[tuple[int, protocol.Debugger]] = []
 
     def feed(self, rank: int, message: protocol.Message) -> list[protocol.Message]:
         if self.world == 1:
@@ -159,6 +166,15 @@ class Merge:
             return [message]  # each rank's own leftovers: a ranks(n) test counts them all
         if isinstance(message, (protocol.OnceUp, protocol.OnceDown)):
             return [message]  # a once-fixture's process is never a rank: passed on as said
+        if isinstance(message, protocol.Shown):
+            return self._shown(rank, message)
+        if isinstance(message, protocol.Debugger):
+            self.prompts.append((rank, message))
+            return [message] if len(self.prompts) == 1 else []
+        if isinstance(message, protocol.DebuggerLeft):
+            return self._left_prompt(rank, message)
+        if isinstance(message, protocol.Quit):
+            return [message]  # any rank's pytest.exit() or `q` ends the run
         if isinstance(message, protocol.Start):
             nodeid = message.nodeid
             self.where[rank] = nodeid
@@ -197,6 +213,26 @@ class Merge:
             return [protocol.Done(job=job, skipped=skipped)]
         raise protocol.ProtocolError(f"the rank merge has no rule for {message!r:.200}")
 
+    def _shown(self, rank: int, message: protocol.Shown) -> list[protocol.Message]:
+        """--setup-show's lines once, as one process writes them: rank 0's, among the merged
+        reports where rank 0 wrote them (after its test: the widest fixtures' teardown)."""
+        if rank != 0:
+            return []
+        nodeid = self.where.get(0)
+        if nodeid is None or nodeid not in self.started:
+            return [message]
+        before = sum(1 for r, _ in self.reports.get(nodeid, []) if r == 0)
+        self.shown.setdefault(nodeid, []).append((before, message))
+        return []
+
+    def _left_prompt(self, rank: int, left: protocol.DebuggerLeft) -> list[protocol.Message]:
+        """A rank left the debugger: the next rank waiting for the terminal gets it."""
+        if not self.prompts or self.prompts[0][0] != rank:
+            self.prompts = [(r, m) for r, m in self.prompts if r != rank]
+            return []
+        self.prompts.pop(0)
+        return [left, *(m for _, m in self.prompts[:1])]
+
     def phases(self, nodeid: str, rank: int) -> set[str]:
         """The phases of a test this rank has reported."""
         return {d.get("when", "") for r, d in self.reports.get(nodeid, []) if r == rank}
@@ -205,9 +241,11 @@ class Merge:
         """A rank devpool ended while others ran on: its part of the test it was in (or the
         current test, which it had not reached) fails with why; what completes goes out."""
         self.gone.add(rank)
+        prompt = [m for r, m in self.prompts if r == rank]
+        out = self._left_prompt(rank, protocol.DebuggerLeft(pid=prompt[0].pid)) if prompt else []
         nodeid = self.where.pop(rank, None) or self.current
         if nodeid is None or rank in self.finished.get(nodeid, set()):
-            return []
+            return out
         start = self.starts.get(nodeid)
         location = start.location if start is not None else [nodeid, None, nodeid]
         seen = self.phases(nodeid, rank)
@@ -229,7 +267,7 @@ class Merge:
             )
         self.finished.setdefault(nodeid, set()).add(rank)
         finish = protocol.Finish(nodeid=nodeid, location=list(location))
-        return self._complete(nodeid, finish)
+        return [*out, *self._complete(nodeid, finish)]
 
     def _complete(self, nodeid: str, finish: protocol.Finish) -> list[protocol.Message]:
         if len(self.finished.get(nodeid, ())) < self.world:
@@ -245,6 +283,12 @@ class Merge:
 
     def _merged(self, nodeid: str) -> list[protocol.Message]:
         reports = sorted(self.reports.pop(nodeid, []), key=lambda rd: rd[0])
+        # Rank 0's --setup-show text goes before the phase of the report that followed it.
+        zero = [_PHASES.get(str(d.get("when")), 3) for r, d in reports if r == 0]
+        shown = [
+            (zero[before] if before < len(zero) else 3, text)
+            for before, text in self.shown.pop(nodeid, [])
+        ]
         self.started.discard(nodeid)
         self.starts.pop(nodeid, None)
         self.finished.pop(nodeid, None)
@@ -253,9 +297,11 @@ class Merge:
             phase = [(r, d) for r, d in reports if d.get("when") == when]
             if not phase:
                 continue
+            while shown and shown[0][0] <= _PHASES[when]:
+                out.append(shown.pop(0)[1])
             merged = merge_phase(phase)
             out.append(protocol.Report(data=merged))
             if when == "setup" and merged.get("outcome") != "passed":
                 # pytest runs no call after a failed or skipped setup: nor does the merge.
                 reports = [(r, d) for r, d in reports if d.get("when") != "call"]
-        return out
+        return [*out, *(text for _, text in shown)]

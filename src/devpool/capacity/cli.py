@@ -96,16 +96,17 @@ def _suggest_memory(args: argparse.Namespace) -> int:
 
 def _spec_platform(spec: str | None, platforms: Any) -> tuple[str, int | None]:
     """(platform, devices it names) of a --devices SPEC; cuda without one; auto detects."""
-    from devpool.devices.inventory import detect, parse_ids
+    from devpool.devices.inventory import AUTO_ORDER, detect, named_ids
 
     if spec is None:
         return "cuda", None
-    name, colon, ids = spec.strip().partition(":")
-    if colon:
-        return name, len(parse_ids(ids))
+    found_ids = named_ids(spec)
+    if found_ids is not None:
+        return found_ids[0], len(found_ids[1])
+    name = spec.strip()
     if name and name != "auto" and not name[0].isdigit():
         return name, None
-    for kind in ("cuda", "ascend", "rocm"):  # as --devices auto looks for them
+    for kind in AUTO_ORDER:  # as --devices auto looks for them
         found = detect(kind, timeout=10.0)
         if found:
             chosen = [n for n, p in sorted(platforms.items()) if p.kind == kind]

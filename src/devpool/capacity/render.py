@@ -8,19 +8,9 @@ from dataclasses import asdict
 from typing import Any
 
 from devpool.capacity.costs import DRIFT_SHOWN, CapacityReport, Row
-from devpool.wording import counted
+from devpool.wording import counted, duration
 
 CAPACITY_SCHEMA = "devpool-capacity/1"
-
-
-def seconds_text(seconds: float) -> str:
-    """12.3 s, 4m 05s, 2h 03m."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    whole = round(seconds)
-    if whole < 3600:
-        return f"{whole // 60}m {whole % 60:02d}s"
-    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
 
 
 def _header(rep: CapacityReport) -> list[str]:
@@ -70,7 +60,7 @@ def _cells(row: Row, memory: bool = False) -> list[str]:
         str(row.disabled),
         str(row.skipped_by_platform),
         f"{row.device_seconds:,.1f}",
-        seconds_text(row.wall),
+        duration(row.wall),
     ]
     if memory:
         cells.insert(6, f"{row.memory_seconds / 2**30:,.1f}")
@@ -91,7 +81,7 @@ def render_text(rep: CapacityReport) -> str:
         if number == 0 or number == len(table) - 2:
             lines.append("  " + "-" * (sum(widths) + 2 * (len(widths) - 1)))
     if rep.resource_seconds:
-        held = ", ".join(f"{n} {seconds_text(s)}" for n, s in rep.resource_seconds.items())
+        held = ", ".join(f"{n} {duration(s)}" for n, s in rep.resource_seconds.items())
         lines += ["", f"resource-seconds (units × seconds): {held}"]
     if rep.skipped_by_platform:
         lines += [
@@ -105,8 +95,7 @@ def render_text(rep: CapacityReport) -> str:
     if rep.drift:
         lines += ["", f"drift (p90 moved more than {rep.drift_factor:g}x): {len(rep.drift)}"]
         lines += [
-            f"  {d.factor:6.1f}x  {seconds_text(d.previous)} -> {seconds_text(d.latest)}"
-            f"  {d.nodeid}"
+            f"  {d.factor:6.1f}x  {duration(d.previous)} -> {duration(d.latest)}  {d.nodeid}"
             for d in rep.drift[:DRIFT_SHOWN]
         ]
         if len(rep.drift) > DRIFT_SHOWN:
@@ -115,7 +104,7 @@ def render_text(rep: CapacityReport) -> str:
         lines += ["", "timeline (estimated makespan under devpool's backfill scheduler):"]
         for t in rep.timeline:
             extra = f"  ({counted(t.too_big, 'test')} need more devices)" if t.too_big else ""
-            lines.append(f"  {t.devices:>4} devices  {seconds_text(t.makespan):>9}{extra}")
+            lines.append(f"  {t.devices:>4} devices  {duration(t.makespan):>9}{extra}")
     return "\n".join(lines) + "\n"
 
 
@@ -161,7 +150,7 @@ def render_markdown(rep: CapacityReport) -> str:
     if rep.drift:
         body = ["| factor | previous p90 | latest p90 | test |", "| ---: | ---: | ---: | --- |"]
         body += [
-            f"| {d.factor:.1f}× | {seconds_text(d.previous)} | {seconds_text(d.latest)} "
+            f"| {d.factor:.1f}× | {duration(d.previous)} | {duration(d.latest)} "
             f"| `{_md(d.nodeid)}` |"
             for d in rep.drift[:DRIFT_SHOWN]
         ]
@@ -170,9 +159,7 @@ def render_markdown(rep: CapacityReport) -> str:
         section(f"Drift (p90 moved more than {rep.drift_factor:g}×): {len(rep.drift)}", body)
     if rep.timeline is not None:
         body = ["| devices | estimated makespan | tests that need more |", "| ---: | ---: | ---: |"]
-        body += [
-            f"| {t.devices} | {seconds_text(t.makespan)} | {t.too_big} |" for t in rep.timeline
-        ]
+        body += [f"| {t.devices} | {duration(t.makespan)} | {t.too_big} |" for t in rep.timeline]
         section("Timeline: estimated makespan by pool size", body, open_=True)
     return "\n".join(lines).rstrip("\n") + "\n"
 

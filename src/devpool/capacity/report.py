@@ -45,7 +45,6 @@ from devpool.capacity.render import (
     render_json,
     render_markdown,
     render_text,
-    seconds_text,
     to_json,
 )
 
@@ -69,7 +68,6 @@ __all__ = [
     "render_markdown",
     "render_text",
     "report",
-    "seconds_text",
     "simulate",
     "size_label",
     "to_json",

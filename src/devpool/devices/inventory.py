@@ -11,6 +11,7 @@ from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError, check_keys, did_you_mean
 
 __all__ = [
+    "AUTO_ORDER",
     "BUILTIN_PLATFORMS",
     "KINDS",
     "NO_ACCELERATOR",
@@ -22,14 +23,15 @@ __all__ = [
     "device_memory",
     "format_ids",
     "load_platforms",
+    "named_ids",
     "parse_ids",
     "resolve_inventory",
 ]
 
 KINDS = ("cuda", "rocm", "ascend", "sim")
 
-# Order in which `auto` looks; sim is never detected.
-_AUTO_ORDER = ("cuda", "ascend", "rocm")
+# Order in which `auto` looks (and every command that detects as it does); sim never is.
+AUTO_ORDER = ("cuda", "ascend", "rocm")
 
 # Guards against `0-999999999` allocating a huge list; no host has more devices than this.
 _MAX_ID = 65535
@@ -377,6 +379,17 @@ def _parse_spec_ids(spec: str, text: str) -> list[int]:
         raise DevpoolError(f"--devices {spec}: {error}") from None
 
 
+def named_ids(spec: str) -> tuple[str, list[int]] | None:
+    """(platform, ids) of a PLATFORM:IDS spec, checked as --devices checks it (a mistake is
+    one sentence naming the spec); None for the other forms (auto, a platform, bare ids)."""
+    name, colon, ids_text = spec.strip().partition(":")
+    if not colon:
+        return None
+    if not _NAME_RE.fullmatch(name) or name == "auto" or not _IDS_RE.fullmatch(ids_text):
+        raise _malformed(spec)
+    return name, _parse_spec_ids(spec, ids_text)
+
+
 def resolve_inventory(
     spec: str,
     platforms: Mapping[str, Platform],
@@ -391,7 +404,7 @@ def resolve_inventory(
         return sorted(set(found or ()))
 
     def first_found() -> tuple[Platform, list[int]] | None:
-        for kind in _AUTO_ORDER:
+        for kind in AUTO_ORDER:
             found = run_detector(kind)
             if found:
                 return platforms.get(kind, BUILTIN_PLATFORMS[kind]), found
@@ -402,7 +415,7 @@ def resolve_inventory(
         first = first_found()
         if first is not None:
             return first
-        for kind in _AUTO_ORDER:  # ids a pre-set visibility variable hides: say that first
+        for kind in AUTO_ORDER:  # ids a pre-set visibility variable hides: say that first
             _check_visible(spec, platforms.get(kind, BUILTIN_PLATFORMS[kind]), ids, environ, True)
         raise DevpoolError(
             f"--devices {spec.strip()} gives device ids without a platform, and this host has "
@@ -419,12 +432,11 @@ def resolve_inventory(
         return platforms[name]
 
     text = spec.strip()
-    name, colon, ids_text = text.partition(":")
-    if colon:
-        if not _NAME_RE.fullmatch(name) or name == "auto" or not _IDS_RE.fullmatch(ids_text):
-            raise _malformed(spec)
+    named = named_ids(spec)
+    if named is not None:
+        name, ids = named
+        ids_text = text.partition(":")[2]
         platform = known(name)
-        ids = _parse_spec_ids(spec, ids_text)
         _check_visible(spec, platform, ids, environ, allow_uuid=False)
         if platform.kind != "sim" and not run_detector(platform.kind):
             # Tests that need the hardware would otherwise run beside it and read green.

@@ -9,12 +9,17 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import secrets
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devpool.devices.held_markers import (
+    drop_marker,
+    new_marker,
+    removable_by_others,
+    successor_problem,
+)
 from devpool.devices.inventory import format_ids
 from devpool.devices.leases import (
     _OPEN_FLAGS,
@@ -33,11 +38,10 @@ from devpool.devices.leases import (
 )
 from devpool.devices.resources import HostBlocked, HostLease, host_status, take_host_lease
 from devpool.devices.shares import acquire_shares, held_shares
-from devpool.devices.untrusted import Untrusted, folder_problem, read_fd
+from devpool.devices.untrusted import folder_problem
 from devpool.errors import DevpoolError
 
 _FOLDER_MODE = 0o1777
-MARKERS_LIMIT = 256  # markers of one device looked at, however many were planted
 
 
 # Host-wide folders, first that every user may write wins; never $TMPDIR, which two runner
@@ -156,18 +160,24 @@ class LockDir:
                 taken[device] = handle
                 # Write the record at once: a reader must never find a held, empty file.
                 _write_record(handle, holder)
-                in_the_way = _identity_problem(self.path, platform, handle, holder.session)
+                # Whoever made the file, it may stand where a removed one that a live run
+                # still holds stood: our marker first, then look (held_markers.py says why).
+                own = None
+                if removable_by_others(handle):
+                    own = new_marker(self.path, platform, device, holder)
+                    markers.append(own)
+                in_the_way = successor_problem(
+                    self.path, platform, handle, own.path if own else None
+                ) or _held_in_part(self.path, platform, device)
                 if in_the_way is not None:
                     blocked.append(in_the_way)
-                elif _removable_by_others(handle):
-                    markers.append(_new_marker(self.path, platform, device, holder))
         except BaseException:
             _close_all([*taken.values(), *markers])
             raise
         if blocked:
             _close_all(taken.values())
             for marker in markers:
-                _drop_marker(marker)
+                drop_marker(marker)
             return blocked
         return Lease(platform, holder, [taken[device] for device in devices], markers=markers)
 
@@ -302,95 +312,19 @@ def _blocked_whole(folder: Path, platform: str, handle: _Handle) -> Blocked:
     return Blocked(handle.device, _read_record(handle.fd))
 
 
+def _held_in_part(folder: Path, platform: str, device: int) -> Blocked | None:
+    """Partial holders that hold a device whose lock file we hold whole: they hold a lock
+    file that was removed (their share records serve as their markers)."""
+    shares = tuple(held_shares(folder, platform, device))
+    return Blocked(device, shares[0].holder, shares) if shares else None
+
+
 def _try_shared_lock(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
     return True
-
-
-# ---- a lock file that another user could remove -------------------------------------------
-#
-# The lock folder is sticky: only a lock file's owner can remove it. When it belongs to
-# another user (not root), that user could remove it while we hold it, and the next run
-# would make a new file of that name and lock it too. So a holder of such a file also
-# holds a marker of its own, `<platform>-<device>.held-<pid>-<random>`, locked for as long
-# as it holds the device; a run that made a new lock file, or holds another user's, looks
-# for a held marker of another run before it counts the device as its own.
-
-
-def _removable_by_others(handle: _Handle) -> bool:
-    try:
-        owner = os.fstat(handle.fd).st_uid
-    except OSError:
-        return True
-    return owner not in (0, os.geteuid())
-
-
-def _identity_problem(folder: Path, platform: str, handle: _Handle, session: str) -> Blocked | None:
-    """After locking: the name still names the file we locked, and no other run holds the
-    device through a lock file that was removed or replaced; else what is in the way."""
-    try:
-        named, ours = os.lstat(handle.path), os.fstat(handle.fd)
-    except OSError:
-        return Blocked(handle.device, None)  # removed as we locked it: try again later
-    if (named.st_dev, named.st_ino) != (ours.st_dev, ours.st_ino):
-        return Blocked(handle.device, None)  # replaced as we locked it: try again later
-    if not (handle.created or _removable_by_others(handle)):
-        return None
-    prefix = f"{platform}-{handle.device}.held-"
-    try:
-        names = [name for name in os.listdir(folder) if name.startswith(prefix)]
-    except OSError:
-        return None
-    for name in names[:MARKERS_LIMIT]:
-        held, holder = _held_marker(folder / name)
-        if held and (holder is None or holder.session != session):
-            # Another run holds the device through a lock file that is gone: it still holds.
-            return Blocked(handle.device, holder)
-    return None
-
-
-def _held_marker(path: Path) -> tuple[bool, Holder | None]:
-    """Whether a marker is locked by a live holder, and its record."""
-    try:
-        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
-    except OSError:
-        return False, None
-    try:
-        try:
-            read = read_fd(fd, path)
-        except Untrusted:
-            return False, None  # not a regular file: no run made it
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True, Holder.from_json(read.data.decode("utf-8", errors="replace"))
-        except OSError:
-            return False, None
-        return False, None
-    finally:
-        os.close(fd)
-
-
-def _new_marker(folder: Path, platform: str, device: int, holder: Holder) -> _Handle:
-    path = folder / f"{platform}-{device}.held-{os.getpid()}-{secrets.token_hex(6)}"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o644)
-    handle = _Handle(device, path, fd)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh name: nobody else has it
-        _write_record(handle, holder)
-    except BaseException:
-        _drop_marker(handle)
-        raise
-    return handle
-
-
-def _drop_marker(handle: _Handle) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(handle.path)
-    _close_all([handle])
 
 
 def _prepare_folder(path: Path) -> None:

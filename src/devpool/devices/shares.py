@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from devpool.devices.held_markers import successor_problem
 from devpool.devices.leases import (
     _OPEN_FLAGS,
     Blocked,
@@ -189,6 +190,12 @@ def _take_one(
             except BaseException:
                 _drop_record(record)
                 raise
+        # The record is our marker: now look for a whole holder of a removed lock file.
+        in_the_way = successor_problem(folder, platform, handle)
+        if in_the_way is not None:
+            _drop_record(record)
+            _close(handle.fd, unlock=True)
+            return in_the_way
     except BaseException:
         with contextlib.suppress(OSError):
             _close(handle.fd, unlock=True)

@@ -16,12 +16,12 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from devpool.database import connect, driver, shown
+from devpool.database import FLEET_SCHEMA as SCHEMA
+from devpool.database import connect, driver, shown, tables_version, under_lock
 from devpool.errors import DevpoolError
 from devpool.history.results import HISTORY_SCHEMA, TestResult
 from devpool.history.sql import COLUMNS, CREATE_RESULTS, CREATE_RUN_COSTS, SqlHistory
 
-SCHEMA = "devpool_history"
 _LOCK = 0x64706F6C68  # pg_advisory_xact_lock key: two runners making the tables at once
 _KEY = "rowid BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n    "
 _CREATE = f"""
@@ -69,8 +69,7 @@ class PostgresHistory(SqlHistory):
             if version < HISTORY_SCHEMA and not read_only:
                 # Made once, under a lock: a fleet's runners open it at every run, and
                 # CREATE … IF NOT EXISTS would still lock the tables they write.
-                with self._transaction() as conn:
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+                with under_lock(self._conn, _LOCK) as conn:
                     conn.execute(_CREATE)
                     self._upgrade(conn)
                 version = self._version()
@@ -100,10 +99,7 @@ class PostgresHistory(SqlHistory):
 
     def _version(self) -> int:
         """The schema of the history in this database; 0 where there is none yet."""
-        if self._conn.execute(f"SELECT to_regclass('{SCHEMA}.meta')").fetchone()[0] is None:
-            return 0
-        row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-        return int(row[0]) if row is not None else 0
+        return tables_version(self._conn, f"{SCHEMA}.meta") or 0
 
     @property
     def _errors(self) -> tuple[type[Exception], ...]:

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from devpool.devices.inventory import format_ids
 from devpool.outcomes import Outcome
 from devpool.report.html_tables import (
     UNFINISHED,
@@ -20,16 +21,14 @@ from devpool.report.html_tables import (
     not_run_section,
     troubles_section,
 )
-from devpool.report.htmltext import duration as _duration
 from devpool.report.htmltext import escape
 from devpool.report.htmltext import ints as _ints
-from devpool.report.htmltext import ranges as _ranges
 from devpool.report.memory_lane import CSS as MEMORY_CSS
 from devpool.report.memory_lane import capacities, memory_section, read_holds
 from devpool.report.record import JobRun, RunRecord
 from devpool.report.summary import INTERRUPTED, XFAILED, XPASSED, RunSummary, summarize
 from devpool.report.summary import NOT_RUN as NOT_RUN_NAME
-from devpool.wording import counted
+from devpool.wording import counted, duration
 
 # Bar colors by outcome; "running" is a job the record never saw end (a cut run).
 OUTCOME_COLORS: dict[str, str] = {
@@ -168,13 +167,13 @@ def _lanes(bars: Sequence[_Bar], scale: float) -> list[list[_Bar]]:
 
 def _header(record: RunRecord, summary: RunSummary, origin: float, title: str) -> str:
     devices = record.devices
-    where = f"{record.platform}:{_ranges(devices)}" if devices else record.platform
+    where = f"{record.platform}:{format_ids(devices)}" if devices else record.platform
     started = datetime.datetime.fromtimestamp(origin, tz=datetime.timezone.utc)
     facts = [
         ("platform", f"{where} ({counted(len(devices), 'device')})"),
         ("host", str(record.start.get("host", "?"))),
         ("started", started.strftime("%Y-%m-%d %H:%M:%S UTC")),
-        ("duration", _duration(record.duration())),
+        ("duration", duration(record.duration())),
     ]
     if record.end is not None and "exitstatus" in record.end:
         facts.append(("exit status", str(record.end["exitstatus"])))
@@ -312,7 +311,7 @@ def _row(
                 f'x="{LABEL_WIDTH + bar.begin * scale:.2f}" y="{top + BAR_HEIGHT / 3:.1f}" '
                 f'width="{startup:.2f}" height="{BAR_HEIGHT / 3:.1f}">'
                 f"<title>{escape(bar.run.nodeid)}: start-up "
-                f"{escape(_duration(bar.test_begin - bar.begin))}</title></rect>"
+                f"{escape(duration(bar.test_begin - bar.begin))}</title></rect>"
             )
         x = LABEL_WIDTH + bar.test_begin * scale
         width = max((bar.finish - bar.test_begin) * scale, MIN_BAR_WIDTH)
@@ -328,19 +327,19 @@ def _row(
 
 def _tooltip(bar: _Bar, platform: str) -> str:
     run = bar.run
-    devices = f"{platform}:{_ranges(_ints(run.devices))}" if run.devices else "cpu"
-    took = _duration(bar.finish - bar.test_begin)
+    devices = f"{platform}:{format_ids(_ints(run.devices))}" if run.devices else "cpu"
+    took = duration(bar.finish - bar.test_begin)
     if bar.outcome == UNFINISHED:
         took += " (still running when the run was cut)"
     lines = [
         run.nodeid,
         f"devices: {devices}",
         f"duration: {took}",
-        f"start-up: {_duration(bar.test_begin - bar.begin)}",
-        f"queue wait: {_duration(run.queue_wait)}",
+        f"start-up: {duration(bar.test_begin - bar.begin)}",
+        f"queue wait: {duration(run.queue_wait)}",
         f"attempt: {run.attempt}",
         f"outcome: {bar.outcome}",
-        f"started: +{_duration(bar.begin)}",
+        f"started: +{duration(bar.begin)}",
     ]
     if run.ports:
         lines.append("ports: " + ",".join(str(port) for port in run.ports))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from devpool.devices.inventory import format_ids
 from devpool.outcomes import Outcome
-from devpool.report.htmltext import breakable, duration, escape, ints, ranges
+from devpool.report.htmltext import breakable, escape, ints
 from devpool.report.record import RunRecord
 from devpool.report.summary import INTERRUPTED, NOT_RUN, Ending, RunSummary
+from devpool.wording import duration
 
 UNFINISHED = "running"
 
@@ -40,7 +42,7 @@ def _endings_table(summary: RunSummary, css: str, endings: Sequence[Ending]) -> 
     for ending in endings:
         run = ending.job
         outcome = run.outcome or UNFINISHED
-        devices = f"{summary.platform}:{ranges(ints(run.devices))}" if run.devices else "cpu"
+        devices = f"{summary.platform}:{format_ids(ints(run.devices))}" if run.devices else "cpu"
         out.append(
             f'<tr class="{css} outcome-{escape(outcome)}" data-nodeid="{escape(run.nodeid)}">'
             f'<td class="nodeid">{breakable(run.nodeid)}</td>'
@@ -114,7 +116,7 @@ def every_test_section(record: RunRecord) -> str:
     ]
     for index, run in enumerate(record.jobs):
         shown = run.shown or UNFINISHED
-        devices = f"{record.platform}:{ranges(ints(run.devices))}" if run.devices else "cpu"
+        devices = f"{record.platform}:{format_ids(ints(run.devices))}" if run.devices else "cpu"
         held = run.run_time if run.end is not None else 0.0
         startup = max(0.0, held - run.test_time)
         out.append(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from devpool.report.terminal import strip_ansi
 
@@ -29,33 +29,6 @@ def breakable(value: object) -> str:
     """A node id or path, escaped, that wraps after its separators ('::', '/', '[', '-', '_',
     ...) rather than mid-word: a <wbr> after each (CSS breaks anywhere only if it must)."""
     return _BREAKS.sub(r"\1<wbr>", escape(value))
-
-
-def ranges(ids: Sequence[int]) -> str:
-    """[0, 1, 2, 3, 5] → '0-3,5'."""
-    parts: list[str] = []
-    ordered = sorted(set(ids))
-    index = 0
-    while index < len(ordered):
-        end = index
-        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
-            end += 1
-        first, last = ordered[index], ordered[end]
-        parts.append(str(first) if first == last else f"{first}-{last}")
-        index = end + 1
-    return ",".join(parts)
-
-
-def duration(seconds: float) -> str:
-    if seconds < 10:
-        return f"{seconds:.2f} s"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    minutes, rest = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes} m {rest:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} m"
 
 
 def ints(values: Iterable[object]) -> list[int]:

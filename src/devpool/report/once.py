@@ -1,11 +1,16 @@
 """Once-fixtures in the run record (`once_start`, `once_setup`, `once_teardown`,
 `once_lost`, written by run/once.py): one OnceRun per fixture, its line in the reports, and
-its lease in the devices' utilisation."""
+its lease in the devices' utilisation.
+
+The record's reader (record.py) keeps jobs and leaks; these few lines are read here, from
+the same file, by the summary that shows them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from devpool.devices.inventory import format_ids
@@ -75,3 +80,22 @@ def apply(onces: list[OnceRun], event: Mapping[str, Any]) -> None:
         run.error = bool(event.get("error", False))
     elif kind == "once_lost":
         run.lost, run.end = str(event.get("why", "")), at
+
+
+def onces_of(path: Path) -> list[OnceRun]:
+    """The once-fixtures a record names, in the order they started ([]: none, or no file)."""
+    onces: list[OnceRun] = []
+    try:
+        with path.open("rb") as lines:
+            for line in lines:
+                if b'"once_' not in line:
+                    continue  # most lines: no JSON parse
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a cut last line: the record's reader says so
+                if isinstance(event, dict) and str(event.get("type", "")).startswith("once_"):
+                    apply(onces, event)
+    except OSError:
+        return []
+    return onces

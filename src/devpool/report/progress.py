@@ -108,6 +108,19 @@ class LiveProgress:
             self._last = now
             self._live.update(render(snapshot), refresh=True)
 
+    def pause(self) -> None:
+        """The terminal is lent to a debugger's prompt: the panel goes, pytest's lines so far
+        (a partial line of progress letters too) are written out."""
+        self._live.stop()
+        self._tw._file = self._original
+        self._original.write(self._proxy.pending)
+        self._proxy.pending = ""
+        self._original.flush()
+
+    def resume(self) -> None:
+        self._live.start()
+        self._tw._file = self._proxy
+
     def __exit__(self, *exc: object) -> None:
         self._live.stop()
         self._tw._file = self._original

@@ -54,8 +54,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from devpool.errors import DevpoolError
-from devpool.report.once import OnceRun
-from devpool.report.once import apply as apply_once
 
 SCHEMA_VERSION = 1
 INTERRUPTED = 2  # pytest.ExitCode.INTERRUPTED
@@ -278,7 +276,6 @@ class RunRecord:
     damage: str | None = None  # one sentence when the file was cut or corrupt
     last_time: float = 0.0
     leaks: list[Leak] = field(default_factory=list)  # its `leak` lines, in order
-    onces: list[OnceRun] = field(default_factory=list)  # its once-fixtures (report/once.py)
 
     @property
     def finished(self) -> bool:
@@ -439,8 +436,6 @@ def apply_event(record: RunRecord, open_jobs: dict[int, JobRun], event: Mapping[
         record.shard = event
     elif kind == "leak":
         record.leaks.append(Leak.of(event))
-    elif kind.startswith("once_"):
-        apply_once(record.onces, event)
     elif kind == "job_start":
         run = JobRun(
             job=int(event["job"]),

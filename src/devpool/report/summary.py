@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from devpool.devices.inventory import format_ids
 from devpool.outcomes import Outcome
-from devpool.report.once import OnceRun
+from devpool.report.once import OnceRun, onces_of
 from devpool.report.record import JobRun, Leak, RunRecord
 from devpool.wording import counted
 
@@ -188,6 +188,7 @@ class RunSummary:
 
 def summarize(record: RunRecord) -> RunSummary:
     """The one reading of a run record (a file, or the live one) that every form renders."""
+    onces = onces_of(record.path)  # [tool.devpool.once]'s fixtures (report/once.py)
     tests: dict[str, list[str]] = {}
     finals: dict[str, JobRun] = {}
     earlier: dict[str, list[str]] = {}
@@ -253,8 +254,8 @@ def summarize(record: RunRecord) -> RunSummary:
             for job in ends
             if job.quarantined and job.outcome in _GATING and not job.gating
         ),
-        use=tuple(device_use(record)),
-        onces=tuple(record.onces),
+        use=tuple(device_use(record, onces)),
+        onces=tuple(onces),
         repeats=tuple(repeats(record)),
         cut=record.cut_sentence(),
         outcomes={
@@ -306,7 +307,7 @@ def leak_lines(summary: RunSummary, shown: int = NOT_RUN_SHOWN) -> list[str]:
     return lines
 
 
-def device_use(record: RunRecord) -> list[DeviceUse]:
+def device_use(record: RunRecord, onces: Iterable[OnceRun] = ()) -> list[DeviceUse]:
     """Per device: lease-held seconds and the tests' own seconds, apart."""
     busy: dict[int, float] = {d: 0.0 for d in record.devices}
     tested: dict[int, float] = {d: 0.0 for d in record.devices}
@@ -318,7 +319,7 @@ def device_use(record: RunRecord) -> list[DeviceUse]:
             busy[device] = busy.get(device, 0.0) + held
             tested[device] = tested.get(device, 0.0) + min(job.test_time, held)
             jobs[device] = jobs.get(device, 0) + 1
-    for once in record.onces:  # a once-fixture's lease: held, and no test's
+    for once in onces:  # a once-fixture's lease: held, and no test's
         for device in once.devices:
             busy[device] = busy.get(device, 0.0) + once.held(record.last_time)
     return [DeviceUse(d, busy[d], jobs[d], tested.get(d, 0.0)) for d in sorted(busy)]

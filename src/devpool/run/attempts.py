@@ -77,6 +77,7 @@ class Attempt:
     resources: tuple[tuple[str, int], ...] = ()  # named host resources its worker holds
     worker: int | None = None  # the key of the worker it was sent to
     deadline: float | None = None  # monotonic; only while started
+    left_at_prompt: float | None = None  # its deadline's time left, while at a debugger
     started: float = 0.0  # monotonic, at the worker's start event
     started_wall: float = 0.0  # time.time() at the start, for the record
     output_from: int = 0  # the worker log's size when it started: its own output follows
@@ -147,6 +148,19 @@ class Attempt:
     def due(self, now: float) -> bool:
         """Whether its deadline has passed while it still runs."""
         return self.running and self.deadline is not None and now >= self.deadline
+
+    def pause(self, now: float) -> None:
+        """At a debugger's prompt: its deadline stops, as pytest-timeout's does there."""
+        if self.deadline is not None and self.left_at_prompt is None:
+            self.left_at_prompt = max(0.0, self.deadline - now)
+            self.deadline = None
+
+    def resume(self, now: float) -> None:
+        """Back from the prompt: the time it had left runs on."""
+        if self.left_at_prompt is not None:
+            if self.running:
+                self.deadline = now + self.left_at_prompt
+            self.left_at_prompt = None
 
     def requeue(self, emit: Emit, why: str, counts: bool = True) -> None:
         """Back to the queue untouched: the same attempt number, no retry spent (counts:

@@ -13,6 +13,7 @@ nothing left can be placed, the jobs that are left end `infra` with the reason.
 from __future__ import annotations
 
 import gc
+import os
 import time
 
 import pytest
@@ -35,6 +36,7 @@ from devpool.run.placing import Placing
 from devpool.run.pool import Slot, WorkerPool
 from devpool.run.replay import Replay
 from devpool.run.source import JobSource
+from devpool.run.terminal import TerminalLoan
 from devpool.run.warned import WorkerWarnings
 from devpool.worker import protocol
 
@@ -60,10 +62,13 @@ class Loop:
         self.plan = plan
         settings = ctx.settings
         self.platform = ctx.inventory.platform
+        self.parallel = max(
+            1, settings.max_parallel or max(len(ctx.inventory.devices), settings.cpu_slots)
+        )
         self.scheduler = Scheduler(
             ctx.inventory.devices,
             Backfill(),
-            max(1, settings.max_parallel or max(len(ctx.inventory.devices), settings.cpu_slots)),
+            self.parallel,
             settings.cpu_slots,
             isolate_all=settings.isolation == "job",
             capacity=ctx.memory,
@@ -104,6 +109,8 @@ class Loop:
             source,
         )
         self.renamed: set[str] = set()  # tests a worker collected under another parametrize id
+        # A test at a debugger's prompt gets the controller's terminal (run/terminal.py).
+        self.terminal = TerminalLoan(session.config, backend.local_leases)
         self.leaks = Leaks(ctx, self.say, backend.local_leases)
         self.pool.leaks = self.leaks
         self.once = OnceFixtures(self)  # [tool.devpool.once]: processes of their own
@@ -120,6 +127,8 @@ class Loop:
         # The collected items and the plan live to the end of the run: out of the cyclic
         # collector's sight, its passes (and pytest's five at exit) skip them.
         gc.freeze()
+        self.terminal.live = self.live
+        self._share_stdin()
         self._admit(self.plan.jobs if self.source is None else [], time.monotonic())
         for job, reason in self.plan.unsatisfiable:
             attempt = self.attempts[job.id] = Attempt(job, job.attempt)
@@ -165,9 +174,10 @@ class Loop:
                     self.pool.retire_idle(time.monotonic())
                 if not placed:
                     self.placing.end_stall(time.monotonic())
-                if self.live is not None:
+                if self.live is not None and not self.terminal.lent:
                     self.live.update(self._snapshot())
         finally:
+            self.terminal.close()
             self.once.close()
             self.placing.leave()
             self.health.close()
@@ -179,6 +189,21 @@ class Loop:
             # (trio's, at hypothesis's import in its terminal summary) would then warn.
             gc.unfreeze()
         self._account()
+
+    def _share_stdin(self) -> None:
+        """-s: a test's input() reads the run's stdin, as in plain pytest, when one test runs
+        at a time; several cannot share one stdin, and on a terminal that is said once."""
+        if self.session.config.getoption("capture", None) != "no":
+            return
+        stdin = self.terminal.paths.get("stdin")
+        if self.parallel == 1 or len(self.plan.jobs) <= 1:
+            self.pool.stdin_for_tests = stdin
+        elif stdin is not None and os.isatty(0):
+            self.say(
+                f"-s: input() in a test reads no terminal input here: up to {self.parallel} "
+                "tests run at once and cannot share one stdin (--devpool-max-parallel=1 "
+                "lets one test at a time read it)"
+            )
 
     def _admit(self, jobs: list[Job], now: float) -> None:
         for job in jobs:
@@ -314,6 +339,19 @@ class Loop:
         if event.ended in ("retired", "not permitted"):
             slot.dirty = True
 
+    def _on_shown(self, slot: Slot, event: protocol.Shown) -> None:
+        self.replay.show(event.text)
+
+    def _on_debugger(self, slot: Slot, event: protocol.Debugger) -> None:
+        self.terminal.asked(slot, event.pid, event.post_mortem)
+
+    def _on_debugger_left(self, slot: Slot, event: protocol.DebuggerLeft) -> None:
+        self.terminal.left(slot)
+
+    def _on_quit(self, slot: Slot, event: protocol.Quit) -> None:
+        """pytest.exit() in a test, `q` at the debugger: the run ends as plain pytest's."""
+        raise pytest.exit.Exception(event.msg, event.returncode)
+
     def _on_warning(self, slot: Slot, event: protocol.Warned) -> None:
         """A warning a test raised in its worker: for pytest's warnings summary and count."""
         nodeid = event.nodeid
@@ -424,6 +462,7 @@ class Loop:
         worker = slot.worker
         if worker.exited:
             return
+        self.terminal.left(slot)
         code = self.pool.gone(slot)
         if slot.ready_by is None:  # it was ready for tests: did it hand back its output?
             compat.outputs.exited(self.session.config, worker.pid)

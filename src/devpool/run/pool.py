@@ -96,6 +96,7 @@ class WorkerPool:
         self.modules_for, self.modules_of_size = _module_lists(ctx, plan)
         # Device and CPU workers fork from a warm template of their kind (run/warm.py).
         self.warm = Warm(ctx, backend, plan, self.modules_of_size)
+        self.stdin_for_tests: str | None = None  # -s, one test at a time: the run's stdin
         self.leaks: Leaks | None = None  # the run's leak sweeps (run/leaks.py), set by the loop
 
     # ---- what is held ---------------------------------------------------------------------
@@ -154,6 +155,7 @@ class WorkerPool:
             job=head.id,
             tests=_tests(attempts),
             fresh_after_failure=self.ctx.settings.fresh_after_failure,
+            stdin=self.stdin_for_tests,
             # A failure whose text matches one of these may have poisoned the process (a
             # device context): the worker stops there and its batch goes back untouched.
             fatal=tuple(self.ctx.fatal.sources()) if slot.worker.devices else (),

@@ -33,6 +33,7 @@ from devpool.report.terminal import (
 from devpool.run import host_leases
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
+from devpool.run.phase_reports import UnseenEnding, category_of, cause_of, is_subtest, outcome_of
 from devpool.worker import serialized
 from devpool.worker.stacks import readable_stacks
 
@@ -134,7 +135,9 @@ class Replay:
                 report.devpool_outcome = RERUN  # type: ignore[attr-defined]
             elif job.nodeid in self.ctx.quarantined:
                 self._excuse(report, job)
-        elif report.when == "call" and report.passed and job.own_failures and not _subtest(report):
+        elif (
+            report.when == "call" and report.passed and job.own_failures and not is_subtest(report)
+        ):
             report.devpool_outcome = Outcome.FLAKY.value  # type: ignore[attr-defined]
             if self.ctx.settings.flaky_result == "fail":
                 report.outcome = "failed"
@@ -173,7 +176,7 @@ class Replay:
         if outcome.gates or outcome is Outcome.FLAKY:
             log = log_path(self.ctx.log_dir, attempt.display, attempt.number)
             write_test_log(log, self.log_header(attempt, worker, outcome), attempt.phases)
-        detail = (_cause(attempt.phases) or outcome.value) if log else ""
+        detail = (cause_of(attempt.phases) or outcome.value) if log else ""
         self.conclude(attempt, outcome, worker, detail, log)
         return outcome
 
@@ -225,7 +228,7 @@ class Replay:
                     self.say(f"{job.display} {outcome.value}; {rerun}")
             if extra:
                 text += "\n" + readable_stacks(extra)
-            phases = [(when, "failed", Ending(text, detail, job.location))]
+            phases = [(when, "failed", UnseenEnding(text, detail, job.location))]
             if when != "teardown":
                 phases.append(("teardown", "passed", None))
         reports = list(seen.values())
@@ -337,7 +340,7 @@ class Replay:
             detail=detail,
             tail=lines,
             quarantined=quarantine.describe() if quarantine is not None else None,
-            **_category(attempt.phases, outcome),
+            **category_of(attempt.phases, outcome),
             counted=[c for r in attempt.phases if (c := getattr(r, "devpool_counted", None))],
             artifacts=str(artifacts) if artifacts is not None else None,
             **_ranks(worker),
@@ -406,6 +409,15 @@ class Replay:
     def where(self, devices: tuple[int, ...]) -> str:
         return f"{self.platform.name}:{format_ids(devices)}" if devices else "cpu"
 
+    def show(self, text: str) -> None:
+        """What a worker's pytest wrote to its terminal mid-test (--setup-show), as written."""
+        terminal = self.session.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is not None:
+            terminal._tw.write(text)  # noqa: SLF001 - pytest's own writer, as its plugins use
+            terminal._tw.flush()  # noqa: SLF001
+            if self._verbose:  # -v: the report's line starts a line of its own (as after xdist's)
+                terminal.currentfspath = -2
+
     def say(self, text: str) -> None:
         terminal = self.session.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
@@ -416,87 +428,3 @@ def _ranks(worker: WorkerHandle | None) -> dict[str, Any]:
     """A multi-node worker's ranks (node, devices, log of each), for the run record."""
     ranks = worker.rank_info if worker is not None else []
     return {"ranks": ranks} if ranks else {}
-
-
-class Reason:
-    """Where and why an ending devpool saw happened: pytest's reprcrash, for the one-line views
-    (the short test summary, --tb=line, the JUnit failure message)."""
-
-    def __init__(self, path: str, lineno: int, message: str) -> None:
-        self.path = path
-        self.lineno = lineno
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.lineno}: {self.message}"
-
-
-class Ending:
-    """The failure text of an ending pytest could not see (a timeout, a crash, infra).
-
-    pytest shows it as any failure: the whole text under FAILURES and in JUnit, and its
-    reason alone in the short test summary (`CRASHED test_x.py::test_a - worker pid ...`).
-    """
-
-    def __init__(self, text: str, reason: str, location: tuple[str, int | None, str]) -> None:
-        self.text = text
-        self.reprcrash = Reason(location[0], (location[1] or 0) + 1, reason)
-
-    def toterminal(self, tw: Any) -> None:
-        for line in self.text.splitlines():
-            tw.line(line)
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def _subtest(report: pytest.TestReport) -> bool:
-    """A subtest's report (pytest's subtests): its pass says nothing of the test's."""
-    return getattr(report, "context", None) is not None and hasattr(report, "head_line")
-
-
-def _cause(reports: list[pytest.TestReport]) -> str:
-    """The first line of a test's first failure (`assert 1 == 2`), for the summary."""
-    for report in reports:
-        failed = report.failed or getattr(report, "devpool_outcome", None) == RERUN
-        if not failed or report.longrepr is None:
-            continue
-        crash = getattr(report.longrepr, "reprcrash", None)
-        message = str(crash.message) if crash is not None else str(report.longrepr)
-        lines = message.strip().splitlines()
-        return lines[0] if lines else ""
-    return ""
-
-
-def _category(phases: list[pytest.TestReport], outcome: Outcome) -> dict[str, str]:
-    """pytest's own category where it is not the outcome: an xfail is skipped to devpool's
-    closed set of outcomes, and a non-strict xpass passed, but pytest counts both apart."""
-    if not any(
-        hasattr(r, "wasxfail") and not getattr(r, "devpool_quarantined", False) for r in phases
-    ):
-        return {}
-    if outcome is Outcome.SKIPPED:
-        return {"category": "xfailed"}
-    if outcome is Outcome.PASSED:
-        return {"category": "xpassed"}
-    return {}
-
-
-def outcome_of(phases: list[pytest.TestReport]) -> Outcome:
-    """A finished test's outcome from its phase reports, as pytest's own summary would count it."""
-    flaky = any(getattr(r, "devpool_outcome", None) == Outcome.FLAKY for r in phases)
-    # A failure after the flaky pass (its teardown) is the test's ending, as pytest counts it.
-    failed = [
-        r
-        for r in phases
-        if (r.failed and getattr(r, "devpool_outcome", None) != Outcome.FLAKY)
-        or getattr(r, "devpool_outcome", None) == RERUN
-        or getattr(r, "devpool_quarantined", False)
-    ]
-    if failed and not (flaky and all(r.when == "call" for r in failed)):
-        return Outcome.FAILED if any(r.when == "call" for r in failed) else Outcome.ERROR
-    if flaky:
-        return Outcome.FLAKY
-    if any(r.skipped for r in phases):
-        return Outcome.SKIPPED
-    return Outcome.PASSED

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tarfile
 import threading
 import time
@@ -26,6 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devpool.select.checkout import BaselineProblem as BaselineProblem
+from devpool.select.checkout import changed_since as changed_since
+from devpool.select.checkout import git as git
+from devpool.select.checkout import git_ignored as git_ignored
+from devpool.select.checkout import source_state as source_state
 from devpool.select.fingerprints import (
     TOP,
     BlockCache,
@@ -42,13 +46,9 @@ from devpool.select.identity import identity_key as identity_key
 from devpool.select.identity import toolkits as toolkits
 from devpool.select.options import DEFAULT_KEEP, SelectOptions
 
-SCHEMA = 1
+SCHEMA = 2  # 2: a test's marks are its own block, not the module's top level
 MANIFEST, DATABASE = "manifest.json", "deps.json"
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}  # the worst of a test's attempts counts
-
-
-class BaselineProblem(Exception):
-    """The baseline cannot be trusted; the message is the one-line reason for a full run."""
 
 
 @dataclass(frozen=True)
@@ -113,44 +113,6 @@ def compatibility_inputs(
         if rel is not None and path.is_file():
             result[rel] = file_hash(path)
     return result
-
-
-def git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run git in root; the caller reads the return code (no git, no repository: not 0)."""
-    return subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, check=False, timeout=60
-    )
-
-
-def source_state(root: Path) -> tuple[str | None, list[str]]:
-    """The commit checked out and the tracked files that differ from it.
-
-    Untracked files are no input of a baseline unless a test read them (then their hashes
-    are in its database): scratch files and a run folder inside the project stay out."""
-    head = git(root, "rev-parse", "HEAD")
-    if head.returncode != 0:
-        return None, []
-    return head.stdout.strip(), changed_since(root, head.stdout.strip(), untracked=False)
-
-
-def changed_since(root: Path, commit: str, untracked: bool = True) -> list[str]:
-    """Files under root that differ from commit in the working tree, and (untracked) the
-    new files git does not ignore."""
-    diff = git(root, "diff", "--name-only", "--relative", commit)
-    if diff.returncode != 0:
-        raise BaselineProblem(
-            f"git diff against the baseline's commit {commit[:12]} failed: "
-            f"{diff.stderr.strip().splitlines()[-1:] or ['?']}"
-        )
-    found = set(diff.stdout.split("\n")) - {""}
-    if untracked:
-        new = git(root, "ls-files", "--others", "--exclude-standard")
-        found |= set(new.stdout.split("\n")) - {""}
-    # devpool's own folder and caches are no source, tracked or not.
-    return sorted(p for p in found if not p.startswith(_NOT_SOURCE) and "__pycache__/" not in p)
-
-
-_NOT_SOURCE = (".devpool/", ".pytest_cache/")
 
 
 def union_deps(many: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -259,6 +221,9 @@ class Builder:
         """The deps.json content: each fingerprint once, tests point at them by index."""
         tables: dict[str, dict[tuple[Any, ...], int]] = {"blocks": {}, "files": {}, "libs": {}}
         tests: dict[str, Any] = {}
+        # What git ignores (a cache, a build output) is no input, even where a test read it.
+        read = {rel for test in self.tests.values() for rel in test.get("files", {})}
+        ignored = git_ignored(self.root, read)
         for nodeid, test in sorted(self.tests.items()):
             entry: dict[str, Any] = {
                 "outcome": test["outcome"],
@@ -270,7 +235,9 @@ class Builder:
                 for kind in ("blocks", "files"):
                     table = tables[kind]
                     entry[kind] = [
-                        table.setdefault((k, v), len(table)) for k, v in sorted(test[kind].items())
+                        table.setdefault((k, v), len(table))
+                        for k, v in sorted(test[kind].items())
+                        if k not in ignored
                     ]
                 libs = tables["libs"]
                 entry["libs"] = [

@@ -104,7 +104,10 @@ def _select(args: argparse.Namespace) -> int:
             print(f"deselected  {nodeid}: {why}")
         for note in selection.notes:
             print(f"note        {note}")
-    print("tests that are not in the baseline (new ones) run too under --devpool-select on")
+    print(
+        "tests the run collects that are not in the baseline (new ones, or ones the recording "
+        "run did not run) run too under --devpool-select on, each said with -v"
+    )
     return 0
 
 
@@ -150,14 +153,11 @@ def _shape(project: Project, bucket: Bucket, ident: Any, devices: str | None) ->
 def _spec_shape(spec: Any, named: bool) -> Shape:
     """(platform, pool size) of a PLATFORM:IDS spec; (None, None) for another (auto, a bare
     name) from the config; a --devices the user typed must name ids."""
-    from devpool.devices.inventory import parse_ids
+    from devpool.devices.inventory import named_ids
 
-    name, colon, ids = str(spec or "").strip().partition(":")
-    if name and colon:
-        try:
-            return name, len(parse_ids(ids))
-        except DevpoolError as exc:
-            raise DevpoolError(f"--devices {spec}: {exc}") from None
+    found = named_ids(str(spec or ""))
+    if found is not None:
+        return found[0], len(found[1])
     if named:
         raise DevpoolError(
             f"--devices {spec} names no device ids; devpool select needs PLATFORM:IDS "

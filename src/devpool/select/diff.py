@@ -11,6 +11,7 @@ its device count changed, or it is new.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +25,13 @@ from devpool.select.baseline import (
     check_generation,
     compatibility_inputs,
     git,
+    git_ignored,
     identity_key,
     library_path,
 )
 from devpool.select.fingerprints import BlockCache, file_hash, library_stamp
 from devpool.select.options import SelectOptions, matches
+from devpool.wording import counted
 
 
 @dataclass
@@ -43,12 +46,19 @@ class Selection:
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        """One line for the terminal: the full run's reason, or how many tests run."""
+        """One line for the terminal: the full run's reason, or how many tests run and why."""
         if self.full_reason is not None:
             return f"full run: {self.full_reason}"
         total = len(self.selected) + len(self.deselected)
         age = f", {self.age_s / 3600:.1f} h old" if self.age_s is not None else ""
-        return f"{len(self.selected)} of {total} tests selected (baseline {self.generation}{age})"
+        line = f"{len(self.selected)} of {total} tests selected (baseline {self.generation}{age})"
+        return f"{line}: {self.reasons()}" if self.selected else line
+
+    def reasons(self) -> str:
+        """How many tests each kind of reason selected, the most first: "3 new, 2 failed in
+        the baseline, 1 by tests/test_x.py"."""
+        kinds = Counter(reason_kind(why) for why in self.selected.values())
+        return ", ".join(f"{count} {kind}" for kind, count in kinds.most_common())
 
     def as_event(self) -> dict[str, Any]:
         """The fields of the run record's select event."""
@@ -61,6 +71,7 @@ class Selection:
             "ratio": round(len(self.selected) / total, 4) if total else 1.0,
             "generation": self.generation,
             "baseline_age_s": round(self.age_s, 1) if self.age_s is not None else None,
+            "why": dict(sorted(self.selected.items())),  # node id → what selected it
         }
 
 
@@ -185,8 +196,12 @@ def _classify(
     changed = set(changed_since(root, manifest["commit"])) | dirty
     blocks, files, libs = database["blocks"], database["files"], database["libs"]
 
-    def may_differ(rel: str) -> bool:  # untracked files are checked every time
-        return rel in changed or rel not in tracked
+    # An untracked file a test read is checked every time, unless git ignores it (a cache,
+    # a build output): what git ignores is no input of a selective run.
+    ignored = git_ignored(root, {rel for rel, _ in files if rel not in tracked})
+
+    def may_differ(rel: str) -> bool:
+        return rel not in ignored and (rel in changed or rel not in tracked)
 
     cache = BlockCache(root)
     changed_blocks: set[int] = set()
@@ -227,6 +242,11 @@ def _classify(
                 "[tool.devpool.select] inputs glob names it; list it under ignore if it "
                 "cannot affect tests)"
             )
+    if ignored:
+        selection.notes.append(
+            f"git ignores {counted(len(ignored), 'file')} tests read (not inputs), "
+            f"e.g. {min(ignored)}"
+        )
     if loose:
         selection.notes.append(
             f"{len(loose)} untracked file{'s' if len(loose) != 1 else ''} no recorded test "
@@ -259,6 +279,19 @@ def _classify(
         if nodeid not in database["tests"]:
             selection.selected[nodeid] = "new: not in the baseline"
     return selection
+
+
+def reason_kind(why: str) -> str:
+    """What a test's selection reason (_why_selected) comes down to, for a count: the file
+    that changed, or the kind of reason ("new", "skipped in the baseline")."""
+    for prefix in ("code block ", "file ", "library "):
+        if why.startswith(prefix) and why.endswith(" changed"):
+            return f"by {why[len(prefix) : -len(' changed')].split('::', 1)[0]}"
+    if why.endswith(" matches its depends_on globs"):
+        return f"by {why.split(' ', 1)[0]} (depends_on)"
+    if why.startswith("device count"):
+        return "device count changed"
+    return why.split(":", 1)[0].split(" (", 1)[0]
 
 
 def _accounted(

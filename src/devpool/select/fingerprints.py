@@ -1,9 +1,11 @@
 """Fingerprints: code blocks of Python files, data files, shared libraries.
 
-A Python file is cut into blocks: each function body on its own and the module's
-top-level code (everything outside function bodies, signatures and decorators
-included). Hashes come from the AST without line numbers, so a moved function or an
-edited comment changes nothing, while any edit inside one body changes that block alone.
+A Python file is cut into blocks: each function on its own (its body, signature and
+decorators) and the module's top-level code (everything outside function bodies,
+signatures and decorators included, but for pytest marks: a test's parametrize or skipif
+list is its own block's alone). Hashes come from the AST without line numbers, so a moved
+function or an edited comment changes nothing, while any edit inside one body changes that
+block alone.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ def blocks_of_source(rel: str, source: str) -> ModuleBlocks:
                 # this body alone; then blank it for the blocks around it.
                 hashes[key] = text_hash(ast.dump(child))
                 child.body = [ast.Pass()]
+                # A mark (parametrize, skipif, ...) is data on this function alone: its
+                # block's, not the top level's, which every test of the module depends on.
+                child.decorator_list = [d for d in child.decorator_list if not _is_mark(d)]
             elif isinstance(child, ast.ClassDef):
                 visit(child, prefix + child.name + ".")
             else:
@@ -92,6 +97,19 @@ def blocks_of_source(rel: str, source: str) -> ModuleBlocks:
     visit(tree, "")
     hashes[f"{rel}::{TOP}"] = text_hash(ast.dump(tree))
     return ModuleBlocks(rel, hashes, tuple(spans))
+
+
+def _is_mark(decorator: ast.expr) -> bool:
+    """Whether a decorator is a pytest mark: `pytest.mark.NAME`, `mark.NAME`, called or not."""
+    node = decorator.func if isinstance(decorator, ast.Call) else decorator
+    names: list[str] = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return False
+    names.append(node.id)  # innermost last: ["parametrize", "mark", "pytest"]
+    return len(names) >= 2 and names[1] == "mark" and names[-1] in ("pytest", "mark")
 
 
 # Where a def can stand: the statement lists of a statement (if, for, while, with, try,

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from devpool.config import SELECT_KEYS, select_mode
+from devpool.config import SELECT_KEYS
+from devpool.config.values import select_mode
 from devpool.errors import DevpoolError, check_keys
 
 DEFAULT_IGNORE = ("*.md", "*.rst", "docs/*", "LICENSE*", ".gitignore")

@@ -215,11 +215,20 @@ class SelectSession:
         if report.when != "teardown":
             return
         outcome = self.outcomes.pop(report.nodeid, "passed")
+        if self.mode != "record":
+            return
         deps = getattr(report, DEPS_ATTR, None)
-        if self.mode == "record" and isinstance(deps, dict):
+        if isinstance(deps, dict):
             deps = expand(deps)
-            request = self.controller.requests.get(deps.get("nodeid"))
-            self.builder.add(deps, outcome, request.device_count if request else 0)
+        elif report.nodeid in self.controller.requests:
+            # Its worker sent none (it was lost, or ended the test): in the baseline all the
+            # same, so that the next selective run and `devpool select` say why it runs.
+            why = "its worker sent no dependencies (lost, or the test was ended)"
+            deps = {"nodeid": report.nodeid, "recorded": False, "why": why}
+        else:
+            return
+        request = self.controller.requests.get(deps.get("nodeid"))
+        self.builder.add(deps, outcome, request.device_count if request else 0)
 
     # ---- after the run ------------------------------------------------------------------------
 
@@ -332,6 +341,9 @@ class SelectSession:
         if self.selection is not None:
             mode = " (shadow: everything ran)" if self.mode == "shadow" else ""
             write(f"devpool select{mode}: {self.selection.summary()}")
+            if self.config.get_verbosity() > 0 and self.selection.full_reason is None:
+                for nodeid, why in sorted(self.selection.selected.items()):
+                    write(f"devpool select: selected {nodeid}: {why}")
             for nodeid in self.misses:
                 write(
                     f"devpool select: MISS {nodeid} failed but would not have been selected",

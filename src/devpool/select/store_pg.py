@@ -22,12 +22,12 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from devpool.database import connect, driver, shown
+from devpool.database import FLEET_SCHEMA as SCHEMA
+from devpool.database import connect, driver, shown, tables_version, under_lock
 from devpool.errors import DevpoolError
 from devpool.select.baseline import BaselineProblem, check_generation, identity_key
 from devpool.select.options import DEFAULT_KEEP
 
-SCHEMA = "devpool_history"
 TABLES = 1  # the version of these tables; a newer devpool's are read by none older
 KEEP = DEFAULT_KEEP  # generations kept per bucket and identity, unless keep says
 # A selective queue run's jobs select from the generation its first job pinned: kept, however
@@ -112,23 +112,17 @@ class PgStore:
         they are not; DevpoolError in one sentence when the database cannot be used."""
         conn = connect(self.url, self.option)
         try:
-            found = conn.execute(f"SELECT to_regclass('{SCHEMA}.select_meta')").fetchone()
-            made = found[0] if found is not None else None
-            if made is None and make:
-                with conn.transaction():
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+            version = tables_version(conn, f"{SCHEMA}.select_meta")
+            if version is None and make:
+                with under_lock(conn, _LOCK):
                     conn.execute(_CREATE)
-                made = True
-            if made is None:
+                version = tables_version(conn, f"{SCHEMA}.select_meta")
+            if version is None:
                 conn.close()
                 return None
-            row = conn.execute(
-                f"SELECT value FROM {SCHEMA}.select_meta WHERE key = 'schema'"
-            ).fetchone()
         except driver(self.option).Error as exc:
             conn.close()
             raise DevpoolError(f"baselines in {self.where} cannot be used: {_said(exc)}") from None
-        version = int(row[0]) if row is not None else 0
         if version > TABLES:
             conn.close()
             raise DevpoolError(

@@ -16,6 +16,7 @@ from urllib.parse import quote
 from devpool.devices.sizes import format_size
 from devpool.report.htmltext import breakable, escape
 from devpool.serve.queue_page import queue_section
+from devpool.wording import duration
 
 # Held is the normal state of a busy host: a calm blue, not an alarm red (red is for failures).
 STATE_COLORS = {"free": "#2e7d32", "held": "#1565c0", "shared": "#6a1b9a"}
@@ -76,15 +77,7 @@ def _when(moment: float | None) -> str:
 def _ago(moment: float | None, now: float) -> str:
     if not moment:
         return ""
-    return _duration(max(0.0, now - moment))
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f} m {seconds % 60:02.0f} s"
-    return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} m"
+    return duration(max(0.0, now - moment))
 
 
 def _link(href: str, text: str, *, breaks: bool = False) -> str:
@@ -263,7 +256,7 @@ def live_section(
             f"{escape(run['project'])}</span></td><td>{escape(run['user'])}</td>"
             f"<td>{_progress(run)}</td><td class=num>{run['done']} of {run['tests']}</td>"
             f"<td class=wrap>{run['running']}{running}</td><td class=num>{run['queued']}</td>"
-            f"<td>{failures}</td><td>{_duration(run['duration'])}</td></tr>"
+            f"<td>{failures}</td><td>{duration(run['duration'])}</td></tr>"
         )
     parts.append("</table></section>")
     return "".join(parts)
@@ -379,7 +372,7 @@ def recent_section(view: Mapping[str, Any]) -> str:
             f"<td>{_link(run['page'], run['run'])}<br><span class=muted>"
             f"{escape(run['project'])} · {escape(run['user'])}</span></td>"
             f"<td>{_when(run['start'])}</td><td class=wrap>{_counts(run['counts'])}</td>"
-            f"<td>{_duration(run['duration'])}</td>"
+            f"<td>{duration(run['duration'])}</td>"
             f'<td class="{css} wrap">{escape(run["ending"])}</td>'
             f"<td class=wrap>{_link(run['report'], 'HTML report')}"
             f"{'<div class=logs>logs: ' + logs + '</div>' if logs else ''}</td></tr>"
@@ -466,8 +459,8 @@ def _capacity_table(rows: Sequence[Mapping[str, Any]]) -> str:
         [
             f'<tr class="capacity"><td>{escape(row["platform"])}</td>'
             f"<td class=num>{escape(row['devices'])}</td><td class=num>{row['tests']}</td>"
-            f"<td class=num>{_duration(row['test_seconds'])}</td>"
-            f"<td class=num>{_duration(row['device_seconds'])}</td></tr>"
+            f"<td class=num>{duration(row['test_seconds'])}</td>"
+            f"<td class=num>{duration(row['device_seconds'])}</td></tr>"
             for row in rows
         ],
     )
@@ -478,7 +471,7 @@ def run_page(run: Mapping[str, Any]) -> str:
     parts = [
         f'<section id="run" data-run="{escape(run["run"])}"><h2>Run {escape(run["run"])}</h2>',
         f"<p>{escape(run['project'])} · user {escape(run['user'])} · {escape(run['platform'])}"
-        f" · started {_when(run['start'])} · {_duration(run['duration'])} · "
+        f" · started {_when(run['start'])} · {duration(run['duration'])} · "
         f"<b>{escape(run['ending'])}</b></p>",
         f"<p>{run['done']} of {run['tests']} done ({_counts(run['counts'])}), "
         f"{run['running']} {'running' if run['live'] else 'started, never ended'}, "

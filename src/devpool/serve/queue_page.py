@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from devpool.outcomes import GATING
-from devpool.report.htmltext import breakable, duration, escape
-from devpool.wording import counted
+from devpool.report.htmltext import breakable, escape
+from devpool.wording import counted, duration
 
 _BAD = {outcome.value for outcome in GATING}
 _STATE_CSS = {"alive": "good", "lost": "bad", "left": "muted"}

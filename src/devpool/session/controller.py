@@ -46,7 +46,7 @@ from devpool.run.loop import Loop
 from devpool.run.threads import ThreadBudget
 from devpool.session import jobs, past_runs, summary, workers
 from devpool.session.plain_collection import PlainCollection
-from devpool.session.run_folder import prune_runs, run_id
+from devpool.session.run_folder import make_run_folder, prune_runs, run_id
 from devpool.session.sharding import keep_shard, parse_shard
 from devpool.session.signals import sigterm_as_interrupt
 
@@ -398,6 +398,7 @@ class Controller:
             return True
         if self.settings.run_dir is None:
             devpool_dir(session.config.rootpath)  # with its .gitignore
+        make_run_folder(self.run_dir, self.settings)  # private before anything goes in it
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # With --devpool-repeat, progress counts every repetition; a queue's job counts the
         # tests it claims, as it claims them (run/loop.py).

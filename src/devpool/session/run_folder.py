@@ -1,4 +1,4 @@
-"""A run's folder under .devpool/runs: its id, and the old folders pruned."""
+"""A run's folder under .devpool/runs: its id, made private, and the old folders pruned."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from devpool.config import Settings
+from devpool.folders import new_folder
 
 RUN_ID = re.compile(r"\d{8}-\d{6}-\d+")  # the folders devpool itself made under .devpool/runs
 
@@ -19,6 +20,19 @@ def run_id() -> str:
     if RUN_ID.fullmatch(given):
         return given
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+def run_folder_mode(settings: Settings) -> int:
+    """0700: a run's record, logs and artifacts are this user's alone (they name tests,
+    hosts and options); 0750, readable by the group, with --devpool-share-runs."""
+    return 0o750 if settings.share_runs else 0o700
+
+
+def make_run_folder(run_dir: Path, settings: Settings) -> Path:
+    """The run folder, made if missing with ``run_folder_mode``; one that exists already (a
+    --devpool-run-dir the user made) keeps its mode."""
+    new_folder(run_dir, run_folder_mode(settings))
+    return run_dir
 
 
 def prune_runs(run_dir: Path, settings: Settings) -> None:

@@ -25,7 +25,7 @@ from devpool.report.github import write_step_summary
 from devpool.report.record import read_record
 from devpool.report.text import render_text
 from devpool.session.output_log import OutputLog, pipe_warning, say
-from devpool.session.run_folder import prune_folders
+from devpool.session.run_folder import make_run_folder, prune_folders
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 
@@ -88,7 +88,7 @@ def _devpool(pytest_args: list[str], settings: Settings, log: OutputLog | None) 
     if log is not None:
         log.close_pipes()
     exit_code = 128 - code if code < 0 else code
-    record.parent.mkdir(parents=True, exist_ok=True)
+    make_run_folder(record.parent, settings)  # the run made it, unless it stopped early
     (record.parent / "exitcode").write_text(f"{exit_code}\n", encoding="utf-8")
     _after(record, code, log)
     if ours is not None:

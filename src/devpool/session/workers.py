@@ -20,9 +20,10 @@ from devpool.config import Settings
 from devpool.devices import leftovers
 from devpool.devices.inventory import Inventory
 from devpool.folders import devpool_dir
-from devpool.run import once
+from devpool.run import once_process as once
 from devpool.run.warm import template_kind, templates_env
 from devpool.session.early_kinds import early_kinds
+from devpool.session.run_folder import make_run_folder
 from devpool.worker import leaks, worklist
 from devpool.worker import template as forkserver
 
@@ -70,6 +71,7 @@ def early_backend(
     backend = LocalBackend(args, cwd, log_dir, env, settings.worker_start_timeout)
     if settings.run_dir is None:
         devpool_dir(config.rootpath)  # with its .gitignore
+    make_run_folder(log_dir.parent, settings)  # private before anything goes in it
     log_dir.mkdir(parents=True, exist_ok=True)
     # The kinds the history says these tests need start now, no more templates collecting at
     # once than the host has cores (this process collects as well). Without a history that
@@ -114,6 +116,7 @@ def make_backend(
     cwd = config.invocation_params.dir
     args, env = worker_setup(config, settings)
     if not settings.plan:  # --devpool-plan starts no worker and leaves no folder
+        make_run_folder(run_dir, settings)  # private before anything goes in it
         selected = worklist.write_selection(items.values(), run_dir / "collect")
         env[worklist.NODEIDS_ENV] = str(selected)
     if settings.backend == "local":

@@ -148,13 +148,15 @@ def _tests(tests: list[Any]) -> tuple[Test, ...]:
 @dataclass(frozen=True, slots=True)
 class Run(Message):
     """Run a batch of one job (its first part): stop early after any failure when
-    fresh_after_failure, or after a failure whose text matches a fatal pattern."""
+    fresh_after_failure, or after a failure whose text matches a fatal pattern; stdin: its
+    tests' input() reads this file (worker/terminal.py)."""
 
     tag: ClassVar[str] = "run"
     job: int
     tests: tuple[Test, ...]
     fresh_after_failure: bool = False
     fatal: tuple[str, ...] = ()
+    stdin: str | None = None  # -s, one test at a time: the path of the run's stdin
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tests", _tests(list(self.tests)))
@@ -191,6 +193,22 @@ class Stop(Message):
     """End: a worker after its batch, a template once every child it forked has ended."""
 
     tag: ClassVar[str] = "stop"
+
+
+@COMMANDS
+@dataclass(frozen=True, slots=True)
+class Lend(Message):
+    """The answer to `debugger`: the controller's terminal, lent to process pid until it sends
+    `debugger_left` (worker/terminal.py). lent: the controller's own streams, by the paths a
+    worker on its host opens (None: that stream is closed); false for a worker on another
+    host, which keeps its own."""
+
+    tag: ClassVar[str] = "terminal"
+    pid: int
+    lent: bool = False
+    stdin: str | None = None
+    stdout: str | None = None
+    stderr: str | None = None
 
 
 # ---- worker → controller --------------------------------------------------------------------
@@ -256,6 +274,48 @@ class Leak(Message):
     holds: list[str] = dataclasses.field(default_factory=list)
     fixture: str | None = None
     ended: str = ""
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Shown(Message):
+    """What pytest wrote to its terminal mid-test under --setup-show (worker/shown.py), in
+    order with the reports: the controller writes it as written."""
+
+    tag: ClassVar[str] = "shown"
+    text: str
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Debugger(Message):
+    """A test of process pid is entering pytest's debugger: it waits for `terminal` (Lend),
+    and its deadline stops meanwhile. post_mortem (--pdb): its failure is shown at the
+    prompt, so pytest's summary leaves it out."""
+
+    tag: ClassVar[str] = "debugger"
+    pid: int
+    post_mortem: bool = False
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class DebuggerLeft(Message):
+    """Process pid left the debugger (or its test ended): the terminal goes back."""
+
+    tag: ClassVar[str] = "debugger_left"
+    pid: int
+
+
+@EVENTS
+@dataclass(frozen=True, slots=True)
+class Quit(Message):
+    """pytest.exit() in a test, `q` at the debugger's prompt: the run ends as plain
+    pytest's does."""
+
+    tag: ClassVar[str] = "quit"
+    msg: str
+    returncode: int | None = None
 
 
 @EVENTS
@@ -330,8 +390,7 @@ class Done(Message):
 @EVENTS
 @dataclass(frozen=True, slots=True)
 class OnceUp(Message):
-    """A once-fixture's setup ended in the process of its own (worker/once.py): outcome
-    value, error or skip (its file holds what the tests get); text: the error, one line."""
+    """A once-fixture's setup ended in its own process (worker/once.py): value, error, skip."""
 
     tag: ClassVar[str] = "once_up"
     fixture: str
@@ -343,8 +402,7 @@ class OnceUp(Message):
 @EVENTS
 @dataclass(frozen=True, slots=True)
 class OnceDown(Message):
-    """A once-fixture was torn down in its process; error: the teardown report pytest would
-    make of the exception (serialized), when the teardown raised."""
+    """A once-fixture was torn down; error: its teardown report, serialized, if it raised."""
 
     tag: ClassVar[str] = "once_down"
     fixture: str
@@ -494,6 +552,20 @@ class Commands:
         while not self._queue and not self._eof:
             self._read(None)
         return self._queue.popleft() if self._queue else None
+
+    def wait_for(self, kind: type[C], accept: Callable[[C], bool] = lambda _: True) -> C | None:
+        """The next command of one kind that `accept` takes, waiting for it; the others stay
+        queued in order, those of that kind it refuses are dropped. None once the controller
+        has gone."""
+        while True:
+            for message in list(self._queue):
+                if isinstance(message, kind):
+                    self._queue.remove(message)
+                    if accept(message):
+                        return message
+            if self._eof:
+                return None
+            self._read(None)
 
     def pending(self) -> list[Message]:
         """Commands that arrived already, without waiting (e.g. a cancel mid-batch)."""

@@ -27,10 +27,12 @@ from devpool.worker import (
     native_threads,
     protocol,
     serialized,
+    shown,
     warned,
     worklist,
 )
 from devpool.worker import template as forkserver
+from devpool.worker.terminal import Terminal, read_stdin_from
 
 # Options that select or stop tests belong to the controller alone: the worker must be
 # able to run any node id it is sent, and never stop itself on a failure.
@@ -43,7 +45,6 @@ _CONTROLLER_ONLY = {
     "stepwise": False,
     "stepwise_skip": False,
     "maxfail": 0,
-    "usepdb": False,
     "deselect": [],
 }
 
@@ -97,6 +98,7 @@ class WorkerSession:
         # Set by the controller for projects that want a fresh process after any failure
         # (fresh-after-failure): the rest of such a batch goes back untouched.
         self.halt_on_failure = False
+        self.hold_reports = False  # a test's reports wait for its end (--setup-show)
         self.fatal: list[re.Pattern[str]] = []  # a failure matching one may have poisoned us
         self.poisoned = False
         self.renamed: dict[str, str] = {}  # this process's node id → the controller's
@@ -143,6 +145,10 @@ class WorkerSession:
         self.culprit: str | None = None
         self.once = warned.OnceWarnings()  # warnings plain pytest shows once per run
         config.pluginmanager.register(self.once, "devpool-once-warnings")
+        self.commands: protocol.Commands | None = None
+        self.stdin_read = False
+        # The debugger's prompt gets the controller's terminal (worker/terminal.py).
+        self.terminal = Terminal.install(config, self.send, lambda: self.commands)
         # What each test leaves behind (processes, threads, device memory): worker/leaks.py.
         self.leaks = leaks.LeakWatch()
         if self.leaks.active:
@@ -329,10 +335,14 @@ class WorkerSession:
         order = {item.nodeid: index for index, item in enumerate(session.items)}
         self.known = set(sys.modules)
         memory.apply_torch_limit()  # a share of a device: torch's allocator stays inside it
+        # --setup-show: a test's lines and reports go in one write at its end, so that a
+        # parallel run's terminal shows each test's lines together, as plain pytest does.
+        self.hold_reports = bool(self.config.getoption("setupshow", False))
+        shown.carry(self.config, lambda text: self._held.append(protocol.Shown(text=text)))
         self.leaks.start_worker()
         self.send(protocol.Ready(pid=os.getpid(), collected=len(items)))
         setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
-        commands = protocol.Commands(self.fd_in)
+        commands = self.commands = protocol.Commands(self.fd_in)
         job, through, halted = None, 0, False
         while (message := commands.next()) is not None:
             if isinstance(message, protocol.Stop):
@@ -342,6 +352,9 @@ class WorkerSession:
                 self.failed = False
                 self.halt_on_failure = message.fresh_after_failure
                 self.fatal = [re.compile(source) for source in message.fatal]
+                if message.stdin and not self.stdin_read:
+                    # -s, one test at a time: input() reads the run's stdin, as in plain pytest
+                    self.stdin_read = read_stdin_from(message.stdin)
             elif not isinstance(message, protocol.More) or message.job != job:
                 continue  # a cancel that came after its batch had ended
             else:  # the rest of a batch that had ended here before it came
@@ -383,6 +396,8 @@ class WorkerSession:
         if left:
             with contextlib.suppress(OSError):  # the controller is gone: nobody to tell
                 self.send(*left)
+        with contextlib.suppress(OSError):  # the controller is gone: nobody to tell
+            self._send_held()  # --setup-show's TEARDOWN lines of the widest fixtures
         if self.forked:
             # Every test and fixture has ended. pytest collects the cycles five times at exit
             # (unraisableexception); over the template's whole heap each pass would write
@@ -464,7 +479,7 @@ class WorkerSession:
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         serialized.shown_subtest_values(data)
         message = protocol.Report(data=data)
-        if report.when == "teardown":
+        if report.when == "teardown" or self.hold_reports:
             # pytest calls logfinish right after the teardown report, with no test code
             # between: both wait for the next message (send).
             self._held.append(message)

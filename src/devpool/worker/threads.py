@@ -21,24 +21,19 @@ BUDGET_ENV = "DEVPOOL_THREADS"  # set beside OMP_NUM_THREADS and its kin (run/th
 # libiomp, libomp), the BLAS builds numpy and scipy ship, numexpr, Apple's Accelerate.
 # Here, where the controller (run/threads.py) and a Ray node (backends/ray/threads.py) read
 # them both.
-THREAD_VARIABLES = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "BLIS_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-)
+# The pools a loaded library keeps (threadpoolctl's name for each) and the variable that
+# sizes each: apply_budget resizes them in a process that loaded them already.
+POOL_VARIABLES = {
+    "openmp": "OMP_NUM_THREADS",
+    "mkl": "MKL_NUM_THREADS",
+    "openblas": "OPENBLAS_NUM_THREADS",
+    "blis": "BLIS_NUM_THREADS",
+}
+THREAD_VARIABLES = (*POOL_VARIABLES.values(), "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 # What apply_budget reads: a fork that reads the same as its template needs no resize.
-_VARIABLES = (
-    BUDGET_ENV,
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "BLIS_NUM_THREADS",
-)
+_VARIABLES = (BUDGET_ENV, *POOL_VARIABLES.values())
 
 
 def sized_as(environ: Mapping[str, str]) -> tuple[str | None, ...]:
@@ -62,15 +57,10 @@ def apply_budget() -> None:
     budget = _count(BUDGET_ENV)
     if budget is None:
         return
-    openmp = _count("OMP_NUM_THREADS") or budget
+    openmp = _count(POOL_VARIABLES["openmp"]) or budget
     # Each BLAS by its own variable, else OMP_NUM_THREADS, as the libraries read them: a
     # user's MKL_NUM_THREADS=3 stays 3 while devpool's budget sizes OpenBLAS.
-    limits = {
-        "openmp": openmp,
-        "mkl": _count("MKL_NUM_THREADS") or openmp,
-        "openblas": _count("OPENBLAS_NUM_THREADS") or openmp,
-        "blis": _count("BLIS_NUM_THREADS") or openmp,
-    }
+    limits = {api: _count(name) or openmp for api, name in POOL_VARIABLES.items()}
     torch: Any = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "set_num_threads"):
         try:

@@ -30,6 +30,7 @@ from devpool.backends.pipes import EventPipes
 from devpool.backends.ray import ports as ray_ports
 from devpool.backends.ray.actor import STOP_WAIT, RankProcess, RankSpec, shipped_lists
 from devpool.backends.ray.cluster import alive_nodes, connect, describe_cluster, import_ray, plural
+from devpool.backends.ray.ending import fetch_logs, gather_logs, remove_ray_objects, why_lost
 from devpool.backends.ray.forks import NodeForks
 from devpool.backends.ray.handle import Rank, RayWorker
 from devpool.backends.ray.names import ActorName
@@ -39,9 +40,7 @@ from devpool.devices.inventory import Inventory
 from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
 from devpool.report.record import host_name
-from devpool.report.terminal import read_log
 from devpool.worker import protocol
-from devpool.worker.stacks import stacks_file
 
 EVENTS_WAIT = 0.5  # seconds an actor holds an events() call open waiting for output
 LOST_EXIT = -int(signal.SIGKILL)  # the exit status reported for a worker whose node went away
@@ -226,7 +225,7 @@ class RayBackend(NodeForks, Backend):
             if worker.lost:
                 self._note(worker, f"devpool: {worker.lost}")
             self._cleanup(worker)
-            self._gather_logs(worker, fetch=False)
+            gather_logs(worker, fetch=False)
             worker.code = code
             with contextlib.suppress(OSError):
                 os.close(write_end)
@@ -394,7 +393,7 @@ class RayBackend(NodeForks, Backend):
                 try:
                     data, code = ray.get(ref)
                 except ray.exceptions.RayError as exc:
-                    worker.lost = f"node {rank.address or '?'} lost ({_why_lost(exc)})"
+                    worker.lost = f"node {rank.address or '?'} lost ({why_lost(exc)})"
                     self._kill_ranks(worker)
                     return LOST_EXIT
                 for message in readers[rank.rank].feed(data):
@@ -410,7 +409,7 @@ class RayBackend(NodeForks, Backend):
                     worker.ranks[index].actor.signal.remote(int(signum), True)
             worker.fate = fate
             if any(isinstance(m, protocol.Finish) for m in out):
-                self._gather_logs(worker, fetch=self.settings.ray_ship_code)
+                gather_logs(worker, fetch=self.settings.ray_ship_code)
             for message in out:
                 protocol.write(write_end, message)
         codes = [rank.code or 0 for rank in worker.ranks]
@@ -436,44 +435,8 @@ class RayBackend(NodeForks, Backend):
             with contextlib.suppress(Exception):
                 ray.wait(stops, num_returns=len(stops), timeout=STOP_WAIT * 2)
         if self.settings.ray_ship_code and not worker.lost:
-            self._fetch_logs(worker)
-        _remove_ray_objects(worker)
-
-    def _fetch_logs(self, worker: RayWorker) -> None:
-        """--devpool-ray-ship-code: the nodes' logs come back as text, written here."""
-        ray = import_ray()
-        for rank in worker.ranks:
-            if rank.log is None or not rank.node_id:
-                continue
-            try:
-                text, stacks = ray.get(rank.actor.log_text.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - a log we cannot fetch stays as it was
-                continue
-            rank.log.write_text(text, encoding="utf-8")
-            if stacks:
-                stacks_file(rank.log).write_text(stacks, encoding="utf-8")
-
-    def _gather_logs(self, worker: RayWorker, fetch: bool) -> None:
-        """A multi-node worker's log: every rank's log, labelled, one after the other."""
-        if fetch:
-            self._fetch_logs(worker)
-        if worker.world == 1:
-            return
-        parts, stacks = [], []
-        for rank in worker.ranks:
-            if rank.log is None:
-                continue
-            head = f"==== rank {rank.rank} on node {rank.address} ({rank.node_id[:12]}) ===="
-            parts += [head, read_log(rank.log), f"(rank {rank.rank} log: {rank.log})"]
-            rank_stacks = read_log(stacks_file(rank.log))
-            if rank_stacks:
-                stacks += [head, rank_stacks]
-        if parts:
-            with contextlib.suppress(OSError):
-                worker.log.write_text("\n".join(parts) + "\n", encoding="utf-8")
-        if stacks:
-            with contextlib.suppress(OSError):
-                worker.stacks.write_text("\n".join(stacks) + "\n", encoding="utf-8")
+            fetch_logs(worker)
+        remove_ray_objects(worker)
 
     def _note(self, worker: RayWorker, line: str) -> None:
         with contextlib.suppress(OSError), open(worker.log, "a", encoding="utf-8") as out:
@@ -515,30 +478,9 @@ class RayBackend(NodeForks, Backend):
             worker.finished.wait(max(0.0, deadline - time.monotonic()))
         ray = import_ray()
         for worker in list(self.workers.values()):
-            _remove_ray_objects(worker)
+            remove_ray_objects(worker)
         self.workers.clear()
         self.stop_templates()
         self.pipes.close()
         with contextlib.suppress(Exception):
             ray.shutdown()
-
-
-def _why_lost(exc: BaseException) -> str:
-    text = str(exc)
-    if "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower()):
-        return "node died"
-    return "actor died"
-
-
-def _remove_ray_objects(worker: RayWorker) -> None:
-    """Kill a worker's actors and remove its placement group; quiet if they are gone already."""
-    ray = import_ray()
-    from ray.util.placement_group import remove_placement_group
-
-    for rank in worker.ranks:
-        with contextlib.suppress(Exception):
-            ray.kill(rank.actor)
-    if worker.placement_group is not None:
-        with contextlib.suppress(Exception):
-            remove_placement_group(worker.placement_group)
-        worker.placement_group = None

@@ -96,7 +96,7 @@ def waiting_at(gcs_address: str, timeout: float = 5.0) -> list[Waiter]:
     """The runs waiting on a cluster, read without joining it as a driver (for the host
     page, which only asks): through Ray's own GCS client. Keys past STALE are left to the
     runs to remove."""
-    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # what Ray reads it with
+    from ray._raylet import GcsClient  # type: ignore[attr-defined,unused-ignore]  # what Ray reads it with
 
     client = GcsClient(address=gcs_address)
     namespace = NAMESPACE.encode()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,23 @@ from typing import Any
 
 import pytest
 
+from devpool.config.values import (
+    backend,
+    count,
+    delay,
+    flag,
+    flaky_result,
+    fraction,
+    history,
+    isolation,
+    leaks,
+    names,
+    positive_int,
+    seconds,
+    select_mode,
+    text,
+)
+from devpool.config.values import read_table as read_table
 from devpool.database import shown
 from devpool.devices.cores import usable_cores
 from devpool.devices.inventory import Platform, load_platforms
@@ -19,131 +35,7 @@ from devpool.devices.ports import DEFAULT_RANGE, overlap_error, parse_range
 from devpool.devices.resources import parse_resources
 from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError, check_keys, did_you_mean
-from devpool.history.place import HistorySpec, history_spec
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
-
-def _positive_int(value: object) -> int:
-    try:
-        number = int(str(value))
-    except ValueError:
-        number = 0
-    if isinstance(value, bool) or number < 1:
-        raise ValueError("a whole number ≥ 1")
-    return number
-
-
-def _seconds(value: object) -> float:
-    try:
-        number = float(str(value))
-    except ValueError:
-        number = 0.0
-    if isinstance(value, bool) or not number > 0:
-        raise ValueError("a number of seconds > 0")
-    return number
-
-
-def _count(value: object) -> int:
-    try:
-        number = int(str(value))
-    except ValueError:
-        number = -1
-    if isinstance(value, bool) or number < 0:
-        raise ValueError("a whole number ≥ 0")
-    return number
-
-
-def _delay(value: object) -> float:
-    try:
-        number = float(str(value))
-    except ValueError:
-        number = -1.0
-    if isinstance(value, bool) or not number >= 0:
-        raise ValueError("a number of seconds ≥ 0")
-    return number
-
-
-def _flaky_result(value: object) -> str:
-    if value not in ("pass", "fail"):
-        raise ValueError("'pass' (flaky tests do not gate) or 'fail' (they do)")
-    return str(value)
-
-
-SELECT_MODES = ("record", "on", "shadow", "auto", "off")
-
-
-def select_mode(value: object) -> str:
-    """--devpool-select / [tool.devpool] select: a mode, or the [tool.devpool.select] table."""
-    if isinstance(value, Mapping):
-        value = value.get("mode", "off")
-    if value not in SELECT_MODES:
-        raise ValueError("one of " + ", ".join(repr(m) for m in SELECT_MODES))
-    return str(value)
-
-
-def _backend(value: object) -> str:
-    if value not in ("local", "ray"):
-        raise ValueError("'local' or 'ray'")
-    return str(value)
-
-
-def _flag(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise ValueError("true or false")
-
-
-def _text(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError("a non-empty string")
-    return value
-
-
-def _names(value: object) -> tuple[str, ...]:
-    names = value.split(",") if isinstance(value, str) else value
-    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
-        raise ValueError("platform names, comma-separated (e.g. h100,h200)")
-    clean = tuple(dict.fromkeys(n.strip() for n in names if n.strip()))
-    if not clean:
-        raise ValueError("platform names, comma-separated (e.g. h100,h200), not nothing")
-    return clean
-
-
-def _history(value: object) -> HistorySpec:
-    return history_spec(_text(value))
-
-
-def _fraction(value: object) -> float:
-    text = str(value).strip()
-    try:
-        number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        number = -1.0
-    if isinstance(value, bool) or not 0 <= number < 1:
-        raise ValueError("a share of each device's memory, e.g. '5%' or 0.05 (0 up to 100%)")
-    return number
-
-
-def _isolation(value: object) -> str:
-    if value not in ("worker", "module", "job"):
-        raise ValueError(
-            "'worker' (warm reuse), 'module' (a fresh process per test module) "
-            "or 'job' (a fresh process per test)"
-        )
-    return str(value)
-
-
-def _leaks(value: object) -> str:
-    if value not in ("warn", "fail", "off"):
-        raise ValueError(
-            "'warn' (report what a test left behind), 'fail' (the leak fails the test) "
-            "or 'off' (check nothing)"
-        )
-    return str(value)
+from devpool.history.place import HistorySpec
 
 
 @dataclass(frozen=True)
@@ -167,61 +59,61 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("profile", _text, "a [tool.devpool.profiles.NAME] table to apply (CI=true: 'ci')"),
-    Option("max-parallel", _positive_int, "most jobs running at once (default: devices or cores)"),
+    Option("profile", text, "a [tool.devpool.profiles.NAME] table to apply (CI=true: 'ci')"),
+    Option("max-parallel", positive_int, "most jobs running at once (default: devices or cores)"),
     Option(
         "cpu-slots",
-        _positive_int,
+        positive_int,
         "cores the tests may keep busy: a CPU-only test takes one, a CPU-bound device test "
         "its load, a cpus(n) test n (default: the cores this process may use, by affinity and "
         "cgroup quota)",
     ),
     Option(
-        "lock-dir", _text, "folder of per-device lock files shared by runs on this host", path="DIR"
+        "lock-dir", text, "folder of per-device lock files shared by runs on this host", path="DIR"
     ),
-    Option("lease-timeout", _seconds, "seconds a test waits for devices held by other runs"),
-    Option("test-timeout", _seconds, "default per-test time limit in seconds (marker wins)"),
-    Option("worker-start-timeout", _seconds, "seconds a worker may take to start and collect"),
-    Option("timeout-grace", _seconds, "seconds between SIGTERM and SIGKILL on a timeout"),
+    Option("lease-timeout", seconds, "seconds a test waits for devices held by other runs"),
+    Option("test-timeout", seconds, "default per-test time limit in seconds (marker wins)"),
+    Option("worker-start-timeout", seconds, "seconds a worker may take to start and collect"),
+    Option("timeout-grace", seconds, "seconds between SIGTERM and SIGKILL on a timeout"),
     Option(
         "rank-straggle",
-        _seconds,
+        seconds,
         "a ranks(n) test's ranks still in it this long after another rank finished it are "
         "ended, their stacks dumped (default 60)",
     ),
     Option(
-        "slow-timeout", _seconds, "a test running this long is said SLOW, again at each multiple"
+        "slow-timeout", seconds, "a test running this long is said SLOW, again at each multiple"
     ),
-    Option("skip-unsatisfiable", _flag, "skip tests needing more than the pool has", flag=True),
-    Option("plan", _flag, "print the jobs and their planned order, run nothing", flag=True),
+    Option("skip-unsatisfiable", flag, "skip tests needing more than the pool has", flag=True),
+    Option("plan", flag, "print the jobs and their planned order, run nothing", flag=True),
     Option(
         "isolation",
-        _isolation,
+        isolation,
         "'worker': reuse warm workers; 'module': a fresh process per test module; "
         "'job': a fresh process per test",
     ),
     Option(
         "leaks",
-        _leaks,
+        leaks,
         "what a test leaves behind (processes, threads, device memory) is ended and "
         "reported: 'warn' (default), 'fail' (the leak fails the test) or 'off'",
     ),
     Option(
         "leak-memory-share",
-        _fraction,
+        fraction,
         "a warm worker that still holds more than this share of its tests' device memory "
         "after a test is retired, not reused (default 10%)",
     ),
     Option(
         "fork-server",
-        _flag,
+        flag,
         "workers fork from a warm template of their kind that has collected (default on)",
         flag=True,
         negatable=True,
     ),
     Option(
         "preload",
-        _flag,
+        flag,
         "templates import first the library modules their kind's tests imported last run "
         "(default on)",
         flag=True,
@@ -230,88 +122,95 @@ OPTIONS: tuple[Option, ...] = (
     Option("ports", parse_range, "TCP ports leased to tests, outside the ephemeral range"),
     Option(
         "keep-master-port",
-        _flag,
+        flag,
         "a MASTER_PORT exported by the caller stays for tests that lease ports "
         "(default: the leased port wins)",
         flag=True,
     ),
     Option("device-memory", parse_size, "memory each device test declares unless it says (8GiB)"),
-    Option("memory-reserve", _fraction, "share of each device's memory never handed out (5%)"),
-    Option("reruns", _count, "retry a failed/error/timeout test this many times, fresh worker"),
-    Option("reruns-delay", _delay, "seconds to wait before each rerun of a failed test (0)"),
+    Option("memory-reserve", fraction, "share of each device's memory never handed out (5%)"),
+    Option("reruns", count, "retry a failed/error/timeout test this many times, fresh worker"),
+    Option("reruns-delay", delay, "seconds to wait before each rerun of a failed test (0)"),
     Option(
         "fresh-after-failure",
-        _flag,
+        flag,
         "a worker ends after any failed test; the rest of its batch runs elsewhere",
         flag=True,
     ),
-    Option("reruns-infra", _count, "retry a crashed/infra test this many times (default 1)"),
-    Option("flaky-result", _flaky_result, "'pass' or 'fail': does a flaky test gate the run"),
-    Option("repeat", _positive_int, "run each selected test this many times, across devices"),
+    Option("reruns-infra", count, "retry a crashed/infra test this many times (default 1)"),
+    Option("flaky-result", flaky_result, "'pass' or 'fail': does a flaky test gate the run"),
+    Option("repeat", positive_int, "run each selected test this many times, across devices"),
     Option(
-        "keep-artifacts", _flag, "keep devpool_artifacts folders of passing tests too", flag=True
+        "keep-artifacts", flag, "keep devpool_artifacts folders of passing tests too", flag=True
     ),
     Option(
-        "quarantine-file", _text, "TOML file of quarantine entries keyed by node id", path="FILE"
+        "quarantine-file", text, "TOML file of quarantine entries keyed by node id", path="FILE"
     ),
-    Option("strict-quarantine", _flag, "an expired quarantine entry is an error", flag=True),
+    Option("strict-quarantine", flag, "an expired quarantine entry is an error", flag=True),
     Option(
         "probe",
-        _flag,
+        flag,
         "probe devices for foreign processes before a lease (default on)",
         flag=True,
         negatable=True,
     ),
     Option(
         "history",
-        _history,
+        history,
         "duration history: a SQLite FILE (default .devpool/history.sqlite) or a PostgreSQL "
         "URL, a fleet's history (postgresql://USER@HOST:PORT/DB)",
         path="FILE",
     ),
-    Option("default-estimate", _seconds, "seconds assumed for a test with no history (1.0)"),
-    Option("shard", _text, "run only shard K of N (e.g. 2/4), split by estimated cost"),
-    Option("shard-by-module", _flag, "shards keep each module together", flag=True),
-    Option("backend", _backend, "where workers run: local (this host) or ray (a cluster)"),
-    Option("ray-address", _text, "Ray cluster address (default: $RAY_ADDRESS, else local)"),
-    Option("ray-ship-code", _flag, "ship the test code with Ray's runtime_env", flag=True),
-    Option("peer-service", _text, "command started on every non-zero rank of a nodes(n) test"),
+    Option("default-estimate", seconds, "seconds assumed for a test with no history (1.0)"),
+    Option("shard", text, "run only shard K of N (e.g. 2/4), split by estimated cost"),
+    Option("shard-by-module", flag, "shards keep each module together", flag=True),
+    Option("backend", backend, "where workers run: local (this host) or ray (a cluster)"),
+    Option("ray-address", text, "Ray cluster address (default: $RAY_ADDRESS, else local)"),
+    Option("ray-ship-code", flag, "ship the test code with Ray's runtime_env", flag=True),
+    Option("peer-service", text, "command started on every non-zero rank of a nodes(n) test"),
     Option(
-        "run-dir", _text, "folder for this run's logs (default .devpool/runs/<run id>)", path="DIR"
+        "run-dir", text, "folder for this run's logs (default .devpool/runs/<run id>)", path="DIR"
     ),
-    Option("keep-runs", _positive_int, "run folders kept under .devpool/runs (default 20)"),
+    Option("keep-runs", positive_int, "run folders kept under .devpool/runs (default 20)"),
+    Option(
+        "share-runs",
+        flag,
+        "run folders devpool makes are readable by the group (mode 0750), not only by this "
+        "user (0700); for a shared host where a team reads each other's runs",
+        flag=True,
+    ),
     Option(
         "run-record",
-        _text,
+        text,
         "the run record, JSON lines (default <run dir>/record.jsonl)",
         path="FILE",
     ),
     Option("select", select_mode, "selective runs: record, on, shadow, auto or off (default)"),
-    Option("select-base", _text, "the revision a baseline's commit must precede (HEAD)"),
+    Option("select-base", text, "the revision a baseline's commit must precede (HEAD)"),
     Option(
         "queue",
-        _text,
+        text,
         "one run across many CI jobs: the PostgreSQL URL of their shared queue (postgresql://…)",
     ),
     Option(
         "queue-run",
-        _text,
+        text,
         "the run every job joins on the queue (default $GITHUB_RUN_ID-$GITHUB_RUN_ATTEMPT)",
     ),
     Option(
         "queue-lease",
-        _seconds,
+        seconds,
         "seconds a job may miss its heartbeat before its claims go back to the queue (30)",
     ),
     Option(
         "queue-classes",
-        _names,
+        names,
         "the platform classes a queue run covers on purpose, e.g. h100,h200 (default all): "
         "the others' tests are deselected, with the reason",
     ),
     Option(
         "github",
-        _flag,
+        flag,
         "GitHub Actions output (default: when GITHUB_ACTIONS=true)",
         flag=True,
         negatable=True,
@@ -452,6 +351,7 @@ class Settings:
     select: str = "off"
     select_base: str = "HEAD"
     keep_runs: int = 20
+    share_runs: bool = False
     github: bool | None = None
     keep_artifacts: bool = False
     history: HistorySpec | None = None  # a file, or a PostgreSQL URL (history/place.py)
@@ -474,20 +374,6 @@ class Settings:
     queue_run: str | None = None
     queue_lease: float = 30.0
     queue_classes: tuple[str, ...] = ()  # the classes a queue run covers ((): all)
-
-
-def read_table(pyproject: Path | None) -> dict[str, Any]:
-    """The [tool.devpool] table of a pyproject.toml, {} when there is none."""
-    if pyproject is None or not pyproject.is_file():
-        return {}
-    try:
-        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise DevpoolError(f"{pyproject} is not valid TOML: {exc}") from None
-    table = data.get("tool", {}).get("devpool", {})
-    if not isinstance(table, dict):
-        raise DevpoolError(f"{pyproject}: [tool.devpool] must be a table")
-    return table
 
 
 SELECT_KEYS = frozenset(

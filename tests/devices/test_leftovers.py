@@ -1,0 +1,143 @@
+"""devices/leftovers.py on real processes: found below us, ended with escalation, and a
+run's orphans told from another run's by their mark."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from devpool.devices import leftovers
+
+SLEEPER = [sys.executable, "-c", "import sys, time; print('up', flush=True); time.sleep(600)"]
+STUBBORN = [
+    sys.executable,
+    "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('up', flush=True); time.sleep(600)",
+]
+
+
+def _started(argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, **kwargs)  # type: ignore[call-overload]
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    return proc
+
+
+def test_a_child_out_of_our_group_is_found_named_and_terminated() -> None:
+    proc = _started(SLEEPER, start_new_session=True)
+    try:
+        assert leftovers.has_children()
+        below = leftovers.descendants(os.getpid())
+        [found] = [p for p in below if p.pid == proc.pid]
+        assert found.sid == proc.pid != os.getsid(0)
+        left = leftovers.describe(found)
+        assert "time.sleep(600)" in left.command and "\n" not in left.command
+        assert leftovers.end([found]) == {proc.pid: "terminated"}
+        assert leftovers.read(proc.pid) is None  # ended and reaped (no zombie left)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_one_that_ignores_sigterm_is_killed_within_the_grace() -> None:
+    proc = _started(STUBBORN, start_new_session=True)
+    try:
+        [found] = [p for p in leftovers.descendants(os.getpid()) if p.pid == proc.pid]
+        began = time.monotonic()
+        assert leftovers.end([found], grace=0.5) == {proc.pid: "killed"}
+        assert time.monotonic() - began < 2.0
+        assert leftovers.read(proc.pid) is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_process_with_nothing_below_it_has_no_children() -> None:
+    code = "from devpool.devices import leftovers; print(leftovers.has_children())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_subreaper_adopts_a_double_forked_daemon() -> None:
+    """The daemon's parent exits at once; the subreaper above it, not init, adopts it."""
+    code = """
+import os, sys, time
+from devpool.devices import leftovers
+assert leftovers.make_subreaper()
+if os.fork() == 0:
+    if os.fork() == 0:
+        os.setsid()
+        time.sleep(600)
+        os._exit(0)
+    os._exit(0)
+os.wait()
+time.sleep(0.2)
+below = leftovers.descendants(os.getpid())
+print(len(below), below[0].ppid == os.getpid())
+print(leftovers.end(below)[below[0].pid])
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30
+    )
+    assert out.stdout.split() == ["1", "True", "terminated"], out
+
+
+def test_a_runs_orphans_are_those_of_its_mark(tmp_path: Path) -> None:
+    """Orphans with this run's mark are found; another run's, and ours still below a live
+    process of the run, are not."""
+    mark = leftovers.this_run()
+    run = leftovers.Run.of(mark, os.getpid())
+    env = dict(os.environ)
+    # sh backgrounds the sleeper and exits: it is orphaned to init (or a subreaper above us).
+    orphan = f"{sys.executable} -c 'import time; time.sleep(600)' & echo $!"
+    ours = subprocess.run(
+        ["sh", "-c", orphan],
+        env={**env, leftovers.MARK_ENV: mark},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    theirs = subprocess.run(
+        ["sh", "-c", orphan],
+        env={**env, leftovers.MARK_ENV: "another.1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pids = [int(ours.stdout), int(theirs.stdout)]
+    try:
+        deadline = time.monotonic() + 5
+        found: list[int] = []
+        while time.monotonic() < deadline and pids[0] not in found:
+            found = [p.pid for p in leftovers.orphans(run)]
+        assert pids[0] in found and pids[1] not in found, (pids, found)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("kind", ["process", "thread", "memory"])
+def test_each_kind_of_leak_is_said_in_one_line(kind: str) -> None:
+    from devpool.worker import leaks, protocol
+
+    message = protocol.Leak(
+        nodeid="t.py::a",
+        kind=kind,
+        pid=42,
+        command="srv --port 30001" if kind == "process" else "poller running wait",
+        holds=["sim:0", "port 30001"] if kind == "process" else [],
+        ended="terminated",
+    )
+    line = leaks.line(message)
+    assert "\n" not in line and line.endswith(": terminated")
+    assert ("42" in line) and (kind != "process" or "`srv --port 30001`" in line)
