@@ -1,7 +1,7 @@
 """The per-test cost (issue 45): 2,000 trivial tests in 20 modules, devpool against plain pytest.
 
 Run: python benchmarks/per_test.py [--repeat 5] [--modules 20] [--tests-per-module 100]
-          [--isolation job] [--devpool-src PATH]
+          [--isolation job] [--devpool-src PATH] [--leaks-off]
 
 Plain pytest and devpool (`--devices auto`, as a user runs it: on a host without devices,
 CPU workers as many as the cores) alternate within each repetition, so drift in machine
@@ -10,7 +10,8 @@ load hits both alike; figures are medians with the range, CPU is the whole proce
 test phase (first test started to last test ended). `--isolation job` adds devpool with
 `--devpool-isolation=job` (a process forked from a warm template for each test), against the
 default mode; `--devpool-src PATH` adds another devpool tree (e.g. an older checkout's src),
-for before/after figures.
+for before/after figures; `--leaks-off` adds devpool with `--devpool-leaks=off`: the cost of
+looking after each test for what it left behind (issue 52: at most 2% per test).
 The load average is printed at the start and the end: this host is shared.
 """
 
@@ -55,6 +56,7 @@ def main() -> None:
     parser.add_argument("--tests-per-module", type=int, default=100)
     parser.add_argument("--isolation", default=None, help="--devpool-isolation for devpool")
     parser.add_argument("--devpool-src", type=Path, default=None, help="a second devpool tree")
+    parser.add_argument("--leaks-off", action="store_true", help="also devpool without checks")
     args = parser.parse_args()
     module = MODULE_OF_100.replace("range(100)", f"range({args.tests_per_module})")
     print(f"load average at the start: {os.getloadavg()}")
@@ -76,6 +78,10 @@ def main() -> None:
             option = f"--devpool-isolation={args.isolation}"
             isolated = Variant(f"devpool {option}", [*devpool, option])
             variants.append(isolated)
+        unchecked = None
+        if args.leaks_off:
+            unchecked = Variant("devpool --devpool-leaks=off", [*devpool, "--devpool-leaks=off"])
+            variants.append(unchecked)
         other = None
         if args.devpool_src is not None:
             src = str(args.devpool_src.resolve())
@@ -88,6 +94,8 @@ def main() -> None:
             print(show_ratio(isolated, ours, 1.5))
         if other is not None:
             print(show_ratio(other, variants[0]))
+        if unchecked is not None:
+            print(show_ratio(ours, unchecked, 1.02))  # the leak checks' cost
         if figures:
             cpu = statistics.median(c for c, _ in figures)
             phase = statistics.median(p for _, p in figures)

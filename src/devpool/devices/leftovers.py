@@ -238,24 +238,24 @@ def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
             how[proc.pid] = "exited"
         except PermissionError:
             how[proc.pid] = "not permitted"
-    waiting = [p.pid for p in procs if how[p.pid] == "terminated"]
-    deadline = time.monotonic() + grace
-    while waiting and time.monotonic() < deadline:
-        _reap(waiting)
-        waiting = [pid for pid in waiting if _alive(pid)]
-        if waiting:
-            time.sleep(0.01)
+    waiting = _outlive([p.pid for p in procs if how[p.pid] == "terminated"], grace)
     for pid in waiting:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
         how[pid] = "killed"
-    deadline = time.monotonic() + grace
-    while waiting and time.monotonic() < deadline:
-        _reap(waiting)
-        waiting = [pid for pid in waiting if _alive(pid)]
-        if waiting:
-            time.sleep(0.01)
+    _outlive(waiting, grace)
     return how
+
+
+def _outlive(pids: list[int], grace: float) -> list[int]:
+    """Those of pids still alive after grace (reaping the ones that are our children)."""
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        _reap(pids)
+        pids = [pid for pid in pids if _alive(pid)]
+        if pids:
+            time.sleep(0.01)
+    return pids
 
 
 @dataclass(frozen=True)
