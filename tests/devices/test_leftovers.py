@@ -3,13 +3,10 @@ run's orphans told from another run's by their mark."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -91,39 +88,40 @@ print(leftovers.end(below)[below[0].pid])
     assert out.stdout.split() == ["1", "True", "terminated"], out
 
 
-def test_a_runs_orphans_are_those_of_its_mark(tmp_path: Path) -> None:
-    """Orphans with this run's mark are found; another run's, and ours still below a live
-    process of the run, are not."""
-    mark = leftovers.this_run()
-    run = leftovers.Run.of(mark, os.getpid())
-    env = dict(os.environ)
-    # sh backgrounds the sleeper and exits: it is orphaned to init (or a subreaper above us).
-    orphan = f"{sys.executable} -c 'import time; time.sleep(600)' & echo $!"
-    ours = subprocess.run(
-        ["sh", "-c", orphan],
-        env={**env, leftovers.MARK_ENV: mark},
-        capture_output=True,
-        text=True,
-        check=True,
+ORPHANS = """
+import os, signal, subprocess, sys, time
+from devpool.devices import leftovers
+
+run = leftovers.Run.of(leftovers.this_run(), os.getpid())
+# sh backgrounds a sleeper and exits: it is orphaned (to init, or to a subreaper above this
+# process: a devpool worker running this test). Its output must not hold run()'s pipe.
+line = sys.executable + " -c 'import time; time.sleep(600)' </dev/null >/dev/null 2>&1 & echo $!"
+pids = []
+for mark in (run.mark, "another.1"):
+    env = {**os.environ, leftovers.MARK_ENV: mark}
+    done = subprocess.run(["sh", "-c", line], env=env, capture_output=True, text=True)
+    pids.append(int(done.stdout))
+try:
+    deadline = time.monotonic() + 5
+    found = []
+    while time.monotonic() < deadline and pids[0] not in found:
+        found = [p.pid for p in leftovers.orphans(run)]
+    print(pids[0] in found, pids[1] in found)
+finally:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+"""
+
+
+def test_a_runs_orphans_are_those_of_its_mark() -> None:
+    """Orphans exec'd with this run's mark are found; another run's are not."""
+    out = subprocess.run(
+        [sys.executable, "-c", ORPHANS], capture_output=True, text=True, check=True, timeout=60
     )
-    theirs = subprocess.run(
-        ["sh", "-c", orphan],
-        env={**env, leftovers.MARK_ENV: "another.1"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    pids = [int(ours.stdout), int(theirs.stdout)]
-    try:
-        deadline = time.monotonic() + 5
-        found: list[int] = []
-        while time.monotonic() < deadline and pids[0] not in found:
-            found = [p.pid for p in leftovers.orphans(run)]
-        assert pids[0] in found and pids[1] not in found, (pids, found)
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    assert out.stdout.split() == ["True", "False"], out
 
 
 @pytest.mark.parametrize("kind", ["process", "thread", "memory"])
