@@ -8,10 +8,12 @@ parsed answers "unknown" within its timeout; it never stalls the run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -93,10 +95,26 @@ def run_tool(argv: list[str], timeout: float) -> str | None:
     if shutil.which(argv[0]) is None:
         return None
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.SubprocessError):
+        # A session of its own: a tool that hangs is ended with whatever it started (a
+        # wrapper script's child would otherwise outlive it, holding its output pipe).
+        tool = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+    except OSError:
         return None
-    return done.stdout if done.returncode == 0 else None
+    try:
+        out, _ = tool.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(tool.pid, signal.SIGKILL)
+        tool.wait()
+        return None
+    return out if tool.returncode == 0 else None
 
 
 def nvidia_probe(devices: Sequence[int], timeout: float = PROBE_TIMEOUT) -> Busy | None:
