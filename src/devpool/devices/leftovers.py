@@ -334,10 +334,13 @@ def guard(mark: str, controller: int, fd: int) -> None:
             said += chunk
     if b"done" in said:
         return
-    # The workers die with the controller (PR_SET_PDEATHSIG): their orphans are then what
-    # is left, whoever adopted them.
-    time.sleep(0.2)
-    end(orphans(run))
+    # The workers die with the controller (PR_SET_PDEATHSIG): their orphans are what is left,
+    # whoever adopted them. Swept until none is, briefly: nothing left, the guard is gone.
+    deadline = time.monotonic() + 1.0
+    while found := orphans(run):
+        end(found, grace=1.0)
+        if time.monotonic() > deadline:
+            break
 
 
 if __name__ == "__main__":  # the guard: python -I -S leftovers.py MARK PID FD
