@@ -32,6 +32,7 @@ MARK_ENV = "DEVPOOL_RUN_MARK"
 OUR_NAMES = ("devpool-worker", "devpool-tmpl", "devpool-zygote")
 PR_SET_CHILD_SUBREAPER = 36
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a leftover
+COMMAND_LIMIT = 200  # characters of a command line said in a LEAK line
 _ENVIRON_LIMIT = 1 << 20  # an environment larger than this is not read whole
 
 
@@ -166,7 +167,8 @@ def command(pid: int) -> str:
         return ""
     # One line, however the arguments were written (a `python -c` script spans several).
     words = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
-    return " ".join(words.split())
+    words = " ".join(words.split())
+    return words if len(words) <= COMMAND_LIMIT else words[: COMMAND_LIMIT - 1] + "…"
 
 
 def user(uid: int) -> str:
