@@ -186,7 +186,8 @@ def test_the_select_commands_name_a_bad_database_or_shape_in_one_sentence(
     assert len(folder_missing.stderr.strip().splitlines()) == 1
     (root / "junk.tar.gz").write_bytes(b"not a tar")
     done = devpool(root, "select", "import", "junk.tar.gz", f"--devpool-history={url}")
-    assert done.returncode == 4 and "junk.tar.gz is damaged or not a tar archive" in done.stderr, done
+    assert done.returncode == 4, done
+    assert "junk.tar.gz is damaged or not a tar archive" in done.stderr, done
     # an unreachable database: `devpool select` says a full run, and why, as a run would
     away = devpool(root, "select", "--devpool-history=postgresql://devpool@127.0.0.1:1/x", "tests")
     assert away.returncode == 0, away.stderr
