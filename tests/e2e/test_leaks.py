@@ -175,6 +175,21 @@ def _gone(pids: list[int], bound: float = 10.0) -> list[int]:
     return [pid for pid in pids if _alive(pid)]
 
 
+def _guards_of(controller: int) -> list[int]:
+    """The guard a controller started: devices/leftovers.py run with its pid."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                if (
+                    any(a.endswith(b"leftovers.py") for a in argv)
+                    and str(controller).encode() in argv
+                ):
+                    found.append(int(entry.name))
+    return found
+
+
 def _end(pids: list[int]) -> None:
     """Leftovers of a plain pytest run (nothing ends them there): ours to end."""
     for pid in pids:
@@ -456,9 +471,12 @@ def test_a_sigkilled_controller_leaves_nothing_a_test_started(
             time.sleep(0.05)
         pids = [int(str(e["pid"])) for e in _lines(out / "left.jsonl")]
         assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+        guards = _guards_of(controller.pid)
+        assert guards, "no guard process beside the controller"
         controller.kill()
         controller.wait(10)
         assert not _gone(pids), f"leftovers {pids} outlived a SIGKILLed controller"
+        assert not _gone(guards), "the guard outlived its work"  # it goes once they are gone
     finally:
         if controller.poll() is None:
             controller.kill()

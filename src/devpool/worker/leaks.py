@@ -46,6 +46,9 @@ class _Owned:
     label: str  # "server (module)"
     nodeid: str  # the test whose setup set the fixture up
     pids: set[int] = field(default_factory=set)
+    # The command lines of its processes: one started again with the same line (a test
+    # that restarts the fixture's server) is the fixture's too, not that test's leak.
+    commands: set[str] = field(default_factory=set)
 
 
 class LeakWatch:
@@ -115,6 +118,7 @@ class LeakWatch:
                     label = f"{fixturedef.argname} ({fixturedef.scope})"
                     owned = self._owned.setdefault(id(fixturedef), _Owned(label, self._current))
                     owned.pids |= new
+                    owned.commands |= {leftovers.command(pid) for pid in new} - {""}
 
     def pytest_fixture_post_finalizer(self, fixturedef: Any) -> None:
         owned = self._owned.pop(id(fixturedef), None)
@@ -145,6 +149,14 @@ class LeakWatch:
         if not leftovers.has_children():
             return []
         procs = self._descendants()
+        if self._owned:
+            for fixture in self._owned.values():
+                for proc in procs:  # its server, restarted by a test: still the fixture's
+                    if (
+                        proc.pid not in fixture.pids
+                        and leftovers.command(proc.pid) in fixture.commands
+                    ):
+                        fixture.pids.add(proc.pid)
         owned = {pid for o in self._owned.values() for pid in o.pids}
         if owned:
             for proc in [p for p in procs if p.pid in owned]:
