@@ -269,11 +269,13 @@ class Run:
     controller: int
     home: bytes
     since: int
+    argv: str = ""  # the controller's command line, which a fork of it shows too
 
     @classmethod
     def of(cls, mark: str, controller: int) -> Run:
         proc = read(controller)
-        return cls(mark, controller, _environ_bytes(controller), proc.start if proc else 0)
+        start = proc.start if proc else 0
+        return cls(mark, controller, _environ_bytes(controller), start, command(controller))
 
 
 def orphans(run: Run, spare: Iterable[int] = ()) -> list[Proc]:
@@ -298,7 +300,9 @@ def _lost_fork(proc: Proc, run: Run, procs: dict[int, Proc]) -> bool:
     """A fork of the run's that never exec'd and whose parent is no longer a fork or the
     controller of the same environment (that of a live devpool process, this run's or a run
     started alike, is not an orphan)."""
-    if proc.comm not in OUR_NAMES or not run.home or _environ_bytes(proc.pid) != run.home:
+    if proc.comm not in OUR_NAMES or not run.home or command(proc.pid) != run.argv:
+        return False
+    if _environ_bytes(proc.pid) != run.home:
         return False
     return proc.ppid not in procs or _environ_bytes(proc.ppid) != run.home
 
