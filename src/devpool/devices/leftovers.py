@@ -229,9 +229,14 @@ def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
     after grace; how each ended: terminated, killed, exited (gone already), not permitted."""
     how: dict[int, str] = {}
     own_group = os.getpgrp()
+    ending = {proc.pid for proc in procs}
+    leaders = {proc.pgid for proc in procs if proc.pgid == proc.pid and proc.pgid != own_group}
+    if leaders:  # a group is signalled whole only where all of it is being ended
+        others = (p for p in processes() if p.pgid in leaders and not p.zombie)
+        leaders -= {p.pgid for p in others if p.pid not in ending}
     for proc in procs:
         try:
-            if proc.pgid == proc.pid and proc.pgid != own_group:
+            if proc.pid in leaders:
                 os.killpg(proc.pgid, signal.SIGTERM)
             else:
                 os.kill(proc.pid, signal.SIGTERM)
