@@ -43,6 +43,7 @@ ELSEWHERE = {
     "pip wheel --no-deps --wheel-dir wheels ../devpool": "fresh venv test",
     "pip install wheels/devpool-*.whl": "fresh venv test",
     "devpool adopt [PATHS] [--format text|markdown|json] [-- pytest options]": "a synopsis",
+    "devpool rerun ci-run/ -- tests --devices auto -x": "a run folder downloaded from CI",
 }
 
 # Eight idle 80 GiB GPUs, as nvidia-smi's CSV queries answer them.
