@@ -19,6 +19,14 @@ def out(pytester: pytest.Pytester) -> Path:
 
 
 @pytest.fixture
+def _no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No plugin autoload and no PYTEST_ADDOPTS in the sessions a test starts (the modules
+    that use it: pytestmark = pytest.mark.usefixtures("_no_autoload"))."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+
+
+@pytest.fixture
 def lock(tmp_path: Path) -> Path:
     """A lock folder of the session's own, so no two tests share device leases."""
     path = tmp_path / "locks"

@@ -24,12 +24,6 @@ from sessions import IN_ORDER, events
 pytestmark = pytest.mark.usefixtures("_no_autoload")
 
 
-@pytest.fixture
-def _no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
-
-
 # The target's conftest: leave() starts what a test leaves; the autouse fixture checks, from
 # inside the next test, that nothing a test left is alive or still in this process.
 CONFTEST = """

@@ -18,12 +18,6 @@ from sessions import IN_ORDER, events, records, suite
 pytestmark = pytest.mark.usefixtures("_no_autoload")
 
 
-@pytest.fixture
-def _no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
-
-
 # A server on the fixture's leased port, in a process the fixture starts: set up once, its
 # address is the value every test gets.
 CONFTEST = """

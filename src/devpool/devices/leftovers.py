@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 MARK_ENV = "DEVPOOL_RUN_MARK"
@@ -64,6 +64,14 @@ class Leftover:
     environ: dict[str, str] = field(default_factory=dict)
     ports: tuple[int, ...] = ()  # TCP ports it listens on
     ended: str = ""  # terminated | killed | exited | not permitted
+
+    def holds(self, inherited: Mapping[str, str]) -> list[str]:
+        """What it can still see or hold: the devices its environment shows (inherited's,
+        for a fork that never exec'd), and the TCP ports it listens on."""
+        env = self.environ if "DEVPOOL_DEVICES" in self.environ else inherited
+        platform = env.get("DEVPOOL_PLATFORM", "")
+        devices = [f"{platform}:{d}" for d in env.get("DEVPOOL_DEVICES", "").split(",") if d]
+        return devices + [f"port {port}" for port in self.ports]
 
 
 def this_run() -> str:

@@ -110,12 +110,7 @@ class Leaks:
             nodeid = left.environ.get("DEVPOOL_TEST_ID") or (
                 attempt.display if attempt is not None else "(the run)"
             )
-            holds = [
-                f"{left.environ.get('DEVPOOL_PLATFORM', self.ctx.inventory.platform.name)}:{d}"
-                for d in left.environ.get("DEVPOOL_DEVICES", "").split(",")
-                if d
-            ]
-            holds += [f"port {p}" for p in left.ports]
+            holds = left.holds({"DEVPOOL_PLATFORM": self.ctx.inventory.platform.name})
             message = {
                 "kind": "process",
                 "pid": proc.pid,

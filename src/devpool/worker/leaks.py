@@ -149,14 +149,13 @@ class LeakWatch:
         if not leftovers.has_children():
             return []
         procs = self._descendants()
-        if self._owned:
+        if any(fixture.commands for fixture in self._owned.values()):
+            # A fixture's server restarted by a test (its command line again) is still the
+            # fixture's; each process's command line is read once.
+            taken = {pid for fixture in self._owned.values() for pid in fixture.pids}
+            lines = {p.pid: leftovers.command(p.pid) for p in procs if p.pid not in taken}
             for fixture in self._owned.values():
-                for proc in procs:  # its server, restarted by a test: still the fixture's
-                    if (
-                        proc.pid not in fixture.pids
-                        and leftovers.command(proc.pid) in fixture.commands
-                    ):
-                        fixture.pids.add(proc.pid)
+                fixture.pids |= {pid for pid, line in lines.items() if line in fixture.commands}
         owned = {pid for o in self._owned.values() for pid in o.pids}
         if owned:
             for proc in [p for p in procs if p.pid in owned]:
@@ -187,7 +186,7 @@ class LeakWatch:
                     pid=proc.pid,
                     command=left.command,
                     user=left.user,
-                    holds=_holds(left),
+                    holds=left.holds(os.environ),
                     fixture=fixture,
                     ended=ended,
                 )
@@ -279,15 +278,6 @@ def _torch_total() -> int:
         return int(cuda.get_device_properties(0).total_memory)
     except Exception:  # noqa: BLE001 - no answer is no limit
         return 0
-
-
-def _holds(left: leftovers.Leftover) -> list[str]:
-    """What a leftover can still see or hold: the devices its environment shows (a fork
-    that never exec'd sees the worker's), and the TCP ports it listens on."""
-    env = left.environ if "DEVPOOL_DEVICES" in left.environ else os.environ
-    platform = env.get("DEVPOOL_PLATFORM", "")
-    holds = [f"{platform}:{d}" for d in env.get("DEVPOOL_DEVICES", "").split(",") if d]
-    return holds + [f"port {port}" for port in left.ports]
 
 
 def _thread_name(thread: threading.Thread) -> str:
