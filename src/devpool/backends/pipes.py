@@ -62,16 +62,18 @@ class EventPipes:
                 worker.callback()
                 continue
             data, eof = read_available(worker.fd_out)
+            messages = worker.reader.feed(data)
             if eof:
                 self.forget(worker)
-            results.append((worker, worker.reader.feed(data), eof))
+                messages += worker.reader.ended()
+            results.append((worker, messages, eof))
         return results
 
     def drain(self, worker: Any) -> list[protocol.Message]:
         """Whatever an exited worker still had in its pipe; stops watching that pipe."""
         data, _ = read_available(worker.fd_out)
         self.forget(worker)
-        return list(worker.reader.feed(data))
+        return [*worker.reader.feed(data), *worker.reader.ended()]
 
     def empty(self) -> bool:
         return not any(not isinstance(k.data, _Callback) for k in self.selector.get_map().values())

@@ -188,7 +188,10 @@ class RankGroup(WorkerHandle):
         data, eof = read(rank.worker.fd_out)
         now = time.monotonic()
         out: list[protocol.Message] = []
-        for message in rank.worker.reader.feed(data):
+        messages = rank.worker.reader.feed(data)
+        if eof:
+            messages += rank.worker.reader.ended()
+        for message in messages:
             out += self.fate.take(rank.rank, message, now)
         if eof:
             out += self._rank_gone(rank, now)

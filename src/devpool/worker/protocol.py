@@ -99,8 +99,7 @@ ZYGOTE_EVENTS = Channel("zygote event", "ev")
 
 
 def to_object(message: Message) -> dict[str, Any]:
-    """The JSON object of a message: its tag, then its fields (None-defaulted ones left out
-    when None)."""
+    """A message's JSON object: its tag, its fields (None-defaulted ones left out if None)."""
     cls = type(message)
     data: dict[str, Any] = {_KEYS[cls]: cls.tag}
     for attribute, wire, optional in _FIELDS[cls]:
@@ -416,8 +415,7 @@ class OnceDown(Message):
 @FORK_COMMANDS
 @dataclass(frozen=True, slots=True)
 class ForkWorker(Message):
-    """Fork a worker with this environment; the packet carries its fds (SCM_RIGHTS):
-    commands, events, log, then its lease's."""
+    """Fork a worker with this environment; the packet's fds: commands, events, log, lease's."""
 
     tag: ClassVar[str] = "fork"
     key: int
@@ -436,8 +434,7 @@ class TemplateReady(Message):
 @TEMPLATE_EVENTS
 @dataclass(frozen=True, slots=True)
 class Unsafe(Message):
-    """The template cannot fork (and ends); module: the test module whose import made it
-    unsafe, when one did."""
+    """The template cannot fork (and ends); module: the test module whose import did it."""
 
     tag: ClassVar[str] = "unsafe"
     why: str
@@ -504,9 +501,9 @@ class Spawned(Message):
 # ---- pipes ----------------------------------------------------------------------------------
 
 
-def write(fd: int, *messages: Message) -> None:
-    """Write whole messages in one write; pipes take them in one piece or block until they can."""
-    data = b"".join(encode(message) for message in messages)
+def write(fd: int, *messages: Message, encoded: bytes = b"") -> None:
+    """Write whole messages, after some `encoded` already, in one write (pipes block till then)."""
+    data = encoded + b"".join(encode(message) for message in messages)
     while data:
         written = os.write(fd, data)
         data = data[written:]
@@ -523,6 +520,10 @@ class Reader:
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
         return [self._decode(line) for line in lines if line.strip()]
+
+    def ended(self) -> list[Message]:
+        """At end of file: what the worker held back and never sent (worker/spool.py)."""
+        return []
 
 
 C = TypeVar("C", bound=Message)

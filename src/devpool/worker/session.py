@@ -32,6 +32,7 @@ from devpool.worker import (
     worklist,
 )
 from devpool.worker import template as forkserver
+from devpool.worker.spool import Spool, spool_file
 from devpool.worker.terminal import Terminal, read_stdin_from
 
 # Options that select or stop tests belong to the controller alone: the worker must be
@@ -102,9 +103,15 @@ class WorkerSession:
         self.fatal: list[re.Pattern[str]] = []  # a failure matching one may have poisoned us
         self.poisoned = False
         self.renamed: dict[str, str] = {}  # this process's node id → the controller's
-        # A test's teardown report and its finish wait for the next message (the next test's
-        # start, or the batch's done): one write per test fewer, with no test code between.
+        # A passing test's reports and its finish wait for the next message (the next test's
+        # start, or the batch's done): one write per test. Those held while test code runs
+        # are also in the spool, for the controller if this process dies (worker/spool.py).
         self._held: list[protocol.Message] = []
+        self._spooled, self._spooled_count = b"", 0  # the encoded head of _held, in the spool
+        self.spool = Spool(None)
+        # A memory-leased test's call report goes at once: the controller measures its memory
+        # when it comes (run/memory_watch.py), before the next test uses the device.
+        self.reports_at_once = False
         _die_with_parent(b"devpool-tmpl" if self.template is not None else b"devpool-worker")
         if os.getppid() != parent:  # the controller died before prctl took effect
             os._exit(3)
@@ -187,6 +194,9 @@ class WorkerSession:
             self._log = Path(stacks).with_suffix(".log")
             self._stacks = open(stacks, "w")  # noqa: SIM115 - lives as long as the process
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+            if self.template is None:  # a worker (a template runs no test)
+                self.spool.close()
+                self.spool = Spool(spool_file(Path(stacks)))
         if inherited is not None and inherited is not self._stacks:
             # Closed here, never left to the collector: its ResourceWarning would reach the
             # first test, an error under filterwarnings = error.
@@ -202,6 +212,7 @@ class WorkerSession:
 
     def pytest_unconfigure(self) -> None:
         stacks = os.environ.get("DEVPOOL_STACKS_FILE")
+        self.spool.close(remove=True)  # it ends normally: everything held was sent
         if stacks:  # a worker that ends normally leaves no empty output files behind
             capture.remove_empty(Path(stacks))
 
@@ -313,13 +324,24 @@ class WorkerSession:
             session.items[:] = worklist.restrict(self.collected, session.items, self.selected)
 
     def send(self, *messages: protocol.Message) -> None:
-        held, self._held = self._held, []  # messages keep their order
-        protocol.write(self.fd_out, *held, *messages)
+        """Send messages after those held (they keep their order), in one write."""
+        held, self._held = self._held[self._spooled_count :], []
+        encoded, self._spooled, self._spooled_count = self._spooled, b"", 0
+        self.spool.clear()  # before the write: no message is read twice
+        protocol.write(self.fd_out, *held, *messages, encoded=encoded)
 
     def _send_held(self) -> None:
         if self._held:
-            held, self._held = self._held, []
-            protocol.write(self.fd_out, *held)
+            self.send()
+
+    def _hold(self, message: protocol.Message, spool: bool) -> None:
+        """Hold a message for the next write; spool: test code runs before that write."""
+        self._held.append(message)
+        if spool:
+            fresh = self._held[self._spooled_count :]
+            self._spooled += b"".join(protocol.encode(m) for m in fresh)
+            self._spooled_count = len(self._held)
+            self.spool.put(self._spooled)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -335,6 +357,7 @@ class WorkerSession:
         order = {item.nodeid: index for index, item in enumerate(session.items)}
         self.known = set(sys.modules)
         memory.apply_torch_limit()  # a share of a device: torch's allocator stays inside it
+        self.reports_at_once = bool(os.environ.get(memory.DEVICE_MEMORY))
         # --setup-show: a test's lines and reports go in one write at its end, so that a
         # parallel run's terminal shows each test's lines together, as plain pytest does.
         self.hold_reports = bool(self.config.getoption("setupshow", False))
@@ -482,9 +505,11 @@ class WorkerSession:
         if report.when == "teardown" or self.hold_reports:
             # pytest calls logfinish right after the teardown report, with no test code
             # between: both wait for the next message (send).
-            self._held.append(message)
-            return
-        self.send(message)
+            self._hold(message, spool=report.when != "teardown")
+        elif report.failed or (self.reports_at_once and report.when == "call"):
+            self.send(message)  # -x, fatal patterns and the terminal hear of it now
+        else:
+            self._hold(message, spool=True)  # the test's code runs on: spooled
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         load = self.cpu.load()
@@ -525,6 +550,8 @@ class WorkerSession:
         # Before the teardown report and the finish: the controller knows the leak when it
         # concludes the test.
         at = self._held.index(teardown) if teardown is not None else len(self._held)
+        if at < self._spooled_count:  # never: the teardown report is held unspooled
+            self._spooled, self._spooled_count = b"", 0
         self._held[at:at] = found
         if self.leaks.retire:
             self.poisoned = True
