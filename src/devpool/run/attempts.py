@@ -27,6 +27,7 @@ import pytest
 
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
+from devpool.run.again import NO, Decision
 
 
 class State(str, enum.Enum):
@@ -84,7 +85,7 @@ class Attempt:
     phases: list[pytest.TestReport] = field(default_factory=list)
     told: list[str] = field(default_factory=list)  # its reports' closing-line words, until it ends
     failed: bool = False  # a phase report failed
-    retry: bool = False  # this attempt failed and its job runs again
+    again: Decision = NO  # whether its job runs again, and why (again.py decides it)
     outcome: Outcome | None = None
     log: Path | None = None  # the test's own log, for endings that did not pass
     kill_stage: int = 0  # 0 none, 1 stacks asked, 2 SIGTERM sent, 3 SIGKILL sent
@@ -92,7 +93,6 @@ class Attempt:
     requeues: int = 0  # times it went back to the queue untouched (not its fault)
     overrun: str = ""  # it used more device memory than it declared: why it failed
     alone: bool = False  # a run alone after running out of memory beside other tests
-    alone_next: bool = False  # this attempt ran out beside others: the next runs alone
     peak_memory: dict[int, int] = field(default_factory=dict)  # device → bytes, when watched
     cpu_load: float | None = None  # cores its device test kept busy (worker/cpu_load.py)
     history: list[tuple[State, float]] = field(default_factory=list)

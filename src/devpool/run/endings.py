@@ -3,7 +3,8 @@
 A worker lost under a test (its timeout, a crash, a deadline of another test, a machine
 gone), a worker that died before its test, an infra ending devpool saw itself: each is
 reported to pytest by the replay, and may run again as a new attempt. A test sent back
-untouched (its batch ended before it ran) keeps its attempt. The dispatch loop (loop.py)
+untouched (its batch ended before it ran) keeps its attempt. Whether and why a test runs
+again is again.py's decision; this part carries it out. The dispatch loop (loop.py)
 routes worker events here; this part holds no state of its own.
 """
 
@@ -17,6 +18,8 @@ from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
 from devpool.plan.scheduler import Scheduler
 from devpool.report.terminal import read_log
+from devpool.run import again
+from devpool.run.again import Decision, Happened
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.exits import describe_exit, own_output, worker_log_tail
@@ -27,8 +30,6 @@ from devpool.run.pool import Slot, WorkerPool
 from devpool.run.replay import Replay
 from devpool.run.source import JobSource
 from devpool.worker.capture import crash_output
-
-ALONE_AFTER = 3  # an attempt sent back untouched this often runs next in a worker of its own
 
 
 class Endings:
@@ -118,56 +119,55 @@ class Endings:
         extra: str = "",
     ) -> None:
         """An ending devpool saw itself: reported to pytest, run again if it may."""
-        attempt.retry = self.replay.can_retry(attempt.job, outcome)
+        decision = again.ask(attempt, Happened.ENDED, self.ctx.settings, outcome)
         worker = slot.worker if slot is not None else None
         self.replay.synthesize(attempt, outcome, detail, duration, worker, extra)
         if slot is not None and outcome.gates:
             self.check_fatal(attempt, slot, extra)
-        if attempt.retry:
-            self.again(slot, attempt, outcome)
+        if decision.runs:
+            self.again(slot, attempt, decision)
 
-    def again(self, slot: Slot | None, attempt: Attempt, outcome: Outcome) -> None:
-        """A failed attempt runs again as a new attempt (a fresh worker, other devices first)."""
+    def again(self, slot: Slot | None, attempt: Attempt, decision: Decision) -> None:
+        """A failed attempt runs again as a new attempt (a fresh worker, other devices first),
+        as again.py decided."""
         job = attempt.job
         job.chain = None  # a rerun runs alone, as any rerun
-        if attempt.alone_next:  # not its doing: once more, alone on a whole device
+        if decision.whole_device:  # not its doing: once more, alone on a whole device
             job.request = replace(job.request, device_memory=None, device_exclusive=True)
             self.memory.run_alone(job.id)
-        elif outcome in (Outcome.CRASHED, Outcome.INFRA):
+        elif decision.spends == "infra":
             job.retries_infra += 1
-        else:
+        elif decision.spends == "failed":
             job.retries_failed += 1
-        if attempt.started_wall > 0 and outcome is not Outcome.INFRA and not attempt.alone_next:
+        if decision.own_failure:
             job.own_failures += 1  # the test's own ending: a later pass is flaky
-        if self.source is not None and not attempt.alone_next and self.source.move(job):
+        if self.source is not None and decision.movable and self.source.move(job):
             self.dropped.add(job.id)  # it runs on in another job of the queue's run
             return
         job.attempt += 1
         job.queued_at = time.monotonic()
-        self.attempts[job.id] = Attempt(job, job.attempt, alone=attempt.alone_next)
-        delay = job.request.reruns_delay
-        if delay is None:
-            delay = self.ctx.settings.reruns_delay
-        if delay > 0 and outcome not in (Outcome.CRASHED, Outcome.INFRA):
-            self.placing.delay(job.queued_at + delay, job)  # --reruns-delay: wait, then run
+        self.attempts[job.id] = Attempt(job, job.attempt, alone=decision.whole_device)
+        if decision.delay > 0:
+            self.placing.delay(job.queued_at + decision.delay, job)  # wait, then run
             return
         self.queue_later(slot, job)
 
     def requeue(self, slot: Slot, attempt: Attempt, why: str, counts: bool = True) -> None:
         """Back to the queue untouched: it was batched behind an ending that was not its own.
 
-        Being sent back is no outcome: after ALONE_AFTER times the test runs next in a
+        Being sent back is no outcome: after again.ALONE_AFTER times the test runs next in a
         worker of its own, and its own ending decides. Sent back from there (the worker
         ended with this test next and nothing else sent), the ending was its own. A
         send-back that counts=False (the fair share cut the batch) is never held against it."""
-        if counts and attempt.job.runs_alone and attempt.requeues >= ALONE_AFTER:
+        decision = again.ask(attempt, Happened.SENT_BACK, self.ctx.settings, counts=counts)
+        if not decision.runs:
             detail = f"it was next, alone in its worker, and {why}; see {slot.worker.log}"
             self.end(attempt, Outcome.INFRA, detail, slot, 0.0, worker_log_tail(slot))
             return
         attempt.requeue(self.ctx.emit, why, counts)
         attempt.job.setbacks.append(f"sent back: {why}")
         attempt.job.chain = None  # its chain was broken off: it runs as any test now
-        if attempt.requeues >= ALONE_AFTER:
+        if decision.own_worker:
             attempt.job.runs_alone = True
         attempt.job.queued_at = time.monotonic()
         self.queue_later(slot, attempt.job)

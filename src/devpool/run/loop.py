@@ -4,8 +4,8 @@ It only routes events between the parts it holds, each owning its own state: pla
 from the scheduler become leases and batches for the pool (placing.py); worker events move
 attempts through their states (attempts.py); running tests' memory is watched
 (memory_watch.py); endings are told to pytest by the replay (replay.py), and those the
-worker could not report (a crash, a timeout, a lost worker) end, and run again, through
-endings.py; fatal errors go to device health (health.py). Every job
+worker could not report (a crash, a timeout, a lost worker) end through endings.py, and run
+again as again.py decides; fatal errors go to device health (health.py). Every job
 ends with exactly one final outcome, and the loop always ends: when nothing runs and
 nothing left can be placed, the jobs that are left end `infra` with the reason.
 """
@@ -25,6 +25,8 @@ from devpool.plan.jobs import Job, Plan
 from devpool.plan.policies import Backfill
 from devpool.plan.scheduler import Scheduler
 from devpool.report import progress
+from devpool.run import again
+from devpool.run.again import Happened
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.endings import Endings
@@ -316,7 +318,7 @@ class Loop:
         if data.get("when") == "call" and self.memory.overran(slot, attempt):
             data.update(outcome="failed", longrepr=f"[devpool] {attempt.overrun}")
         elif data.get("outcome") == "failed" and self.memory.out_of_memory_beside(attempt, data):
-            attempt.retry = attempt.alone_next = True
+            again.ask(attempt, Happened.RAN_OUT_BESIDE, self.ctx.settings)
         self.replay.replay(attempt, data, slot.worker)
 
     def _on_finish(self, slot: Slot, event: protocol.Finish) -> None:
@@ -412,15 +414,16 @@ class Loop:
         """The worker ran a test to its end: its reports decide, its deadline is void."""
         attempt.move(State.REPORTED, self.ctx.emit)
         outcome = self.replay.finished(attempt, slot.worker)
-        if outcome.gates or attempt.retry:
+        decision = again.ask(attempt, Happened.FINISHED, self.ctx.settings, outcome)
+        if outcome.gates or decision.runs:
             # An ordinary failure costs only its own outcome: the worker goes on with its
             # batch unless the project asked for a fresh process after every failure, or the
             # failure's output matches a fatal pattern (_check_fatal retires it).
             if self.ctx.settings.fresh_after_failure:
                 slot.dirty = True
             self.endings.check_fatal(attempt, slot)
-        if attempt.retry:
-            self.endings.again(slot, attempt, outcome)
+        if decision.runs:
+            self.endings.again(slot, attempt, decision)
 
     def _job_done(self, slot: Slot) -> None:
         head = slot.head
@@ -521,7 +524,7 @@ class Loop:
                 continue
             if self.stopped and attempt.state in (State.QUEUED, State.LEASED):
                 continue  # -x: jobs sent back after the stop stay unrun, as pytest leaves them
-            attempt.retry = False
+            again.ask(attempt, Happened.LOST_TRACK, self.ctx.settings)  # it ends here, infra
             self.replay.synthesize(
                 attempt,
                 Outcome.INFRA,

@@ -30,7 +30,8 @@ from devpool.report.terminal import (
     write_apart,
     write_test_log,
 )
-from devpool.run import host_leases
+from devpool.run import again, host_leases
+from devpool.run.again import Happened
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.phase_reports import UnseenEnding, category_of, cause_of, is_subtest, outcome_of
@@ -68,17 +69,6 @@ class Replay:
         """pytest_runtest_logstart for every plugin but the terminal (see __init__)."""
         self._logstart(nodeid=nodeid, location=location)
 
-    # ---- retries ------------------------------------------------------------------------
-
-    def can_retry(self, job: Job, outcome: Outcome) -> bool:
-        """Whether a failed attempt of this job runs again (its own reruns, else the option)."""
-        settings = self.ctx.settings
-        if outcome in (Outcome.CRASHED, Outcome.INFRA):
-            return job.retries_infra < settings.reruns_infra
-        own = job.request.reruns
-        limit = settings.reruns if own is None else own
-        return job.retries_failed < limit
-
     # ---- reports a worker sent ----------------------------------------------------------
 
     def replay(self, attempt: Attempt, data: dict[str, Any], worker: WorkerHandle) -> None:
@@ -96,7 +86,7 @@ class Replay:
             outcome = outcome_of([*attempt.phases, report])
             self._properties(report, attempt, outcome)
         attempt.phases.append(report)
-        if not attempt.alone_next:  # the memory retry is not an attempt of the test
+        if not attempt.again.whole_device:  # the memory retry is not an attempt of the test
             self.tell(report, attempt)
         self.ctx.emit(
             "report",
@@ -129,8 +119,7 @@ class Replay:
         job = attempt.job
         if report.failed:
             outcome = Outcome.FAILED if report.when == "call" else Outcome.ERROR
-            if attempt.retry or self.can_retry(job, outcome):
-                attempt.retry = True
+            if again.ask(attempt, Happened.FAILED_REPORT, self.ctx.settings, outcome).runs:
                 report.outcome = RERUN  # type: ignore[assignment]
                 report.devpool_outcome = RERUN  # type: ignore[attr-defined]
             elif job.nodeid in self.ctx.quarantined:
@@ -148,14 +137,9 @@ class Replay:
 
     def _rerun_note(self, attempt: Attempt, outcome: Outcome) -> str:
         """What says that this ending runs again, or ran after others that did ("": none)."""
-        job = attempt.job
-        if outcome in (Outcome.CRASHED, Outcome.INFRA):
-            option, limit = "--devpool-reruns-infra", self.ctx.settings.reruns_infra
-        elif job.request.reruns is not None:
-            option, limit = "its own reruns", job.request.reruns
-        else:
-            option, limit = "--devpool-reruns", self.ctx.settings.reruns
-        if attempt.retry:
+        limits = again.Limits.of(self.ctx.settings)
+        option, limit = again.budget(outcome, attempt.job.request.reruns, limits)
+        if attempt.again.runs:
             return f"it runs again: attempt {attempt.number + 1} ({option} {limit})"
         if attempt.number > 1:
             earlier = attempt.number - 1
@@ -203,7 +187,7 @@ class Replay:
         # An ending before the test started that will run again is no attempt of the test:
         # pytest hears nothing of it (no rerun in the closing line); the run record and
         # JUnit's properties keep it.
-        silent = attempt.retry and not started
+        silent = attempt.again.runs and not started
         if silent:
             job.setbacks.append(f"{outcome.value} before it started: {detail}")
         if not started and not silent:
@@ -224,7 +208,7 @@ class Replay:
             rerun = self._rerun_note(attempt, outcome)
             if rerun:
                 text += f"\n[devpool] {rerun}"
-                if attempt.retry and not silent:
+                if attempt.again.runs and not silent:
                     self.say(f"{job.display} {outcome.value}; {rerun}")
             if extra:
                 text += "\n" + readable_stacks(extra)
@@ -243,7 +227,7 @@ class Replay:
                 duration=duration if status == "failed" else 0.0,
             )
             report.devpool_outcome = outcome.value  # type: ignore[attr-defined]
-            if attempt.retry and status == "failed":
+            if attempt.again.runs and status == "failed":
                 report.outcome = RERUN  # type: ignore[assignment]
                 report.devpool_outcome = RERUN  # type: ignore[attr-defined]
             elif status == "failed" and job.nodeid in self.ctx.quarantined:
@@ -276,7 +260,7 @@ class Replay:
         """The one place an attempt's ending is recorded: summary entry and run record line."""
         ctx = self.ctx
         job = attempt.job
-        retried = attempt.retry
+        retried = attempt.again.runs
         attempt.outcome = outcome
         attempt.log = log
         end = time.time()
