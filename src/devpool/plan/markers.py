@@ -237,18 +237,33 @@ VALUE_MARKERS = (
 )
 
 
+_CHECKED = frozenset((*VALUE_MARKERS, "resources"))
+
+
 def _conflicts(item: pytest.Item) -> None:
     """Two markers of one name with different values on the test itself are a mistake.
 
     Between levels (class, module) pytest's closest-wins rule stands; on one function
     `get_closest_marker` would silently keep the one written nearest the def."""
-    for name in (*VALUE_MARKERS, "resources"):
-        own = [(m.args, m.kwargs) for m in getattr(item, "own_markers", ()) if m.name == name]
+    seen: dict[str, list[tuple[Any, Any]]] = {}
+    for mark in getattr(item, "own_markers", ()):
+        if mark.name in _CHECKED:
+            seen.setdefault(mark.name, []).append((mark.args, mark.kwargs))
+    for name, own in seen.items():
         if any(values != own[0] for values in own[1:]):
             raise DevpoolError(
                 f"{item.nodeid}: conflicting @pytest.mark.{name} markers on one test "
                 f"({len(own)} of them); keep one"
             )
+
+
+def closest_marks(item: pytest.Item) -> dict[str, pytest.Mark]:
+    """Each marker name's closest mark (`item.get_closest_marker`'s), from one walk of the
+    item's chain instead of one walk per name."""
+    closest: dict[str, pytest.Mark] = {}
+    for mark in item.iter_markers():
+        closest.setdefault(mark.name, mark)
+    return closest
 
 
 def request_for(
@@ -264,13 +279,14 @@ def request_for(
     """
     nodeid = item.nodeid
     _conflicts(item)
+    closest = closest_marks(item)
     device_count = 0
-    if (mark := item.get_closest_marker("device_count")) is not None:
+    if (mark := closest.get("device_count")) is not None:
         device_count = _whole_number(nodeid, mark.name, mark.args, mark.kwargs, 1)
     device_memory = None
-    if (mark := item.get_closest_marker("device_memory")) is not None:
+    if (mark := closest.get("device_memory")) is not None:
         device_memory = _device_memory(nodeid, mark)
-    exclusive = _bare(nodeid, item.get_closest_marker("device_exclusive"))
+    exclusive = _bare(nodeid, closest.get("device_exclusive"))
     if exclusive and device_memory is not None:
         raise DevpoolError(
             f"{nodeid}: @pytest.mark.device_exclusive and @pytest.mark.device_memory "
@@ -282,7 +298,7 @@ def request_for(
         device_memory = default_memory
     nodes = 1
     peer_service = None
-    if (mark := item.get_closest_marker("nodes")) is not None:
+    if (mark := closest.get("nodes")) is not None:
         peer_service = mark.kwargs.get("peer_service")
         if peer_service is not None and (not isinstance(peer_service, str) or not peer_service):
             raise DevpoolError(
@@ -291,27 +307,27 @@ def request_for(
         rest = {k: v for k, v in mark.kwargs.items() if k != "peer_service"}
         nodes = _whole_number(nodeid, mark.name, mark.args, rest, 1)
     platforms = None
-    if (mark := item.get_closest_marker("platforms")) is not None:
+    if (mark := closest.get("platforms")) is not None:
         platforms = _platforms(nodeid, mark, known_platforms)
     timeout = None
-    if (mark := item.get_closest_marker("timeout")) is not None:
+    if (mark := closest.get("timeout")) is not None:
         timeout = _timeout(nodeid, mark)
-    isolate = _bare(nodeid, item.get_closest_marker("isolate"))
+    isolate = _bare(nodeid, closest.get("isolate"))
     reruns, reruns_delay = rerunfailures.marker_reruns(item)
     quiet = benchmark.is_benchmark(item)
     if quiet and device_count > 0:
         device_memory, exclusive = None, True
     ports = 0
-    if (mark := item.get_closest_marker("ports")) is not None:
+    if (mark := closest.get("ports")) is not None:
         ports = _whole_number(nodeid, mark.name, mark.args, mark.kwargs, 1)
     wanted: tuple[tuple[str, int], ...] = ()
-    if (mark := item.get_closest_marker("resources")) is not None:
+    if (mark := closest.get("resources")) is not None:
         wanted = _resources(nodeid, mark, resources or {})
     cpus = 0
-    if (mark := item.get_closest_marker("cpus")) is not None:
+    if (mark := closest.get("cpus")) is not None:
         cpus = _whole_number(nodeid, mark.name, mark.args, mark.kwargs, 1)
     ranks, per_rank = 0, 1
-    if (mark := item.get_closest_marker("ranks")) is not None:
+    if (mark := closest.get("ranks")) is not None:
         ranks, per_rank = _ranks(nodeid, mark)
         if ranks % nodes:
             raise DevpoolError(
@@ -319,7 +335,7 @@ def request_for(
                 "as many ranks on every node: a multiple of the node count"
             )
         total = ranks // nodes * per_rank  # device_count is per node
-        if item.get_closest_marker("device_count") is not None and device_count != total:
+        if closest.get("device_count") is not None and device_count != total:
             raise DevpoolError(
                 f"{nodeid}: @pytest.mark.ranks({ranks}, devices_per_rank={per_rank}) holds "
                 f"{total} device{'s' if total != 1 else ''}, but @pytest.mark.device_count"

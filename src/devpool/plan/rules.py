@@ -373,16 +373,25 @@ def relative_parts(path: Path, rootpath: Path) -> tuple[str, ...] | None:
 def apply(items: Sequence[pytest.Item], rules: Rules, rootpath: Path) -> dict[str, dict[str, str]]:
     """Add devpool's markers the rules give to each test; per test, where each part of its
     request came from: part → "marker", "alias NAME" or "path KEY"."""
+    from devpool.plan.markers import closest_marks
+
     sources: dict[str, dict[str, str]] = {}
+    files: dict[Path, tuple[str, ...] | None] = {}  # each test file's parts, resolved once
     for item in items:
-        own = {part for part, (_, names) in PARTS.items() if _has_any(item, names)}
+        marks = closest_marks(item)
+        own = {part for part, (_, names) in PARTS.items() if any(n in marks for n in names)}
         found = {part: "marker" for part in own}
         alias = _closest_alias(item, rules.aliases)
         given: list[tuple[str, dict[str, Any]]] = []
         if alias is not None:
             name, mark = alias
             given.append((f"alias {name}", _resolve(item.nodeid, name, mark, rules.aliases[name])))
-        parts = relative_parts(Path(str(item.path)), rootpath) if rules.paths else None
+        parts = None
+        if rules.paths:
+            path = Path(str(item.path))
+            if path not in files:
+                files[path] = relative_parts(path, rootpath)
+            parts = files[path]
         rule = rules.path_rule(item.nodeid, parts) if parts else None
         if rule is not None:
             given.append((f"path {rule.key}", dict(rule.request.values)))
@@ -397,10 +406,6 @@ def apply(items: Sequence[pytest.Item], rules: Rules, rootpath: Path) -> dict[st
     return sources
 
 
-def _has_any(item: pytest.Item, names: Iterable[str]) -> bool:
-    return any(item.get_closest_marker(name) is not None for name in names)
-
-
 def _closest_alias(item: pytest.Item, aliases: Mapping[str, RuleRequest]) -> tuple[str, Any] | None:
     """The alias marker nearest the test (pytest's closest-wins), if any."""
     if not aliases:
@@ -413,7 +418,9 @@ def _closest_alias(item: pytest.Item, aliases: Mapping[str, RuleRequest]) -> tup
 
 def unmatched(rules: Rules, items: Sequence[pytest.Item], rootpath: Path) -> list[str]:
     """Path keys that cover none of these tests."""
-    files = {relative_parts(Path(str(item.path)), rootpath) for item in items}
+    if not rules.paths:
+        return []
+    files = {relative_parts(path, rootpath) for path in {Path(str(i.path)) for i in items}}
     paths = [parts for parts in files if parts]
     return [rule.key for rule in rules.paths if not any(rule.depth(p) >= 0 for p in paths)]
 
