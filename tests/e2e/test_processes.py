@@ -318,12 +318,32 @@ def test_guard(i, devpool_devices):
     with open(SPANS, "a") as spans:
         spans.write(f"{{start}} {{time.monotonic()}}\\n")
 """
+    # Each controller waits, once it has collected, until both have (bounded): on a loaded
+    # host one run could otherwise end before the other starts, and prove nothing.
+    barrier = tmp_path / "collected"
+    barrier.mkdir()
+    conftest = f"""
+import os
+import time
+
+BARRIER = {str(barrier)!r}
+
+
+def pytest_collection_finish(session):
+    if session.config.getoption("devpool_worker", None):
+        return  # a worker or template collects too: only the controllers meet
+    open(os.path.join(BARRIER, os.path.basename(str(session.config.rootpath))), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(BARRIER)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+"""
     sessions = []
     for name in ("a", "b"):
         copy = tmp_path / name
         copy.mkdir()
         (copy / "pytest.ini").write_text("[pytest]\n")
         (copy / "test_guard.py").write_text(body)
+        (copy / "conftest.py").write_text(conftest)
         sessions.append(launch("-q", "--devices", "sim:0-7", cwd=copy))
     for session in sessions:
         code = session.wait(75)
