@@ -13,6 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Python writes bytecode caches on a user's machine, and pytest keeps its assertion-rewritten
+# test modules and plugins there: every pytest these scripts start does so too, even where
+# the shell sets PYTHONDONTWRITEBYTECODE (this sandbox does; a process that rewrites every
+# module at each start measures the missing cache, once per process: the controller's and
+# each template's collection). Figures before Dec 6 2026 were taken with it set.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # Unrelated plugins installed next to devpool would skew start-up time; leave them out.
 PYTEST = [
     sys.executable,
