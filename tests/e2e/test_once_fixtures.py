@@ -318,3 +318,104 @@ def test_a_run_stopped_by_x_tears_its_once_fixture_down_and_ends(
     [setup] = _lines(out / "setup.jsonl")
     assert len(_lines(out / "teardown.jsonl")) == 1
     assert not _alive(int(setup["pid"])) and not _alive(int(setup["server"]))
+
+
+# A recording run: the once-fixture's code (its def block, the project code it calls, the
+# module it imports only there, the file it reads) belongs to every test that uses it.
+SELECTED = {
+    "pyproject.toml": """
+        [tool.pytest.ini_options]
+        pythonpath = ["."]
+
+        [tool.devpool.once]
+        db = { device_count = 1 }
+        """,
+    ".gitignore": ".devpool/\n__pycache__/\nrunpytest-*\nstdout\nstderr\n",
+    "helpers.py": """
+        def make_db(rows):
+            return {"rows": rows}
+
+
+        def other():
+            return 1
+        """,
+    "serving.py": """
+        def start():
+            return "up"
+        """,
+    "db.txt": "3\n",
+    "tests/conftest.py": """
+        from pathlib import Path
+
+        import pytest
+
+
+        @pytest.fixture(scope="session")
+        def rows():
+            return int((Path(__file__).parent.parent / "db.txt").read_text())
+        """,
+    "tests/test_users.py": """
+        import os
+
+        import pytest
+
+        import helpers
+
+
+        @pytest.fixture(scope="session")
+        def db(rows):
+            import serving  # imported in its process alone
+
+            return helpers.make_db(rows) | {"state": serving.start(), "pid": os.getpid()}
+
+
+        def test_one(db):
+            assert db["rows"] == 3 and db["pid"] != os.getpid()
+
+
+        def test_two(db):
+            assert db["state"] == "up"
+
+
+        def test_beside():
+            pass
+        """,
+    "tests/test_others.py": """
+        import helpers
+
+
+        def test_other():
+            assert helpers.other() == 1
+        """,
+}
+USERS_OF_DB = {"tests/test_users.py::test_one", "tests/test_users.py::test_two"}
+
+
+@pytest.mark.usefixtures("selective_env")
+def test_a_change_to_a_once_fixtures_code_selects_its_users_and_no_other_test(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    from select_project import Run, git_project, record
+
+    root = git_project(pytester.path, SELECTED)
+    recorded = record(pytester, tmp_path, "sim:0-1")
+    [setup] = [e for e in recorded.events if e["type"] == "once_setup"]  # run once, recorded
+    others = {"tests/test_others.py::test_other", "tests/test_users.py::test_beside"}
+    assert setup["outcome"] == "value" and recorded.ran == USERS_OF_DB | others
+    edits = [
+        ("helpers.py", "return {", "return {**{}, "),  # project code it called
+        ("serving.py", 'return "up"', 'return "u" + "p"'),  # a module only its process loads
+        ("db.txt", "3", "3 "),  # a file it read
+        ("tests/test_users.py", '"pid": os', '"pid": 0 + os'),  # its def block
+    ]
+    for i, (name, old, new) in enumerate(edits):
+        path = root / name
+        original = path.read_text()
+        path.write_text(original.replace(old, new))
+        run = Run(pytester, tmp_path, f"on{i}", "--devices", "sim:0-1", "--devpool-select", "on")
+        assert run.result.ret == 0, run.output()
+        assert run.ran == USERS_OF_DB, (name, run.output())
+        path.write_text(original)
+    (root / "helpers.py").write_text((root / "helpers.py").read_text().replace("1", "2 - 1"))
+    run = Run(pytester, tmp_path, "other", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.ran == {"tests/test_others.py::test_other"}, run.output()  # not its users

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 import pickle
 import time
@@ -40,12 +41,21 @@ def result_path(folder: Path, name: str) -> Path:
     return folder / f"{name}.pickle"
 
 
+def deps_path(folder: Path, name: str) -> Path:
+    """Where a once-fixture's dependencies lie in a recording run (--devpool-select record):
+    what its process ran and read, as select/record.py's Recorder.once_deps says it."""
+    return folder / f"{name}.deps.json"
+
+
 def write_result(folder: Path, name: str, kind: str, payload: Any) -> None:
     """Write a once-fixture's outcome whole (a reader never sees half of it)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    target = result_path(folder, name)
+    _write_whole(result_path(folder, name), pickle.dumps((kind, payload)))
+
+
+def _write_whole(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.part")
-    partial.write_bytes(pickle.dumps((kind, payload)))
+    partial.write_bytes(data)
     os.replace(partial, target)
 
 
@@ -98,6 +108,25 @@ class OnceValues:
         self.names = frozenset(names)
         self.results: dict[str, tuple[str, Any]] = {}
         self.answers: dict[int, str] = {}  # id(fixturedef) → its fixture's name
+        self.deps: dict[str, dict[str, Any]] = {}  # fixture → what its process recorded
+
+    def recorded(self, item: pytest.Item) -> list[tuple[str, dict[str, Any]]]:
+        """In a recording run: what the process of each once-fixture this test got ran and
+        read, a part of the test's dependencies (select/record.py)."""
+        info: Any = getattr(item, "_fixtureinfo", None)
+        found = []
+        for name in sorted(self.names & set(_fixturenames(item))):
+            definitions = info.name2fixturedefs.get(name) if info is not None else None
+            if not definitions or self.answers.get(id(definitions[-1])) != name:
+                continue  # an ordinary fixture here: its code is the test's own
+            if name not in self.deps:
+                try:
+                    self.deps[name] = json.loads(deps_path(self.folder, name).read_bytes())
+                except (OSError, ValueError) as exc:
+                    why = f"its dependencies could not be read: {exc}"
+                    self.deps[name] = {"recorded": False, "why": why}
+            found.append((name, self.deps[name]))
+        return found
 
     def _result(self, name: str) -> tuple[str, Any] | None:
         if name in self.results:
@@ -193,6 +222,9 @@ class OnceProcess:
         item = next((i for i in session.items if self.name in _fixturenames(i)), None)
         setup_state: Any = session._setupstate  # noqa: SLF001 - pytest's own, as a test's setup
         started = time.monotonic()
+        recorder: Any = self.config.pluginmanager.get_plugin("devpool-select-recorder")
+        if recorder is not None:  # a recording run: its users depend on what it runs
+            recorder.once_begin()
         if item is None:
             text = f"no test that uses {self.name} was collected in its process"
             kind, payload = "error", f"[tool.devpool.once] {text}"
@@ -205,6 +237,9 @@ class OnceProcess:
                 reraise=(KeyboardInterrupt,),
             )
             kind, payload, text = self._outcome(item, _from_fixtures(call, session))
+        if recorder is not None:  # before the result: a user finds both
+            deps = json.dumps(recorder.once_deps()).encode()
+            _write_whole(deps_path(self.folder, self.name), deps)
         write_result(self.folder, self.name, kind, payload)
         seconds = round(time.monotonic() - started, 3)
         worker.send(protocol.OnceUp(fixture=self.name, outcome=kind, seconds=seconds, text=text))
