@@ -419,3 +419,30 @@ def test_a_change_to_a_once_fixtures_code_selects_its_users_and_no_other_test(
     (root / "helpers.py").write_text((root / "helpers.py").read_text().replace("1", "2 - 1"))
     run = Run(pytester, tmp_path, "other", "--devices", "sim:0-1", "--devpool-select", "on")
     assert run.ran == {"tests/test_others.py::test_other"}, run.output()  # not its users
+
+
+def test_its_lease_reaches_the_history_and_devpool_capacity(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    conftest = "import pytest\n\n@pytest.fixture(scope='session')\ndef server():\n    return 1\n"
+    _project(pytester, out, "server = { device_count = 1 }", conftest)
+    suite(pytester, out, "test_lease", TEARDOWN_USERS)
+    result = pytester.runpytest_subprocess(
+        *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=60
+    )
+    assert result.ret == 0, result.stdout.str()
+    [down] = events(_record(pytester), "once_teardown")
+    capacity = subprocess.run(
+        [sys.executable, "-m", "devpool.cli", "capacity", "--platform", "sim", "--format", "json"],
+        cwd=pytester.path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert capacity.returncode == 0, capacity.stderr
+    report = json.loads(capacity.stdout)
+    [once] = report["once"]
+    assert (once["name"], once["users"], once["from_history"]) == ("server", 2, True)
+    assert once["held"] > 0 and down["seconds"] <= once["held"]  # setup to teardown
+    assert report["totals"]["device_seconds"] >= once["device_seconds"] > 0

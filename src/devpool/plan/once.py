@@ -37,6 +37,12 @@ ONCE_KEYS = (
 PLUGIN = "devpool-once"  # the name OnceCheck is registered under (the loop finds it there)
 
 
+def history_id(name: str) -> str:
+    """A once-fixture's name in the duration history: the seconds its lease was held, from
+    its start to its teardown (capacity counts them; no test has this id)."""
+    return f"[once] {name}"
+
+
 @dataclass(frozen=True)
 class OnceFixture:
     """One fixture of [tool.devpool.once]: its name and what its process asks for."""
