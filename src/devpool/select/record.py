@@ -64,7 +64,7 @@ class Recorder:
         self._shared_of: tuple[int, list[ModuleType]] = (-1, [])
         self._shared: list[tuple[str, int]] = []
         self._shared_set: set[tuple[str, int]] = set()
-        self._merged: dict[tuple[int, tuple[str, ...]], dict[str, Any]] = {}
+        self._merged: dict[tuple[int, tuple[str, ...]], dict[str, Any]] = {}  # with_libraries
         sys.addaudithook(self._audit)
 
     # ---- what the watch saw, and the files ------------------------------------------------
@@ -218,7 +218,7 @@ class Recorder:
         for once in borrowed:
             spots.update((str(rel), int(line)) for rel, line in once["spots"])
             files.update(once["files"])
-            libs = self._with_libraries(libs, once["libs"])
+            libs = with_libraries(libs, once["libs"], self._merged)
         deps.update(
             # Where the code that ran starts; the controller turns spots into blocks.
             spots=sorted(spots - self._shared_set),
@@ -230,26 +230,14 @@ class Recorder:
             **self.tables.refer("libs", libs),
         )
 
-    def _with_libraries(self, libs: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-        """libs with a once-fixture's libraries too; the same object while nothing is new
-        (the table is sent again only when it changes)."""
-        stamps = {path: tuple(stamp) if stamp is not None else None for path, stamp in more.items()}
-        if all(path in libs and libs[path] == stamp for path, stamp in stamps.items()):
-            return libs
-        key = (id(libs), tuple(sorted(stamps)))
-        if key not in self._merged:
-            self._merged = {key: {**libs, **stamps}}  # one kept: the newest
-        return self._merged[key]
-
     # ---- a once-fixture's own process (worker/once.py) ------------------------------------
 
     def once_begin(self) -> None:
         """A once-fixture's setup starts: what ran before is collection's."""
         self._collect()
         self.import_codes |= self.codes
-        self.codes, self.reads = {}, set()
+        self.codes, self.reads, self.active = {}, set(), True
         self._resume()
-        self.active = True
 
     def once_deps(self) -> dict[str, Any]:
         """What a once-fixture's setup ran and read, with everything its process ran before
@@ -347,6 +335,21 @@ class Recorder:
         if key not in self._hashes:
             self._hashes[key] = file_hash(Path(path))
         return self._hashes[key]
+
+
+def with_libraries(
+    libs: dict[str, Any], more: dict[str, Any], merged: dict[tuple[int, tuple[str, ...]], Any]
+) -> dict[str, Any]:
+    """libs with a once-fixture's libraries too; the same object while nothing is new (a
+    table is sent again only when it changes), and one merged table kept in `merged`."""
+    stamps = {path: tuple(stamp) if stamp is not None else None for path, stamp in more.items()}
+    if all(path in libs and libs[path] == stamp for path, stamp in stamps.items()):
+        return libs
+    key = (id(libs), tuple(sorted(stamps)))
+    if key not in merged:
+        merged.clear()
+        merged[key] = {**libs, **stamps}
+    return merged[key]  # type: ignore[no-any-return]
 
 
 _EARLY: Recorder | None = None  # started before the initial conftests were imported
