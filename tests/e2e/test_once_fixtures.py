@@ -9,6 +9,7 @@ devices, their process, the fixture's value), in OUT (sessions.PRELUDE's record(
 from __future__ import annotations
 
 import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -446,3 +447,71 @@ def test_its_lease_reaches_the_history_and_devpool_capacity(
     assert (once["name"], once["users"], once["from_history"]) == ("server", 2, True)
     assert once["held"] > 0 and down["seconds"] <= once["held"]  # setup to teardown
     assert report["totals"]["device_seconds"] >= once["device_seconds"] > 0
+
+
+def _marked(conftest: str, mark: str) -> str:
+    """The conftest with its fixture marked in code instead of the table."""
+    marked = re.sub(
+        r"(@pytest.fixture\(scope=\"\w+\"\)\ndef server)", f"@devpool.once{mark}\n\\1", conftest
+    )
+    assert marked != conftest
+    return "import devpool\n" + marked
+
+
+def test_the_marker_in_code_runs_a_fixture_once_as_the_table_does(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    _project(pytester, out, "", _marked(CONFTEST, "(device_count=1, ports=1)"))
+    suite(pytester, out, "test_one", USERS.format(n=4))
+    result = pytester.runpytest_subprocess(
+        *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-3", timeout=120
+    )
+    assert result.ret == 0, result.stdout.str()
+    [setup], [teardown] = _lines(out / "setup.jsonl"), _lines(out / "teardown.jsonl")
+    seen = records(out)
+    assert len(seen) == 4 and setup["pid"] not in {r["pid"] for r in seen.values()}
+    assert all(setup["devices"] not in str(r["devices"]).split(",") for r in seen.values())
+    assert teardown["pid"] == setup["pid"] and "ONCE server set up in" in result.stdout.str()
+
+
+def test_a_marked_failing_setup_gives_plain_pytests_outcomes(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    _project(pytester, out, "", _marked(FAILING, ""))  # bare @devpool.once: no request
+    suite(pytester, out, "test_failing", FAILING_USERS)
+    plain = _outcomes(pytester, "-p", "no:cacheprovider")  # devpool dormant: plain pytest
+    under = _outcomes(pytester, *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1")
+    assert under == plain and plain["test_uses[0]"][0] == "error"
+    assert len(events(_record(pytester), "once_setup")) == 1  # it did run once
+
+
+NOT_A_FIXTURE = FAILING + "\n\n@devpool.once(ports=1)\ndef helper():\n    pass\n"
+
+
+@pytest.mark.parametrize(
+    ("table", "conftest", "said"),
+    [
+        ("", _marked(FAILING, "(ranks=2)"), "conftest.py:6: @devpool.once on server has request "
+         "key 'ranks', which it cannot take"),
+        ("", _marked(MODULE_SCOPED, "()"), "@devpool.once on 'server' is a module-scoped fixture"),
+        ("", _marked(FAILING, "(device_count=9)"), "@devpool.once on server asks for 9 devices"),
+        ("", "import devpool\n" + NOT_A_FIXTURE, "conftest.py:11: @devpool.once on 'helper' is not "
+         "a session-scoped fixture"),
+        ("server = {}", _marked(FAILING, "()"), "server is named both by @devpool.once and in"),
+    ],
+    ids=["key", "module", "too-big", "not-a-fixture", "both"],
+)  # fmt: skip
+def test_bad_markers_are_one_sentence_and_exit_4_and_nothing_under_plain_pytest(
+    pytester: pytest.Pytester, out: Path, lock: Path, table: str, conftest: str, said: str
+) -> None:
+    _project(pytester, out, table, conftest)
+    suite(pytester, out, "test_failing", FAILING_USERS)
+    result = pytester.runpytest_subprocess(
+        *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=60
+    )
+    assert result.ret == 4
+    error = [line for line in result.stderr.lines if line.startswith("ERROR")]
+    assert len(error) == 1 and said in error[0], result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
+    plain = pytester.runpytest_subprocess("-p", "devpool.plugin", "-p", "no:cacheprovider")
+    plain.assert_outcomes(passed=1, errors=3)  # plain pytest: an ordinary fixture

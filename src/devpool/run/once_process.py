@@ -243,7 +243,10 @@ class OnceProcess:
 
 
 def worker_env(config: pytest.Config, run_dir: Path) -> dict[str, str]:
-    """What every process of a run with once-fixtures gets: where their outcomes lie."""
-    if not config.pluginmanager.has_plugin(PLUGIN):
+    """What every process of a run with once-fixtures gets: where their outcomes lie. Before
+    collection, for the table's; after it, for the marked ones too (the workers forked from
+    a template get it then)."""
+    check: Any = config.pluginmanager.get_plugin(PLUGIN)
+    if check is None or not check.fixtures:  # none (the marked ones: known after collection)
         return {}
     return {ONCE_DIR_ENV: str(run_dir / "once")}

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from devpool.plan.once import declared
 from devpool.worker import protocol
 
 ONCE_ENV = "DEVPOOL_ONCE_SETUP"  # in a once-fixture's own process: the fixture's name
@@ -100,12 +101,14 @@ def closure_without(
 
 
 class OnceValues:
-    """A worker's plugin: the tests' once-fixtures answered from their files."""
+    """A worker's plugin: the tests' once-fixtures answered from their files. The folder is
+    read when a test starts (a worker forked from a template gets it then); without one, a
+    run with no once-fixture, every fixture is an ordinary one."""
 
-    def __init__(self, config: pytest.Config, folder: Path, names: Collection[str]) -> None:
+    def __init__(self, config: pytest.Config, names: Collection[str]) -> None:
         self.config = config
-        self.folder = folder
-        self.names = frozenset(names)
+        self.folder = Path()
+        self.names = frozenset(names)  # the table's; the marked ones are found by their mark
         self.results: dict[str, tuple[str, Any]] = {}
         self.answers: dict[int, str] = {}  # id(fixturedef) → its fixture's name
         self.deps: dict[str, dict[str, Any]] = {}  # fixture → what its process recorded
@@ -115,7 +118,7 @@ class OnceValues:
         read, a part of the test's dependencies (select/record.py)."""
         info: Any = getattr(item, "_fixtureinfo", None)
         found = []
-        for name in sorted(self.names & set(_fixturenames(item))):
+        for name in sorted(set(self.answers.values()) & set(_fixturenames(item))):
             definitions = info.name2fixturedefs.get(name) if info is not None else None
             if not definitions or self.answers.get(id(definitions[-1])) != name:
                 continue  # an ordinary fixture here: its code is the test's own
@@ -150,9 +153,19 @@ class OnceValues:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        used = [name for name in self.names if name in getattr(item, "fixturenames", ())]
+        folder = os.environ.get(ONCE_DIR_ENV)
         info: Any = getattr(item, "_fixtureinfo", None)
-        if not used or info is None:
+        if not folder or info is None:
+            return  # no once-fixture in this run
+        self.folder = Path(folder)
+        definitions_of = info.name2fixturedefs
+        used = [
+            name
+            for name in _fixturenames(item)
+            if name in self.names
+            or (name in definitions_of and declared(definitions_of[name][-1].func) is not None)
+        ]
+        if not used:
             return
         answered = set()
         for name in used:
@@ -310,13 +323,10 @@ def _fixturenames(item: pytest.Item) -> Sequence[str]:
 
 
 def register_worker(config: pytest.Config, names: Collection[str]) -> None:
-    """In a worker of a run with once-fixtures: answer for them, or (in a once-fixture's
-    own process) run one."""
-    folder = os.environ.get(ONCE_DIR_ENV)
-    if not folder:
-        return  # a run that runs none once (another backend): ordinary fixtures
-    own = os.environ.get(ONCE_ENV)
-    if own:
+    """In every worker: answer for the run's once-fixtures (none: nothing), or, in a
+    once-fixture's own process, run one. names: the table's."""
+    folder, own = os.environ.get(ONCE_DIR_ENV), os.environ.get(ONCE_ENV)
+    if own and folder:
         config.pluginmanager.register(OnceProcess(config, own, Path(folder)), "devpool-once")
     else:
-        config.pluginmanager.register(OnceValues(config, Path(folder), names), "devpool-once")
+        config.pluginmanager.register(OnceValues(config, names), "devpool-once")
