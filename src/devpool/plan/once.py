@@ -67,6 +67,16 @@ def declared(function: Any) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
+def _current(function: Any) -> bool:
+    """Whether a marked function is what its module, as imported now, defines (not one of an
+    earlier session in this process, nor a function defined inside another)."""
+    found: Any = sys.modules.get(getattr(function, "__module__", ""))
+    for part in getattr(function, "__qualname__", "<locals>").split("."):
+        found = getattr(found, part, None)
+    wrapped = getattr(found, "_get_wrapped_function", None)
+    return (wrapped() if callable(wrapped) else found) is function
+
+
 def code_place(function: Any, root: Path) -> str:
     """`tests/conftest.py:12`: where a marked function is defined."""
     function = inspect.unwrap(getattr(function, "__func__", function))
@@ -266,7 +276,7 @@ class OnceCheck:
                         f"{places[name]}; one fixture name runs once with one request"
                     )
         for function in DECLARED:
-            if function not in seen and getattr(function, "__module__", "") in sys.modules:
+            if function not in seen and _current(function):
                 name = getattr(function, "__name__", "?")
                 place = code_place(function, root)
                 raise pytest.UsageError(
