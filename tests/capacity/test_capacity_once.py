@@ -54,3 +54,39 @@ def test_the_timeline_keeps_its_device_for_its_lease() -> None:
     by_pool = {t.devices: t for t in rep.timeline}
     assert by_pool[2].makespan == pytest.approx(10.0) and by_pool[2].tests == 2
     assert by_pool[1].makespan == pytest.approx(2.0)  # no room for it: ordinary fixtures
+
+
+def test_collection_finds_the_table_and_the_marked_fixtures_a_test_uses(
+    pytester: pytest.Pytester,
+) -> None:
+    from devpool.capacity.collect import collect_suite
+    from devpool.plan.once import CODE, TABLE
+
+    pytester.makepyprojecttoml("[tool.devpool.once]\ndataset = {}\n")
+    pytester.makeconftest(
+        """
+        import devpool
+        import pytest
+
+
+        @devpool.once(device_count=1)
+        @pytest.fixture(scope="session")
+        def server():
+            return 1
+
+
+        @pytest.fixture(scope="session")
+        def dataset():
+            return 2
+        """
+    )
+    pytester.makepyfile(
+        "def test_both(server, dataset):\n    pass\n\n\ndef test_none():\n    pass\n"
+    )
+    seen = collect_suite([str(pytester.path), "-p", "no:hypothesispytest"])
+    assert {t.nodeid.split("::")[-1]: set(t.once) for t in seen.tests} == {
+        "test_both": {"server", "dataset"},
+        "test_none": set(),
+    }
+    sources = {f.name: (f.source, f.request.device_count) for f in seen.once}
+    assert sources == {"dataset": (TABLE, 0), "server": (CODE, 1)}

@@ -24,7 +24,7 @@ from devpool.history.quarantine import (
 )
 from devpool.plan import rules as path_rules
 from devpool.plan.markers import MARKERS, Request, request_for
-from devpool.plan.once import OnceFixture, parse_once
+from devpool.plan.once import CODE, OnceFixture, code_place, declared, parse_once
 
 
 @dataclass
@@ -149,6 +149,7 @@ class _Collector:
             for item in items:
                 self.seen.locations[item.nodeid] = (Path(str(item.path)), item.location[1])
                 fixtures = getattr(item, "fixturenames", ())
+                self._marked_once(item, config.rootpath)
                 request = request_for(
                     item, self.seen.platforms, self.seen.device_memory, self._resources()
                 )
@@ -169,6 +170,18 @@ class _Collector:
                 )
         except DevpoolError as exc:
             self.seen.error = exc
+
+    def _marked_once(self, item: pytest.Item, root: Path) -> None:
+        """The once-fixtures @devpool.once marked that this test uses, with the table's."""
+        info: Any = getattr(item, "_fixtureinfo", None)
+        for name, definitions in getattr(info, "name2fixturedefs", {}).items():
+            request = declared(definitions[-1].func) if definitions else None
+            if request is None or any(f.name == name for f in self.seen.once):
+                continue
+            place = code_place(definitions[-1].func, root)
+            platforms = list(self.seen.platforms)
+            self.seen.once += parse_once({"once": {name: request}}, place, platforms,
+                                         self._resources(), CODE)  # fmt: skip
 
     def _resources(self) -> dict[str, int]:
         """[tool.devpool.resources], so resources(name=k) markers read as a run reads them."""
