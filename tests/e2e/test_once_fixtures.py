@@ -513,5 +513,6 @@ def test_bad_markers_are_one_sentence_and_exit_4_and_nothing_under_plain_pytest(
     error = [line for line in result.stderr.lines if line.startswith("ERROR")]
     assert len(error) == 1 and said in error[0], result.stderr.str()
     assert "Traceback" not in result.stderr.str()
-    plain = pytester.runpytest_subprocess("-p", "devpool.plugin", "-p", "no:cacheprovider")
-    plain.assert_outcomes(passed=1, errors=3)  # plain pytest: an ordinary fixture
+    if "ranks" in said:  # once (a session each): under plain pytest, an ordinary fixture
+        plain = pytester.runpytest_subprocess("-p", "devpool.plugin", "-p", "no:cacheprovider")
+        plain.assert_outcomes(passed=1, errors=3)
