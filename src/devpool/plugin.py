@@ -165,10 +165,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
             register_worker(config, select, table)
         _register_rules(config, table, str(_pyproject(config)), warn=False)
-        if isinstance(table.get("once"), dict) and table["once"]:
-            from devpool.worker.once import register_worker as register_once
+        from devpool.worker.once import register_worker as register_once
 
-            register_once(config, frozenset(table["once"]))
+        once = table.get("once")
+        register_once(config, frozenset(once if isinstance(once, dict) else ()))
         return
     try:
         _configure_controller(config)
@@ -260,11 +260,18 @@ def _configure_controller(config: pytest.Config) -> None:
         Controller(config, settings, inventory, lock_dir), "devpool-controller"
     )
     config.pluginmanager.register(FinishGuard(), "devpool-finish-guard")
-    if once:  # [tool.devpool.once]: checked against the collected suite (plan/once.py)
-        platform = (inventory.platform.name, inventory.platform.kind)
-        check = OnceCheck(once, str(pyproject), len(inventory.devices), settings.cpu_slots,
-                          platform, settings.skip_unsatisfiable)  # fmt: skip
-        config.pluginmanager.register(check, ONCE_PLUGIN)
+    # [tool.devpool.once] and @devpool.once: checked against the collected suite (plan/once.py)
+    platform = (inventory.platform.name, inventory.platform.kind)
+    check = OnceCheck(
+        once,
+        str(pyproject),
+        len(inventory.devices),
+        settings.cpu_slots,
+        platform,
+        settings.skip_unsatisfiable,
+        (settings.platforms, settings.resources),
+    )
+    config.pluginmanager.register(check, ONCE_PLUGIN)
     if settings.select != "off":  # selection's modules load only for a run that selects
         from devpool.select.session import register_controller
 

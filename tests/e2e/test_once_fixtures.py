@@ -9,6 +9,7 @@ devices, their process, the fixture's value), in OUT (sessions.PRELUDE's record(
 from __future__ import annotations
 
 import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -318,3 +319,200 @@ def test_a_run_stopped_by_x_tears_its_once_fixture_down_and_ends(
     [setup] = _lines(out / "setup.jsonl")
     assert len(_lines(out / "teardown.jsonl")) == 1
     assert not _alive(int(setup["pid"])) and not _alive(int(setup["server"]))
+
+
+# A recording run: the once-fixture's code (its def block, the project code it calls, the
+# module it imports only there, the file it reads) belongs to every test that uses it.
+SELECTED = {
+    "pyproject.toml": """
+        [tool.pytest.ini_options]
+        pythonpath = ["."]
+
+        [tool.devpool.once]
+        db = { device_count = 1 }
+        """,
+    ".gitignore": ".devpool/\n__pycache__/\nrunpytest-*\nstdout\nstderr\n",
+    "helpers.py": """
+        def make_db(rows):
+            return {"rows": rows}
+
+
+        def other():
+            return 1
+        """,
+    "serving.py": """
+        def start():
+            return "up"
+        """,
+    "db.txt": "3\n",
+    "tests/conftest.py": """
+        from pathlib import Path
+
+        import pytest
+
+
+        @pytest.fixture(scope="session")
+        def rows():
+            return int((Path(__file__).parent.parent / "db.txt").read_text())
+        """,
+    "tests/test_users.py": """
+        import os
+
+        import pytest
+
+        import helpers
+
+
+        @pytest.fixture(scope="session")
+        def db(rows):
+            import serving  # imported in its process alone
+
+            return helpers.make_db(rows) | {"state": serving.start(), "pid": os.getpid()}
+
+
+        def test_one(db):
+            assert db["rows"] == 3 and db["pid"] != os.getpid()
+
+
+        def test_two(db):
+            assert db["state"] == "up"
+
+
+        def test_beside():
+            pass
+        """,
+    "tests/test_others.py": """
+        import helpers
+
+
+        def test_other():
+            assert helpers.other() == 1
+        """,
+}
+USERS_OF_DB = {"tests/test_users.py::test_one", "tests/test_users.py::test_two"}
+
+
+@pytest.mark.usefixtures("selective_env")
+def test_a_change_to_a_once_fixtures_code_selects_its_users_and_no_other_test(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    from select_project import Run, git_project, record
+
+    root = git_project(pytester.path, SELECTED)
+    recorded = record(pytester, tmp_path, "sim:0-1")
+    [setup] = [e for e in recorded.events if e["type"] == "once_setup"]  # run once, recorded
+    others = {"tests/test_others.py::test_other", "tests/test_users.py::test_beside"}
+    assert setup["outcome"] == "value" and recorded.ran == USERS_OF_DB | others
+    edits = [
+        ("helpers.py", "return {", "return {**{}, "),  # project code it called
+        ("serving.py", 'return "up"', 'return "u" + "p"'),  # a module only its process loads
+        ("db.txt", "3", "3 "),  # a file it read
+        ("tests/test_users.py", '"pid": os', '"pid": 0 + os'),  # its def block
+    ]
+    for i, (name, old, new) in enumerate(edits):
+        path = root / name
+        original = path.read_text()
+        path.write_text(original.replace(old, new))
+        run = Run(pytester, tmp_path, f"on{i}", "--devices", "sim:0-1", "--devpool-select", "on")
+        assert run.result.ret == 0, run.output()
+        assert run.ran == USERS_OF_DB, (name, run.output())
+        path.write_text(original)
+    (root / "helpers.py").write_text((root / "helpers.py").read_text().replace("1", "2 - 1"))
+    run = Run(pytester, tmp_path, "other", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.ran == {"tests/test_others.py::test_other"}, run.output()  # not its users
+
+
+def test_its_lease_reaches_the_history_and_devpool_capacity(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    conftest = "import pytest\n\n@pytest.fixture(scope='session')\ndef server():\n    return 1\n"
+    _project(pytester, out, "server = { device_count = 1 }", conftest)
+    suite(pytester, out, "test_lease", TEARDOWN_USERS)
+    result = pytester.runpytest_subprocess(
+        *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=60
+    )
+    assert result.ret == 0, result.stdout.str()
+    [down] = events(_record(pytester), "once_teardown")
+    capacity = subprocess.run(
+        [sys.executable, "-m", "devpool.cli", "capacity", "--platform", "sim", "--format", "json"],
+        cwd=pytester.path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert capacity.returncode == 0, capacity.stderr
+    report = json.loads(capacity.stdout)
+    [once] = report["once"]
+    assert (once["name"], once["users"], once["from_history"]) == ("server", 2, True)
+    assert once["held"] > 0 and down["seconds"] <= once["held"]  # setup to teardown
+    assert report["totals"]["device_seconds"] >= once["device_seconds"] > 0
+
+
+def _marked(conftest: str, mark: str) -> str:
+    """The conftest with its fixture marked in code instead of the table."""
+    marked = re.sub(
+        r"(@pytest.fixture\(scope=\"\w+\"\)\ndef server)", f"@devpool.once{mark}\n\\1", conftest
+    )
+    assert marked != conftest
+    return "import devpool\n" + marked
+
+
+def test_the_marker_in_code_runs_a_fixture_once_as_the_table_does(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    _project(pytester, out, "", _marked(CONFTEST, "(device_count=1, ports=1)"))
+    suite(pytester, out, "test_one", USERS.format(n=4))
+    result = pytester.runpytest_subprocess(
+        *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-3", timeout=120
+    )
+    assert result.ret == 0, result.stdout.str()
+    [setup], [teardown] = _lines(out / "setup.jsonl"), _lines(out / "teardown.jsonl")
+    seen = records(out)
+    assert len(seen) == 4 and setup["pid"] not in {r["pid"] for r in seen.values()}
+    assert all(setup["devices"] not in str(r["devices"]).split(",") for r in seen.values())
+    assert teardown["pid"] == setup["pid"] and "ONCE server set up in" in result.stdout.str()
+
+
+def test_a_marked_failing_setup_gives_plain_pytests_outcomes(
+    pytester: pytest.Pytester, out: Path, lock: Path
+) -> None:
+    _project(pytester, out, "", _marked(FAILING, ""))  # bare @devpool.once: no request
+    suite(pytester, out, "test_failing", FAILING_USERS)
+    plain = _outcomes(pytester, "-p", "no:cacheprovider")  # devpool dormant: plain pytest
+    under = _outcomes(pytester, *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1")
+    assert under == plain and plain["test_uses[0]"][0] == "error"
+    assert len(events(_record(pytester), "once_setup")) == 1  # it did run once
+
+
+NOT_A_FIXTURE = FAILING + "\n\n@devpool.once(ports=1)\ndef helper():\n    pass\n"
+
+
+@pytest.mark.parametrize(
+    ("table", "conftest", "said"),
+    [
+        ("", _marked(FAILING, "(ranks=2)"), "conftest.py:6: @devpool.once on server has request "
+         "key 'ranks', which it cannot take"),
+        ("", _marked(MODULE_SCOPED, "()"), "@devpool.once on 'server' is a module-scoped fixture"),
+        ("", _marked(FAILING, "(device_count=9)"), "@devpool.once on server asks for 9 devices"),
+        ("", "import devpool\n" + NOT_A_FIXTURE, "conftest.py:11: @devpool.once on 'helper' is not "
+         "a session-scoped fixture"),
+        ("server = {}", _marked(FAILING, "()"), "server is named both by @devpool.once and in"),
+    ],
+    ids=["key", "module", "too-big", "not-a-fixture", "both"],
+)  # fmt: skip
+def test_bad_markers_are_one_sentence_and_exit_4_and_nothing_under_plain_pytest(
+    pytester: pytest.Pytester, out: Path, lock: Path, table: str, conftest: str, said: str
+) -> None:
+    _project(pytester, out, table, conftest)
+    suite(pytester, out, "test_failing", FAILING_USERS)
+    result = pytester.runpytest_subprocess(
+        *IN_ORDER, f"--devpool-lock-dir={lock}", "--devices", "sim:0-1", timeout=60
+    )
+    assert result.ret == 4
+    error = [line for line in result.stderr.lines if line.startswith("ERROR")]
+    assert len(error) == 1 and said in error[0], result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
+    if "ranks" in said:  # once (a session each): under plain pytest, an ordinary fixture
+        plain = pytester.runpytest_subprocess("-p", "devpool.plugin", "-p", "no:cacheprovider")
+        plain.assert_outcomes(passed=1, errors=3)

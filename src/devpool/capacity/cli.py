@@ -173,6 +173,7 @@ def _capacity(args: argparse.Namespace) -> int:
         timeline=args.timeline,
         kind=kind,
         fixed=_fixed(args, platform, devices, len(seen.tests)),
+        once=seen.once,
     )
     renderers = {
         "text": capacity.render_text,

@@ -24,6 +24,7 @@ from devpool.history.quarantine import (
 )
 from devpool.plan import rules as path_rules
 from devpool.plan.markers import MARKERS, Request, request_for
+from devpool.plan.once import CODE, OnceFixture, code_place, declared, parse_once
 
 
 @dataclass
@@ -40,6 +41,7 @@ class CollectedTest:
     resources: tuple[tuple[str, int], ...] = ()  # resources(name=k): named host resources
     ranks: int = 0  # ranks(n): n processes, devices_per_rank devices each
     devices_per_rank: int = 1
+    once: tuple[str, ...] = ()  # the [tool.devpool.once] fixtures it uses
 
     @property
     def request(self) -> Request:
@@ -72,6 +74,7 @@ class Collection:
     sources: dict[str, dict[str, str]] = field(default_factory=dict)
     unmatched: list[str] = field(default_factory=list)
     locations: dict[str, tuple[Path, int | None]] = field(default_factory=dict)
+    once: tuple[OnceFixture, ...] = ()  # [tool.devpool.once]
 
 
 def _pyproject(config: pytest.Config) -> Path:
@@ -119,6 +122,9 @@ class _Collector:
                     raise DevpoolError(f"{pyproject}: [tool.devpool] {key} must be a table")
             self.seen.table = table
             self.seen.platforms = load_platforms(table.get("platforms"))
+            self.seen.once = parse_once(
+                table, str(pyproject), settings.platforms, settings.resources
+            )
             self.seen.quarantine = entries_from_table(
                 table.get("quarantine", {}), "[tool.devpool.quarantine]"
             )
@@ -142,6 +148,8 @@ class _Collector:
             self.seen.unmatched = path_rules.unmatched(self.seen.rules, items, config.rootpath)
             for item in items:
                 self.seen.locations[item.nodeid] = (Path(str(item.path)), item.location[1])
+                fixtures = getattr(item, "fixturenames", ())
+                self._marked_once(item, config.rootpath)
                 request = request_for(
                     item, self.seen.platforms, self.seen.device_memory, self._resources()
                 )
@@ -157,10 +165,23 @@ class _Collector:
                         resources=request.resources,
                         ranks=request.ranks,
                         devices_per_rank=request.devices_per_rank,
+                        once=tuple(f.name for f in self.seen.once if f.name in fixtures),
                     )
                 )
         except DevpoolError as exc:
             self.seen.error = exc
+
+    def _marked_once(self, item: pytest.Item, root: Path) -> None:
+        """The once-fixtures @devpool.once marked that this test uses, with the table's."""
+        info: Any = getattr(item, "_fixtureinfo", None)
+        for name, definitions in getattr(info, "name2fixturedefs", {}).items():
+            request = declared(definitions[-1].func) if definitions else None
+            if request is None or any(f.name == name for f in self.seen.once):
+                continue
+            place = code_place(definitions[-1].func, root)
+            platforms = list(self.seen.platforms)
+            self.seen.once += parse_once({"once": {name: request}}, place, platforms,
+                                         self._resources(), CODE)  # fmt: skip
 
     def _resources(self) -> dict[str, int]:
         """[tool.devpool.resources], so resources(name=k) markers read as a run reads them."""

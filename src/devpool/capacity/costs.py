@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from devpool.capacity.collect import CollectedTest
 from devpool.errors import DevpoolError
 from devpool.plan.markers import Request
+from devpool.plan.once import OnceFixture, history_id
 
 DRIFT_FLOOR = 0.05  # seconds: a test this short both times is never listed as drifting
 DRIFT_SHOWN = 20  # drift rows shown in text and Markdown; JSON has them all
@@ -70,6 +71,22 @@ class TimelineRow:
     too_big: int  # tests needing more devices than this pool
 
 
+@dataclass(frozen=True)
+class OnceRow:
+    """A once-fixture ([tool.devpool.once]) its tests need: its lease, held from its setup
+    until its last user ended, costs device_count × held seconds (CPU seconds for none)."""
+
+    name: str
+    device_count: int
+    users: int  # tests that run and use it
+    held: float  # seconds: the history's, else its setup at the default estimate + its users
+    from_history: bool
+
+    @property
+    def device_seconds(self) -> float:
+        return self.device_count * self.held
+
+
 @dataclass
 class CapacityReport:
     platform: str
@@ -90,6 +107,7 @@ class CapacityReport:
     # recent runs' wall against their bound, from the history; in the totals' wall.
     fixed_seconds: float = 0.0
     fixed_runs: int = 0
+    onces: list[OnceRow] = field(default_factory=list)
 
     @property
     def totals(self) -> Row:
@@ -104,6 +122,10 @@ class CapacityReport:
             total.cpu_seconds += row.cpu_seconds
             total.memory_seconds += row.memory_seconds
             total._longest = max(total._longest, row._longest)
+        for once in self.onces:  # a lease, not a test: in the seconds, not the counts
+            total.device_seconds += once.device_seconds
+            total.cpu_seconds += 0.0 if once.device_count else once.held
+            total._longest = max(total._longest, once.held)
         total.wall = _wall(total, self.devices_per_runner) + self.fixed_seconds
         return total
 
@@ -131,6 +153,7 @@ def report(
     timeline: bool = False,
     kind: str | None = None,
     fixed: tuple[float, int] = (0.0, 0),
+    once: Sequence[OnceFixture] = (),
 ) -> CapacityReport:
     """Count and cost the collected tests for one platform on runners of the given classes.
 
@@ -188,6 +211,8 @@ def report(
             running.append((test, seconds))
     for row in rows.values():
         row.wall = _wall(row, devices_per_runner)
+    onces = once_rows(once, running, platform, kind or platform, estimates, default_estimate,
+                      devices_per_runner)  # fmt: skip
     drift = _drift(tests, estimates, previous or {}, drift_factor)
     return CapacityReport(
         platform=platform,
@@ -201,11 +226,39 @@ def report(
         skipped_by_platform=platform_skipped,
         drift=drift,
         drift_factor=drift_factor,
-        timeline=_timeline(running, devices_per_runner, fixed[0]) if timeline else None,
+        timeline=_timeline(running, devices_per_runner, fixed[0], onces) if timeline else None,
         resource_seconds=dict(sorted(held.items())),
         fixed_seconds=fixed[0],
         fixed_runs=fixed[1],
+        onces=onces,
     )
+
+
+def once_rows(
+    fixtures: Sequence[OnceFixture],
+    running: Sequence[tuple[CollectedTest, float]],
+    platform: str,
+    kind: str,
+    estimates: Mapping[str, float],
+    default_estimate: float,
+    devices: int,
+) -> list[OnceRow]:
+    """A row per once-fixture that a test which runs uses. Without history its lease is held
+    for its setup (the default estimate) and for its users, run on the devices it leaves."""
+    rows = []
+    for fixture in fixtures:
+        if not fixture.runs_on(platform, kind):
+            continue  # an ordinary session fixture there: its tests pay for it
+        users = [seconds for test, seconds in running if fixture.name in test.once]
+        if not users:
+            continue
+        count = fixture.request.device_count
+        known = estimates.get(history_id(fixture.name))
+        held = known
+        if held is None:
+            held = default_estimate + max(max(users), sum(users) / max(devices - count, 1))
+        rows.append(OnceRow(fixture.name, count, len(users), held, known is not None))
+    return rows
 
 
 def _wall(row: Row, devices: int) -> float:
@@ -264,14 +317,20 @@ def simulate(tests: Sequence[tuple[int, float]], devices: int) -> float:
 
 
 def _timeline(
-    running: Sequence[tuple[CollectedTest, float]], pool: int, fixed: float = 0.0
+    running: Sequence[tuple[CollectedTest, float]],
+    pool: int,
+    fixed: float = 0.0,
+    onces: Sequence[OnceRow] = (),
 ) -> list[TimelineRow]:
     rows = []
     local = [(t.device_count, s) for t, s in running if t.nodes == 1]
+    held = [(once.device_count, once.held) for once in onces]  # its lease: a long job
     for devices in pool_sizes(pool):
         fits = [(count, seconds) for count, seconds in local if count <= devices]
+        tests = len(fits)
+        fits += [(count, seconds) for count, seconds in held if count < devices]
         makespan = simulate(fits, devices) + fixed
-        rows.append(TimelineRow(devices, makespan, len(fits), len(local) - len(fits)))
+        rows.append(TimelineRow(devices, makespan, tests, len(local) - tests))
     return rows
 
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from devpool.capacity.costs import DRIFT_SHOWN, CapacityReport, Row
+from devpool.capacity.costs import DRIFT_SHOWN, CapacityReport, OnceRow, Row
 from devpool.wording import counted, duration
 
 CAPACITY_SCHEMA = "devpool-capacity/1"
@@ -83,6 +83,9 @@ def render_text(rep: CapacityReport) -> str:
     if rep.resource_seconds:
         held = ", ".join(f"{n} {duration(s)}" for n, s in rep.resource_seconds.items())
         lines += ["", f"resource-seconds (units × seconds): {held}"]
+    if rep.onces:
+        lines += ["", ONCE_TITLE]
+        lines += [f"  {_once_line(once)}" for once in rep.onces]
     if rep.skipped_by_platform:
         lines += [
             "",
@@ -106,6 +109,19 @@ def render_text(rep: CapacityReport) -> str:
             extra = f"  ({counted(t.too_big, 'test')} need more devices)" if t.too_big else ""
             lines.append(f"  {t.devices:>4} devices  {duration(t.makespan):>9}{extra}")
     return "\n".join(lines) + "\n"
+
+
+ONCE_TITLE = "once-fixtures (their lease, in the total's device-s and wall):"
+
+
+def _once_line(once: OnceRow) -> str:
+    """`server: 1 device held 41.0 s (history), 40.0 device-s; 12 tests use it`."""
+    lease = counted(once.device_count, "device") if once.device_count else "a CPU slot"
+    where = "history" if once.from_history else "estimated: setup at the default + its tests"
+    return (
+        f"{once.name}: {lease} held {duration(once.held)} ({where}), "
+        f"{once.device_seconds:,.1f} device-s; {counted(once.users, 'test')} use it"
+    )
 
 
 def _md(text: str) -> str:
@@ -133,6 +149,8 @@ def render_markdown(rep: CapacityReport) -> str:
         lines.extend(body)
         lines.extend(["", "</details>", ""])
 
+    if rep.onces:
+        lines += [_md(ONCE_TITLE), "", *(f"- {_md(_once_line(once))}" for once in rep.onces), ""]
     if rep.cannot_run_anywhere:
         section(
             f"<b>Cannot run anywhere: {len(rep.cannot_run_anywhere)}</b>",
@@ -201,6 +219,11 @@ def to_json(rep: CapacityReport) -> dict[str, Any]:
         "resource_seconds": {n: round(v, 3) for n, v in rep.resource_seconds.items()},
         "fixed_seconds": round(rep.fixed_seconds, 3),
         "fixed_runs": rep.fixed_runs,
+        "once": [
+            {**asdict(once), "held": round(once.held, 3)}
+            | {"device_seconds": round(once.device_seconds, 3)}
+            for once in rep.onces
+        ],
     }
 
 

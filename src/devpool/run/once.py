@@ -39,12 +39,6 @@ class OnceFixtures:
         off = ""
         if fixtures and not loop.backend.local_leases:
             off = "runs on the local backend only: on Ray"
-        elif fixtures and loop.ctx.settings.select != "off":
-            # What a test runs is recorded in its worker: the fixture's code, run elsewhere,
-            # would be no test's dependency, and a change to it would select nothing.
-            off = (
-                "is off in a selective run (--devpool-select, so that each test records its code):"
-            )
         if off:
             loop.ctx.run_notes.append(
                 f"[tool.devpool.once] {off} its fixtures ran in each worker as ordinary ones"

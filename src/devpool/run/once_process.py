@@ -12,6 +12,7 @@ aside, its lease, its start, what it says (setup, teardown), its end, and what i
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,7 +22,8 @@ import pytest
 from devpool.backends import Backend, WorkerHandle
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import Blockers, Want
-from devpool.plan.once import PLUGIN, OnceFixture
+from devpool.history.durations import TestResult, runner_class
+from devpool.plan.once import PLUGIN, OnceFixture, history_id
 from devpool.plan.scheduler import Scheduler
 from devpool.run.attempts import Attempt
 from devpool.run.context import RunContext
@@ -71,6 +73,7 @@ class OnceProcess:
     next_try: float = 0.0
     stop_by: float = 0.0
     lost: str = ""  # why its users that had not started end infra
+    outcome: str = ""  # of its setup: value, error, skip
 
     @property
     def name(self) -> str:
@@ -134,7 +137,7 @@ class OnceProcess:
         return True
 
     def up(self, event: protocol.OnceUp) -> None:
-        self.state = "up"
+        self.state, self.outcome = "up", event.outcome
         if event.outcome == "value":
             told = f"set up in {event.seconds:.2f}s on {self.where()}"
         elif event.outcome == "skip":
@@ -155,6 +158,20 @@ class OnceProcess:
         self.loop.ctx.emit("once_teardown", fixture=self.name, seconds=event.seconds,
                            devices=list(self.devices), ports=list(self.ports),
                            error=event.error is not None)  # fmt: skip
+        self._held_in_history(event.error is not None)
+
+    def _held_in_history(self, error: bool) -> None:
+        """The seconds its lease was held, into the duration history (capacity's estimate
+        of its lease, history_id); not for a skipped setup, as for a skipped test."""
+        if self.outcome == "skip":
+            return
+        ctx, platform = self.loop.ctx, self.loop.ctx.inventory.platform.name
+        outcome = "passed" if self.outcome == "value" and not error else "failed"
+        held = round(time.monotonic() - self.since, 4)
+        pool = runner_class(platform, len(ctx.inventory.devices))
+        ctx.results.append(TestResult(history_id(self.name), outcome, held, platform,
+                                      self.fixture.request.device_count, pool, time.time(),
+                                      ctx.run_id))  # fmt: skip
 
     def stop(self, now: float) -> None:
         """Its last user ended: its process tears it down (killed if it takes too long)."""
@@ -226,7 +243,10 @@ class OnceProcess:
 
 
 def worker_env(config: pytest.Config, run_dir: Path) -> dict[str, str]:
-    """What every process of a run with once-fixtures gets: where their outcomes lie."""
-    if not config.pluginmanager.has_plugin(PLUGIN):
+    """What every process of a run with once-fixtures gets: where their outcomes lie. Before
+    collection, for the table's; after it, for the marked ones too (the workers forked from
+    a template get it then)."""
+    check: Any = config.pluginmanager.get_plugin(PLUGIN)
+    if check is None or not check.fixtures:  # none (the marked ones: known after collection)
         return {}
     return {ONCE_DIR_ENV: str(run_dir / "once")}

@@ -64,6 +64,7 @@ class Recorder:
         self._shared_of: tuple[int, list[ModuleType]] = (-1, [])
         self._shared: list[tuple[str, int]] = []
         self._shared_set: set[tuple[str, int]] = set()
+        self._merged: dict[tuple[int, tuple[str, ...]], dict[str, Any]] = {}  # with_libraries
         sys.addaudithook(self._audit)
 
     # ---- what the watch saw, and the files ------------------------------------------------
@@ -181,13 +182,26 @@ class Recorder:
         item = self._items.get(nodeid)
         if item is not None and type(item).__name__ == "DoctestItem":
             why = "a doctest: its examples are text no trace sees"
+        borrowed = self._borrowed(item)
+        for name, once in borrowed:
+            if not why and not once.get("recorded"):
+                why = f"once-fixture {name}'s process recorded no code ({once.get('why')})"
         deps: dict[str, Any] = {"nodeid": nodeid, "recorded": not why, "why": why}
         if not why:
-            self._attach(deps, item)
+            self._attach(deps, item, [once for _, once in borrowed])
         return deps
 
-    def _attach(self, deps: dict[str, Any], item: pytest.Item | None) -> None:
-        """Add the fingerprints of what the test ran and read to its deps."""
+    def _borrowed(self, item: pytest.Item | None) -> list[tuple[str, dict[str, Any]]]:
+        """What the test's once-fixtures ran in their own process (worker/once.py)."""
+        once = item.config.pluginmanager.get_plugin("devpool-once") if item is not None else None
+        recorded = getattr(once, "recorded", None)
+        return recorded(item) if recorded is not None else []
+
+    def _attach(
+        self, deps: dict[str, Any], item: pytest.Item | None, borrowed: list[dict[str, Any]]
+    ) -> None:
+        """Add the fingerprints of what the test ran and read to its deps, and of what its
+        once-fixtures ran and read in their own process."""
         codes = dict(self.codes)  # import_codes: their blocks are the shared ones
         markers = item.iter_markers("depends_on") if item is not None else ()
         globs = [str(g) for marker in markers for g in marker.args]
@@ -198,16 +212,52 @@ class Recorder:
                     codes |= self.fixture_codes.get(id(fixturedef), {})
         own = [str(item.path)] if item is not None and item.path.suffix != ".py" else []
         shared = self._shared_spots()
+        spots = self._spots(codes.values())
+        files = self._files(globs, own)
+        libs = self._libraries()
+        for once in borrowed:
+            spots.update((str(rel), int(line)) for rel, line in once["spots"])
+            files.update(once["files"])
+            libs = with_libraries(libs, once["libs"], self._merged)
         deps.update(
             # Where the code that ran starts; the controller turns spots into blocks.
-            spots=sorted(self._spots(codes.values()) - self._shared_set),
+            spots=sorted(spots - self._shared_set),
             # A test collected from a non-Python file (YAML, .txt) depends on that file.
-            files=self._files(globs, own),
+            files=files,
             globs=globs,
             # The same for most tests of this worker: sent once (tables.py).
             **self.tables.refer("shared_spots", shared),
-            **self.tables.refer("libs", self._libraries()),
+            **self.tables.refer("libs", libs),
         )
+
+    # ---- a once-fixture's own process (worker/once.py) ------------------------------------
+
+    def once_begin(self) -> None:
+        """A once-fixture's setup starts: what ran before is collection's."""
+        self._collect()
+        self.import_codes |= self.codes
+        self.codes, self.reads, self.active = {}, set(), True
+        self._resume()
+
+    def once_deps(self) -> dict[str, Any]:
+        """What a once-fixture's setup ran and read, with everything its process ran before
+        it (its collection, the top of each module loaded): the dependencies of every test
+        that uses it ({"recorded": False, "why"} where the process could not record)."""
+        self._pause()
+        self._collect()
+        self.active = False
+        if self.lost:
+            return {"recorded": False, "why": self.lost}
+        codes = dict(self.import_codes) | self.codes
+        for fixture in self.fixture_codes.values():
+            codes |= fixture
+        spots = self._spots(codes.values()) | set(self._shared_spots())
+        return {
+            "recorded": True,
+            "spots": sorted(spots),
+            "files": self._files([], []),
+            "libs": self._libraries(),
+        }
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._items = {item.nodeid: item for item in session.items}
@@ -285,6 +335,21 @@ class Recorder:
         if key not in self._hashes:
             self._hashes[key] = file_hash(Path(path))
         return self._hashes[key]
+
+
+def with_libraries(
+    libs: dict[str, Any], more: dict[str, Any], merged: dict[tuple[int, tuple[str, ...]], Any]
+) -> dict[str, Any]:
+    """libs with a once-fixture's libraries too; the same object while nothing is new (a
+    table is sent again only when it changes), and one merged table kept in `merged`."""
+    stamps = {path: tuple(stamp) if stamp is not None else None for path, stamp in more.items()}
+    if all(path in libs and libs[path] == stamp for path, stamp in stamps.items()):
+        return libs
+    key = (id(libs), tuple(sorted(stamps)))
+    if key not in merged:
+        merged.clear()
+        merged[key] = {**libs, **stamps}
+    return merged[key]  # type: ignore[no-any-return]
 
 
 _EARLY: Recorder | None = None  # started before the initial conftests were imported

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 import pickle
 import time
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from devpool.plan.once import declared
 from devpool.worker import protocol
 
 ONCE_ENV = "DEVPOOL_ONCE_SETUP"  # in a once-fixture's own process: the fixture's name
@@ -40,12 +42,21 @@ def result_path(folder: Path, name: str) -> Path:
     return folder / f"{name}.pickle"
 
 
+def deps_path(folder: Path, name: str) -> Path:
+    """Where a once-fixture's dependencies lie in a recording run (--devpool-select record):
+    what its process ran and read, as select/record.py's Recorder.once_deps says it."""
+    return folder / f"{name}.deps.json"
+
+
 def write_result(folder: Path, name: str, kind: str, payload: Any) -> None:
     """Write a once-fixture's outcome whole (a reader never sees half of it)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    target = result_path(folder, name)
+    _write_whole(result_path(folder, name), pickle.dumps((kind, payload)))
+
+
+def _write_whole(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.part")
-    partial.write_bytes(pickle.dumps((kind, payload)))
+    partial.write_bytes(data)
     os.replace(partial, target)
 
 
@@ -90,14 +101,35 @@ def closure_without(
 
 
 class OnceValues:
-    """A worker's plugin: the tests' once-fixtures answered from their files."""
+    """A worker's plugin: the tests' once-fixtures answered from their files. The folder is
+    read when a test starts (a worker forked from a template gets it then); without one, a
+    run with no once-fixture, every fixture is an ordinary one."""
 
-    def __init__(self, config: pytest.Config, folder: Path, names: Collection[str]) -> None:
+    def __init__(self, config: pytest.Config, names: Collection[str]) -> None:
         self.config = config
-        self.folder = folder
-        self.names = frozenset(names)
+        self.folder = Path()
+        self.names = frozenset(names)  # the table's; the marked ones are found by their mark
         self.results: dict[str, tuple[str, Any]] = {}
         self.answers: dict[int, str] = {}  # id(fixturedef) → its fixture's name
+        self.deps: dict[str, dict[str, Any]] = {}  # fixture → what its process recorded
+
+    def recorded(self, item: pytest.Item) -> list[tuple[str, dict[str, Any]]]:
+        """In a recording run: what the process of each once-fixture this test got ran and
+        read, a part of the test's dependencies (select/record.py)."""
+        info: Any = getattr(item, "_fixtureinfo", None)
+        found = []
+        for name in sorted(set(self.answers.values()) & set(_fixturenames(item))):
+            definitions = info.name2fixturedefs.get(name) if info is not None else None
+            if not definitions or self.answers.get(id(definitions[-1])) != name:
+                continue  # an ordinary fixture here: its code is the test's own
+            if name not in self.deps:
+                try:
+                    self.deps[name] = json.loads(deps_path(self.folder, name).read_bytes())
+                except (OSError, ValueError) as exc:
+                    why = f"its dependencies could not be read: {exc}"
+                    self.deps[name] = {"recorded": False, "why": why}
+            found.append((name, self.deps[name]))
+        return found
 
     def _result(self, name: str) -> tuple[str, Any] | None:
         if name in self.results:
@@ -121,9 +153,19 @@ class OnceValues:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        used = [name for name in self.names if name in getattr(item, "fixturenames", ())]
+        folder = os.environ.get(ONCE_DIR_ENV)
         info: Any = getattr(item, "_fixtureinfo", None)
-        if not used or info is None:
+        if not folder or info is None:
+            return  # no once-fixture in this run
+        self.folder = Path(folder)
+        definitions_of = info.name2fixturedefs
+        used = [
+            name
+            for name in _fixturenames(item)
+            if name in self.names
+            or (name in definitions_of and declared(definitions_of[name][-1].func) is not None)
+        ]
+        if not used:
             return
         answered = set()
         for name in used:
@@ -193,6 +235,9 @@ class OnceProcess:
         item = next((i for i in session.items if self.name in _fixturenames(i)), None)
         setup_state: Any = session._setupstate  # noqa: SLF001 - pytest's own, as a test's setup
         started = time.monotonic()
+        recorder: Any = self.config.pluginmanager.get_plugin("devpool-select-recorder")
+        if recorder is not None:  # a recording run: its users depend on what it runs
+            recorder.once_begin()
         if item is None:
             text = f"no test that uses {self.name} was collected in its process"
             kind, payload = "error", f"[tool.devpool.once] {text}"
@@ -205,6 +250,9 @@ class OnceProcess:
                 reraise=(KeyboardInterrupt,),
             )
             kind, payload, text = self._outcome(item, _from_fixtures(call, session))
+        if recorder is not None:  # before the result: a user finds both
+            deps = json.dumps(recorder.once_deps()).encode()
+            _write_whole(deps_path(self.folder, self.name), deps)
         write_result(self.folder, self.name, kind, payload)
         seconds = round(time.monotonic() - started, 3)
         worker.send(protocol.OnceUp(fixture=self.name, outcome=kind, seconds=seconds, text=text))
@@ -275,13 +323,10 @@ def _fixturenames(item: pytest.Item) -> Sequence[str]:
 
 
 def register_worker(config: pytest.Config, names: Collection[str]) -> None:
-    """In a worker of a run with once-fixtures: answer for them, or (in a once-fixture's
-    own process) run one."""
-    folder = os.environ.get(ONCE_DIR_ENV)
-    if not folder:
-        return  # a run that runs none once (another backend): ordinary fixtures
-    own = os.environ.get(ONCE_ENV)
-    if own:
+    """In every worker: answer for the run's once-fixtures (none: nothing), or, in a
+    once-fixture's own process, run one. names: the table's."""
+    folder, own = os.environ.get(ONCE_DIR_ENV), os.environ.get(ONCE_ENV)
+    if own and folder:
         config.pluginmanager.register(OnceProcess(config, own, Path(folder)), "devpool-once")
     else:
-        config.pluginmanager.register(OnceValues(config, Path(folder), names), "devpool-once")
+        config.pluginmanager.register(OnceValues(config, names), "devpool-once")
