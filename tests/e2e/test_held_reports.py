@@ -1,5 +1,5 @@
 """End to end: a passing test's reports wait for its worker's next write (issue 53, item 5),
-and a worker that dies meanwhile still tells what passed (worker/spool.py).
+and a worker that dies meanwhile still tells what passed (worker/held.py).
 
 A test that hangs after its setup passed ends as a failure of its body, as pytest-timeout's
 does in plain pytest (the setup's report was held when the worker was ended); a test whose
@@ -97,8 +97,8 @@ def test_a_worker_dead_in_a_teardown_keeps_its_passed_body(tmp_path: Path) -> No
         f"--devpool-lock-dir={tmp_path / 'locks'}", f"--junitxml={tmp_path / 'd.xml'}",
     )  # fmt: skip
     summary = ours.stdout[ours.stdout.index("short test summary info") :]
-    # The body's report was held when the worker died: read back from its spool.
+    # The body's report was held when the worker died: read back from its held file.
     assert "PASSED test_dies.py::test_dies_in_its_teardown" in summary, ours.stdout
     assert "CRASHED test_dies.py::test_dies_in_its_teardown" in summary, ours.stdout
     assert _junit(tmp_path / "d.xml")["test_dies_in_its_teardown"] == ["error"], ours.stdout
-    assert not list((tmp_path / ".devpool").rglob("*.held")), "a spool was left behind"
+    assert not list((tmp_path / ".devpool").rglob("*.held")), "a held file was left behind"

@@ -26,7 +26,7 @@ from devpool.backends.zygote import Unset, Zygote, ZygoteChild, ZygoteGone
 from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
 from devpool.worker import protocol
-from devpool.worker.spool import HeldReader, spool_file
+from devpool.worker.held import HeldReader, held_file
 from devpool.worker.stacks import stacks_file
 
 if TYPE_CHECKING:
@@ -274,7 +274,7 @@ class LocalBackend(Backend):
         flags = fcntl.fcntl(ev_read, fcntl.F_GETFL)
         fcntl.fcntl(ev_read, fcntl.F_SETFL, flags | os.O_NONBLOCK)
         placeholder: Any = None  # set by the caller at once
-        held = HeldReader(spool_file(stacks_file(log)))
+        held = HeldReader(held_file(stacks_file(log)))
         worker = Worker(key, devices, lease, placeholder, log, cmd_write, ev_read, held)
         self.pipes.watch(worker)
         return worker, child_env, (cmd_read, ev_write)

@@ -522,7 +522,7 @@ class Reader:
         return [self._decode(line) for line in lines if line.strip()]
 
     def ended(self) -> list[Message]:
-        """At end of file: what the worker held back and never sent (worker/spool.py)."""
+        """At end of file: what the worker held back and never sent (worker/held.py)."""
         return []
 
 

@@ -32,7 +32,7 @@ from devpool.worker import (
     worklist,
 )
 from devpool.worker import template as forkserver
-from devpool.worker.spool import Spool, spool_file
+from devpool.worker.held import HeldFile, held_file
 from devpool.worker.terminal import Terminal, read_stdin_from
 
 # Options that select or stop tests belong to the controller alone: the worker must be
@@ -105,10 +105,10 @@ class WorkerSession:
         self.renamed: dict[str, str] = {}  # this process's node id → the controller's
         # A passing test's reports and its finish wait for the next message (the next test's
         # start, or the batch's done): one write per test. Those held while test code runs
-        # are also in the spool, for the controller if this process dies (worker/spool.py).
+        # are also in the held file, for the controller if this process dies (worker/held.py).
         self._held: list[protocol.Message] = []
-        self._spooled, self._spooled_count = b"", 0  # the encoded head of _held, in the spool
-        self.spool = Spool(None)
+        self._kept, self._kept_count = b"", 0  # the encoded head of _held, in the held file
+        self.kept = HeldFile(None)
         # A memory-leased test's call report goes at once: the controller measures its memory
         # when it comes (run/memory_watch.py), before the next test uses the device.
         self.reports_at_once = False
@@ -195,8 +195,8 @@ class WorkerSession:
             self._stacks = open(stacks, "w")  # noqa: SIM115 - lives as long as the process
             faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
             if self.template is None:  # a worker (a template runs no test)
-                self.spool.close()
-                self.spool = Spool(spool_file(Path(stacks)))
+                self.kept.close()
+                self.kept = HeldFile(held_file(Path(stacks)))
         if inherited is not None and inherited is not self._stacks:
             # Closed here, never left to the collector: its ResourceWarning would reach the
             # first test, an error under filterwarnings = error.
@@ -212,7 +212,7 @@ class WorkerSession:
 
     def pytest_unconfigure(self) -> None:
         stacks = os.environ.get("DEVPOOL_STACKS_FILE")
-        self.spool.close(remove=True)  # it ends normally: everything held was sent
+        self.kept.close(remove=True)  # it ends normally: everything held was sent
         if stacks:  # a worker that ends normally leaves no empty output files behind
             capture.remove_empty(Path(stacks))
 
@@ -325,23 +325,23 @@ class WorkerSession:
 
     def send(self, *messages: protocol.Message) -> None:
         """Send messages after those held (they keep their order), in one write."""
-        held, self._held = self._held[self._spooled_count :], []
-        encoded, self._spooled, self._spooled_count = self._spooled, b"", 0
-        self.spool.clear()  # before the write: no message is read twice
+        held, self._held = self._held[self._kept_count :], []
+        encoded, self._kept, self._kept_count = self._kept, b"", 0
+        self.kept.clear()  # before the write: no message is read twice
         protocol.write(self.fd_out, *held, *messages, encoded=encoded)
 
     def _send_held(self) -> None:
         if self._held:
             self.send()
 
-    def _hold(self, message: protocol.Message, spool: bool) -> None:
-        """Hold a message for the next write; spool: test code runs before that write."""
+    def _hold(self, message: protocol.Message, keep: bool) -> None:
+        """Hold a message for the next write; keep: test code runs before that write (held file)."""
         self._held.append(message)
-        if spool:
-            fresh = self._held[self._spooled_count :]
-            self._spooled += b"".join(protocol.encode(m) for m in fresh)
-            self._spooled_count = len(self._held)
-            self.spool.put(self._spooled)
+        if keep:
+            fresh = self._held[self._kept_count :]
+            self._kept += b"".join(protocol.encode(m) for m in fresh)
+            self._kept_count = len(self._held)
+            self.kept.put(self._kept)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -505,11 +505,11 @@ class WorkerSession:
         if report.when == "teardown" or self.hold_reports:
             # pytest calls logfinish right after the teardown report, with no test code
             # between: both wait for the next message (send).
-            self._hold(message, spool=report.when != "teardown")
+            self._hold(message, keep=report.when != "teardown")
         elif report.failed or (self.reports_at_once and report.when == "call"):
             self.send(message)  # -x, fatal patterns and the terminal hear of it now
         else:
-            self._hold(message, spool=True)  # the test's code runs on: spooled
+            self._hold(message, keep=True)  # the test's code runs on: kept in the file
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         load = self.cpu.load()
@@ -550,8 +550,8 @@ class WorkerSession:
         # Before the teardown report and the finish: the controller knows the leak when it
         # concludes the test.
         at = self._held.index(teardown) if teardown is not None else len(self._held)
-        if at < self._spooled_count:  # never: the teardown report is held unspooled
-            self._spooled, self._spooled_count = b"", 0
+        if at < self._kept_count:  # never: the teardown report is held, not kept
+            self._kept, self._kept_count = b"", 0
         self._held[at:at] = found
         if self.leaks.retire:
             self.poisoned = True

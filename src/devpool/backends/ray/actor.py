@@ -29,7 +29,7 @@ from devpool.backends.spawn import pytest_process
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import LockDir
 from devpool.worker import protocol
-from devpool.worker.spool import read_spool, spool_file
+from devpool.worker.held import held_file, read_held
 from devpool.worker.stacks import stacks_file
 
 STOP_WAIT = 5.0  # seconds a peer service gets between SIGTERM and SIGKILL
@@ -210,8 +210,8 @@ class RankProcess:
             with self.cond:
                 if data:
                     self.buffer += data
-                else:  # what the worker held back and never sent (worker/spool.py)
-                    self.buffer += read_spool(spool_file(stacks_file(Path(self.log))))
+                else:  # what the worker held back and never sent (worker/held.py)
+                    self.buffer += read_held(held_file(stacks_file(Path(self.log))))
                     self.eof = True
                 self.cond.notify_all()
             if not data:

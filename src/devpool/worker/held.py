@@ -25,12 +25,12 @@ from devpool.worker import protocol
 _LENGTH = 8
 
 
-def spool_file(stacks: Path) -> Path:
+def held_file(stacks: Path) -> Path:
     """Where the worker whose stacks go to `stacks` keeps what it holds back."""
     return stacks.with_suffix(".held")
 
 
-class Spool:
+class HeldFile:
     """The worker's side: the file it rewrites with everything held so far."""
 
     def __init__(self, path: Path | None) -> None:
@@ -61,13 +61,13 @@ class Spool:
             self.path.unlink(missing_ok=True)
 
 
-def read_spool(path: Path) -> bytes:
+def read_held(path: Path) -> bytes:
     """The controller's side, after the worker ended: what it held and never sent (the file
     goes)."""
     try:
-        with open(path, "rb") as spool:
-            length = int.from_bytes(spool.read(_LENGTH), "little")
-            data = spool.read(length) if length else b""
+        with open(path, "rb") as kept:
+            length = int.from_bytes(kept.read(_LENGTH), "little")
+            data = kept.read(length) if length else b""
     except OSError:
         return b""
     path.unlink(missing_ok=True)
@@ -77,10 +77,10 @@ def read_spool(path: Path) -> bytes:
 class HeldReader(protocol.Reader):
     """A local worker's event reader: at end of file, what it held back and never sent."""
 
-    def __init__(self, spool: Path) -> None:
+    def __init__(self, path: Path) -> None:
         super().__init__()
-        self.spool = spool
+        self.path = path
 
     def ended(self) -> list[protocol.Message]:
-        self._buffer = b""  # a message cut off by the death: the spool's copy is whole
-        return self.feed(read_spool(self.spool))
+        self._buffer = b""  # a message cut off by the death: the held file's copy is whole
+        return self.feed(read_held(self.path))
