@@ -74,8 +74,8 @@ def _cuda_driver_initialised() -> bool:
     if not hasattr(os, "RTLD_NOLOAD"):
         return False
     try:
-        # RTLD_NOLOAD: the copy already loaded, else an error (no search, no /proc/self/maps
-        # read: a template asks before every fork)
+        # RTLD_NOLOAD: the copy already loaded, else an error, with no /proc/self/maps read
+        # (a template asks before every fork)
         libcuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
         count = ctypes.c_int(0)
         return int(libcuda.cuDeviceGetCount(ctypes.byref(count))) == 0  # CUDA_SUCCESS
