@@ -130,7 +130,10 @@ class WorkerSession:
         self.modules: set[str] | None = None
         if only:
             self.modules = set(Path(only).read_text(encoding="utf-8").split("\n")) - {""}
-        self.selected = _selection()  # None: keep what this process's collection keeps
+        # The file of the controller's selection (None: keep what this process's collection
+        # keeps), and what it holds.
+        self.selected_from = os.environ.get(worklist.NODEIDS_ENV)
+        self.selected = _selection(self.selected_from)
         self.collected: list[pytest.Item] = []  # every item, before any collection hook
         self._stacks: Any = None
         self._log: Path | None = None  # this process's log (the backends name it so)
@@ -307,10 +310,19 @@ class WorkerSession:
         self.template = None
         self.fd_in, self.fd_out = fork.commands, fork.events
         self._open_stacks()
-        # A template started while the controller was still collecting had no selection
-        # yet: its child applies it now, over the same collection (see
-        # pytest_collection_finish).
-        self.selected = _selection()
+        self._select(session, os.environ.get(worklist.NODEIDS_ENV))
+
+    def _select(self, session: pytest.Session, path: str | None) -> None:
+        """Keep the selection in the file at path, over the same collection (see
+        pytest_collection_finish); nothing to do when this process kept it already.
+
+        A template started while the controller was still collecting had no selection yet:
+        it applies the one its first fork request names before it forks (Template.serve's
+        prepare), so its children do not each read the file and walk every item again."""
+        if path == self.selected_from:
+            return
+        self.selected_from = path
+        self.selected = _selection(path)
         if self.selected is not None:
             session.items[:] = worklist.restrict(self.collected, session.items, self.selected)
 
@@ -348,7 +360,12 @@ class WorkerSession:
         if self.template is not None:
             preloaded = self._preload()
             gc.freeze()  # what collection built is shared by every child, copy-on-write
-            fork = self.template.serve(self.config, preloaded, self.culprit)
+            fork = self.template.serve(
+                self.config,
+                preloaded,
+                self.culprit,
+                lambda env: self._select(session, env.get(worklist.NODEIDS_ENV)),
+            )
             if fork is None:
                 self._no_summary()
                 return True  # the template's work is done
@@ -566,9 +583,9 @@ def _tears_down(setup_state: Any, item: pytest.Item) -> bool:
     return any(node not in needed for node in stack)
 
 
-def _selection() -> worklist.Selection | None:
-    """The controller's selected node ids (DEVPOOL_NODEIDS), None when not given."""
-    path = os.environ.get(worklist.NODEIDS_ENV)
+def _selection(path: str | None) -> worklist.Selection | None:
+    """The controller's selected node ids (the file DEVPOOL_NODEIDS names), None when not
+    given."""
     if not path:
         return None
     try:

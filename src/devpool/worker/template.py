@@ -37,11 +37,15 @@ from typing import Any
 
 import pytest
 
-from devpool.worker import protocol
+from devpool.worker import huge_pages, protocol
 from devpool.worker.native_threads import thread_count, unsafe_native_threads
 
 MAX_FDS = 64  # commands, events, log, and the lease fds of one worker
 PACKET = 1 << 20  # one fork request: its environment is the largest part
+# Forks after which a template's memory goes into huge pages (worker/huge_pages.py): 0.1-0.2 s
+# of CPU once, repaid within some 30 forks. A warm-worker run forks about one worker per
+# slot and never pays it; --devpool-isolation=job forks one per test.
+HUGE_PAGES_AFTER = 16
 
 
 def initialised_runtime(config: pytest.Config) -> str | None:
@@ -67,11 +71,12 @@ def _cuda_driver_initialised() -> bool:
 
     Asked of libcuda itself, and only when it is loaded already: before cuInit, its
     cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED and initialises nothing."""
+    if not hasattr(os, "RTLD_NOLOAD"):
+        return False
     try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            if "libcuda.so" not in maps.read():
-                return False
-        libcuda = ctypes.CDLL("libcuda.so.1")  # the copy already loaded
+        # RTLD_NOLOAD: the copy already loaded, else an error, with no /proc/self/maps read
+        # (a template asks before every fork)
+        libcuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
         count = ctypes.c_int(0)
         return int(libcuda.cuDeviceGetCount(ctypes.byref(count))) == 0  # CUDA_SUCCESS
     except (OSError, AttributeError):
@@ -156,6 +161,9 @@ class Template:
 
     def __init__(self, sock_fd: int, listen: str | None = None) -> None:
         self.sock = socket.socket(fileno=sock_fd)
+        self.tasks = 0  # the kernel's thread count when it was last found safe to fork
+        self.prepare: Callable[[dict[str, str]], None] | None = None
+        self.forks = 0
         self.children: dict[int, int] = {}  # pidfd → pid
         self.asked: dict[int, socket.socket] = {}  # pid → the connection that asked for it
         self.listener: socket.socket | None = None
@@ -181,15 +189,19 @@ class Template:
         config: pytest.Config,
         unsafe: Callable[[str], str] = str,
         culprit: str | None = None,
+        prepare: Callable[[dict[str, str]], None] | None = None,
     ) -> Fork | None:
         """Fork a worker per request until told to stop: returns in each child, None here.
 
         unsafe: turns the reason this template may not fork into what it says (and may act
-        on it); culprit: the test module after whose import threads ran, if one."""
+        on it); culprit: the test module after whose import threads ran, if one; prepare:
+        what every child would do first with its environment, done here once instead."""
         why = unsafe_reason(config)
         if why:
             self.refuse(unsafe(why), culprit)
             return None
+        self.tasks = thread_count()
+        self.prepare = prepare
         self.send(protocol.TemplateReady(pid=os.getpid()))
         selector = selectors.DefaultSelector()
         selector.register(self.sock, selectors.EVENT_READ)
@@ -247,12 +259,14 @@ class Template:
         selector: selectors.BaseSelector,
         asker: socket.socket,
     ) -> Fork | None:
-        why = unsafe_reason(config)  # a thread or a runtime may have started since
+        why = self._unsafe_now(config)
         if why:
             for fd in fds:
                 os.close(fd)
             self.send(protocol.ForkFailed(key=request.key, why=why), asker)
             return None
+        if self.prepare is not None:
+            self.prepare(dict(request.env))
         sys.stdout.flush()
         sys.stderr.flush()
         template = os.getpid()
@@ -275,7 +289,25 @@ class Template:
         self.asked[pid] = asker
         selector.register(pidfd, selectors.EVENT_READ)
         self.send(protocol.Forked(key=request.key, pid=pid), asker)
+        self.forks += 1
+        if self.forks == HUGE_PAGES_AFTER:
+            huge_pages.collapse()
         return None
+
+    def _unsafe_now(self, config: pytest.Config) -> str:
+        """Why this template may no longer fork ("" when it may), before each fork.
+
+        Between forks it runs only this loop; a runtime or a pool that started anyway
+        (a finalizer, a signal handler) started threads. The native threads' scan (their
+        stacks, /proc/self/maps) is for a thread count that changed since it was last safe:
+        every fork of --devpool-isolation=job waits on this check."""
+        if thread_count() == self.tasks and not other_threads():
+            runtime = initialised_runtime(config)
+            return f"the device runtime {runtime} is initialised in it" if runtime else ""
+        why = unsafe_reason(config)
+        if not why:
+            self.tasks = thread_count()
+        return why
 
     def _reap(self, pidfd: int, selector: selectors.BaseSelector) -> None:
         pid = self.children.pop(pidfd)
@@ -294,8 +326,13 @@ def become_worker(config: pytest.Config, fork: Fork, template_log: Path | None) 
     from devpool.worker import capture, threads
 
     template_sizes = threads.sized_as(os.environ)
-    os.environ.clear()
-    os.environ.update(fork.env)
+    # Only what differs is set or unset (each is a putenv): a fork's environment is mostly
+    # its template's.
+    for name in [name for name in os.environ if name not in fork.env]:
+        del os.environ[name]
+    for name, value in fork.env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
     if threads.sized_as(os.environ) != template_sizes:
         # Its template's pools were sized to another budget (a cpus(n) test). The same
         # budget needs nothing: the fork has its template's sizes, and a resize would cost
