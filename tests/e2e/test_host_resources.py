@@ -300,3 +300,56 @@ def test_a_resource_held_past_the_lease_timeout_ends_infra_naming_the_holder(
     out = text(result)
     assert "no lease on hccl within --devpool-lease-timeout 1s" in out
     assert f"resource hccl held by pid {os.getpid()}" in out
+
+
+CHAINED = """
+import pytest
+
+
+@pytest.mark.resources(hccl=1)
+@pytest.mark.order(1)
+def test_first():
+    pass
+
+
+@pytest.mark.resources(hccl=1)
+@pytest.mark.order(2)
+def test_second():
+    pass
+
+
+@pytest.mark.resources(hccl=1)
+@pytest.mark.order(3)
+def test_third():
+    pass
+"""
+
+
+def test_a_chain_whose_first_test_never_gets_its_lease_ends_whole(
+    pytester: pytest.Pytester, lock: Path
+) -> None:
+    """pytest-order ties the three tests into one chain: the first waits out the lease timeout,
+    and the two behind it end with it, naming it (they were once lost: 'a devpool bug')."""
+    from devpool.devices.leases import Holder
+    from devpool.devices.resources import HostLease, take_host_lease
+
+    held = take_host_lease(
+        lock, Holder.for_this_process("other-run", "t::other"), 0, (24000, 24999),
+        {"hccl": 1}, {"hccl": 1},
+    )  # fmt: skip
+    assert isinstance(held, HostLease)
+    try:
+        pytester.makepyprojecttoml(PROJECT)
+        pytester.makepyfile(test_chain=CHAINED)
+        result = pytester.runpytest_subprocess(
+            *FAST, "-p", "pytest_order", f"--devpool-lock-dir={lock}",
+            "--devpool-lease-timeout=1", "-rA", timeout=60,
+        )  # fmt: skip
+    finally:
+        held.release()
+    out = text(result)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out
+    assert "a devpool bug" not in out, out
+    assert "3 infra" in out.splitlines()[-1], out
+    assert "no lease on hccl within --devpool-lease-timeout 1s" in out
+    assert out.count("the first test of its chain, test_chain.py::test_first, did not start") >= 2

@@ -47,6 +47,8 @@ class _LoopView(Protocol):
     attempts: Mapping[int, Attempt]
     delayed: list[tuple[float, Job]]
 
+    def end_unstarted(self, job: Job, reason: str) -> None: ...
+
 
 class HostLeases:
     """Ports and resources for the loop's placements, and the waits other runs cause."""
@@ -106,7 +108,7 @@ class HostLeases:
                 f"no lease on {got.what} within --devpool-lease-timeout {timeout:g}s "
                 f"(waited {now - since:.0f}s): {got.describe()}"
             )
-            self.loop.replay.synthesize(self.loop.attempts[job.id], Outcome.INFRA, reason, 0.0)
+            self.loop.end_unstarted(job, reason)
             return
         self.loop.delayed.append((now + HOST_RETRY, job))
 

@@ -382,7 +382,19 @@ class Placing:
                 f"--devpool-lease-timeout {timeout:g}s (waited {waited:.0f}s): "
                 + self.foreign.describe()
             )
-            self.replay.synthesize(self.attempts[head.id], Outcome.INFRA, reason, 0.0)
+            self.end_unstarted(head, reason)
+
+    def end_unstarted(self, job: Job, reason: str) -> None:
+        """A job that will never start here ends `infra`; so do the rest of its chain
+        (pytest-order / -dependency), which would have run after it in its worker."""
+        self.replay.synthesize(self.attempts[job.id], Outcome.INFRA, reason, 0.0)
+        if job.chain is None or job.chain[0] is not job:
+            return
+        for member in job.chain[1:]:
+            attempt = self.attempts.get(member.id)
+            if attempt is not None and attempt.state is State.QUEUED:
+                why = f"the first test of its chain, {job.display}, did not start: {reason}"
+                self.replay.synthesize(attempt, Outcome.INFRA, why, 0.0)
 
     def fail_unplaceable(self) -> None:
         """Tests needing more devices than remain healthy end `infra`, never silently skipped."""
@@ -397,7 +409,7 @@ class Placing:
                     f"needs {size} {self.platform.name} devices; only {healthy} healthy "
                     f"remain after retiring {retired}"
                 )
-                self.replay.synthesize(self.attempts[job.id], Outcome.INFRA, reason, 0.0)
+                self.end_unstarted(job, reason)
 
     def end_stall(self, now: float) -> None:
         """Nothing of ours runs and nothing was placed: wait for the other runs.
