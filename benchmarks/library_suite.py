@@ -26,9 +26,14 @@ COUNTS = re.compile(r"(\d+) (passed|failed|skipped|xfailed|xpassed|error|errors)
 
 
 def _counts(argv: list[str], cwd: Path) -> dict[str, int]:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    last = re.sub(r"\x1b\[[0-9;]*m", "", lines[-1]) if lines else ""
+    """The closing line's counts; the tests that did not pass are printed."""
+    done = subprocess.run([*argv, "-rfE"], cwd=cwd, capture_output=True, text=True, check=False)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)
+    lines = [line for line in plain.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith(("FAILED ", "ERROR ")):
+            print(f"    {line[:160]}")
+    last = lines[-1] if lines else ""
     return {
         kind.rstrip("s") if kind == "errors" else kind: int(n) for n, kind in COUNTS.findall(last)
     }
