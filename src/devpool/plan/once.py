@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from devpool.compat.fixtures import fixture_definitions
 from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError, did_you_mean
 from devpool.plan.markers import Request
@@ -221,8 +222,7 @@ class OnceCheck:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         config = session.config
         narrowed = config.args_source == pytest.Config.ArgsSource.ARGS
-        manager: Any = session._fixturemanager  # noqa: SLF001 - pytest has no public lookup
-        known = manager._arg2fixturedefs  # noqa: SLF001
+        known = fixture_definitions(session)
         sessions = [n for n, defs in known.items() if any(d.scope == "session" for d in defs)]
         places = {fixture.name: self.where for fixture in self.fixtures}
         marked = self._marked(known, config.rootpath, places)

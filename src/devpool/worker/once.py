@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from devpool.compat.fixtures import fixture_definitions
 from devpool.plan.once import declared
 from devpool.worker import protocol
 
@@ -303,9 +304,8 @@ def _from_fixtures(call: pytest.CallInfo[Any], session: pytest.Session) -> pytes
     a fixture's error (the frames above it, devpool's own here, are not the test's)."""
     if call.excinfo is None:
         return call
-    manager: Any = session._fixturemanager  # noqa: SLF001
     codes = set()
-    for definitions in manager._arg2fixturedefs.values():  # noqa: SLF001
+    for definitions in fixture_definitions(session).values():
         for definition in definitions:
             func = inspect.unwrap(getattr(definition.func, "__func__", definition.func))
             codes.add(getattr(func, "__code__", None))
