@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,9 @@ class FakeItem:
 
     def get_closest_marker(self, name: str) -> pytest.Mark | None:
         return next((m.mark for m in self.marks if m.name == name), None)
+
+    def iter_markers(self, name: str | None = None) -> Iterator[pytest.Mark]:
+        return (m.mark for m in self.marks if name is None or m.name == name)
 
 
 def request(*marks: pytest.MarkDecorator, default: int | None = None) -> Request:

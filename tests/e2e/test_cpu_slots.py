@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from sessions import FAST, events
 
+from devpool.plan.jobs import CPU_BOUND
+
 SUITE = """
 import hashlib
 import threading
@@ -66,9 +68,11 @@ def test_cpu_bound_device_tests_take_cores_from_their_second_run_on(
     waiting = {t for t in loads if "test_waits" in t}
     # Measured in every device test's worker; two hashing threads want two cores, whether
     # the cores were free or not (waiting for one counts). CPU-only tests are not measured.
-    assert all(loads[t] is not None and loads[t] >= 1.2 for t in busy), loads
-    assert all(loads[t] is not None and loads[t] < 0.3 for t in waiting), loads
-    assert all(loads[t] is None for t in loads if "test_cpu" in t), loads
+    # The waiting tests stay below the load that takes cores, however loaded the host (their
+    # setup and teardown waiting for a core count); the busy ones are far above it.
+    assert all(loads[t] is not None and loads[t] >= 1.2 for t in busy), ("busy", loads)
+    assert all(loads[t] is not None and loads[t] < CPU_BOUND for t in waiting), ("waits", loads)
+    assert all(loads[t] is None for t in loads if "test_cpu" in t), ("cpu", loads)
     assert not any("cores" in e for e in ends(record))  # no history yet: no test took cores
     record.unlink()
 
