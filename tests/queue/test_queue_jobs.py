@@ -595,9 +595,28 @@ def test_first():
         assert False, "the first attempt fails: its rerun moves to job b"
 
 
+def moved():
+    # Job a's controller put test_first's rerun back on the queue: its attempt is 2. The
+    # worker runs test_second before its controller has read test_first's ending.
+    from devpool.queue.store import QueueStore
+
+    store = QueueStore({url!r}, {run!r})
+    try:
+        row = store.db.execute(
+            "SELECT attempt FROM devpool_queue_tests WHERE run_id = %(run)s AND test_id = %(t)s",
+            store._args(t="test_mix.py::test_first"),
+        ).fetchone()
+        return row is not None and row[0] >= 2
+    finally:
+        store.close()
+
+
 @pytest.mark.order(2)
 def test_second():
     if os.environ["JOB"] == "a":
+        deadline = time.monotonic() + 60
+        while not moved() and time.monotonic() < deadline:
+            time.sleep(0.05)
         (OUT / "second.started").touch()
         wait_for("never")  # killed here
 
@@ -614,7 +633,9 @@ def test_a_chain_whose_first_test_moved_runs_after_its_job_was_lost(
     """Job a holds the chain; its first test's rerun moves to job b; a is killed in the
     second test. b then claims the rerun and the rest of the chain together, and runs all."""
     run = f"chain-moved-{time.time_ns()}-{next(_runs)}"
-    (project / "test_mix.py").write_text(ORDERED.format(out=str(project / "out")))
+    (project / "test_mix.py").write_text(
+        ORDERED.format(out=str(project / "out"), url=postgres.url, run=run)
+    )
     # one test a batch (estimates of 100 s): b claims test_busy alone, a the chain
     more = ("-p", "pytest_order", "--devpool-reruns=1", "--devpool-default-estimate=100")
     more += ("--devpool-queue-lease=1.5",)
