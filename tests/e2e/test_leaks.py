@@ -475,3 +475,71 @@ def test_a_sigkilled_controller_leaves_nothing_a_test_started(
         if controller.poll() is None:
             controller.kill()
             controller.wait()
+
+
+ENDING = """
+import os, signal, subprocess, sys, time
+
+import pytest
+from conftest import note
+
+EXITS_AFTER = (
+    "import signal, sys, time\\n"
+    "def later(*_):\\n"
+    "    time.sleep({seconds})\\n"
+    "    sys.exit(0)\\n"
+    "signal.signal(signal.SIGTERM, later)\\n"
+    "print('up', flush=True)\\n"
+    "time.sleep(600)\\n"
+)
+
+
+def started(seconds):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", EXITS_AFTER.format(seconds=seconds)],
+        start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    )
+    proc.stdout.readline()  # its handler is set
+    note("process", pid=proc.pid, test=os.environ.get("DEVPOOL_TEST_ID"))
+    return proc
+
+
+@pytest.mark.device_count(1)
+def test_ends_its_child_without_waiting():
+    os.kill(started(0.02).pid, signal.SIGTERM)  # it exits 20 ms later, unwaited for
+
+
+@pytest.mark.device_count(1)
+def test_kills_a_hung_tools_group():
+    # As a probe ends a hung tool: SIGKILL to its session, only the shell waited for; the
+    # shell's child is still being ended by the kernel as the test returns.
+    tool = subprocess.Popen(["/bin/sh", "-c", "sleep 30; true"], start_new_session=True)
+    time.sleep(0.1)
+    os.killpg(tool.pid, signal.SIGKILL)
+    tool.wait()
+
+
+@pytest.mark.device_count(1)
+def test_leaves_a_slow_one():
+    os.kill(started(2.0).pid, signal.SIGTERM)  # still there well after the test
+"""
+
+
+def test_a_process_ending_as_its_test_returns_is_no_leak(
+    pytester: pytest.Pytester, lock_dir: Path
+) -> None:
+    """As cargo-nextest's leak-timeout: what ends within devices/leftovers.SETTLE of the
+    test's end is not named; what is still there after it is (here, in fail mode)."""
+    out = _target(pytester, test_ending=ENDING)
+    result = pytester.runpytest_subprocess(
+        *IN_ORDER, f"--devpool-lock-dir={lock_dir}", "--devices", "sim:0",
+        "--devpool-leaks=fail", timeout=120,
+    )  # fmt: skip
+    text = result.stdout.str()
+    leaks = events(_record(pytester), "leak")
+    assert [str(leak["nodeid"]).split("::")[1] for leak in leaks] == ["test_leaves_a_slow_one"]
+    assert "ERROR at teardown of test_leaves_a_slow_one" in text, text
+    assert "LEAK test_ending.py::test_ends" not in text and "test_kills" not in text, text
+    assert result.ret == 1, text
+    pids = [int(str(e["pid"])) for e in _lines(out / "left.jsonl")]
+    assert len(pids) == 2 and not _gone(pids), pids

@@ -32,6 +32,11 @@ MARK_ENV = "DEVPOOL_RUN_MARK"
 OUR_NAMES = ("devpool-worker", "devpool-tmpl", "devpool-zygote")
 PR_SET_CHILD_SUBREAPER = 36
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a leftover
+# Seconds a process found after a test has to end on its own before it is a leftover (as
+# cargo-nextest's leak-timeout, 100 ms there; more here, for a loaded host): a child the
+# test SIGKILLed that the kernel has not yet ended (a hung tool's), or one exiting on the
+# SIGTERM a fixture's teardown just sent, is no leak.
+SETTLE = 0.25
 COMMAND_LIMIT = 200  # characters of a command line said in a LEAK line
 _ENVIRON_LIMIT = 1 << 20  # an environment larger than this is not read whole
 
@@ -232,6 +237,13 @@ def _reap(pids: Iterable[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
+def settled(procs: list[Proc], within: float = SETTLE) -> list[Proc]:
+    """Those of procs still alive after they had `within` seconds to end (reaping ours); no
+    wait when none is alive."""
+    left = set(_outlive([proc.pid for proc in procs], within))
+    return [proc for proc in procs if proc.pid in left]
+
+
 def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
     """SIGTERM each to its group (its own pid where it shares ours), SIGKILL whoever is left
     after grace; how each ended: terminated, killed, exited (gone already), not permitted."""
@@ -296,8 +308,13 @@ def orphans(run: Run, spare: Iterable[int] = ()) -> list[Proc]:
     mark, and forks that never exec'd (a devpool name and the controller's environment)
     that lost the devpool process they were forked below. spare: live processes of the run, whose
     descendants are theirs to check."""
-    keep = set(spare) | {run.controller, os.getpid()}
     procs = {proc.pid: proc for proc in processes() if proc.uid == os.getuid()}
+    keep = set(spare) | {os.getpid()}
+    controller = procs.get(run.controller)
+    if controller is not None and not controller.zombie and controller.start == run.since:
+        # Alive: what is below it is its own. Dead (the guard's sweep), its workers dying by
+        # their death signal still hold the test's processes below them: those are orphans.
+        keep.add(run.controller)
     found = []
     for proc in procs.values():
         if proc.pid in keep or proc.zombie or proc.start < run.since:
@@ -353,6 +370,13 @@ def guard(mark: str, controller: int, fd: int) -> None:
             said += chunk
     if b"done" in said:
         return
+    # A process closes its files before it is gone: until the controller is, what is below
+    # it would still count as its own (orphans() keeps a live controller's tree).
+    deadline = time.monotonic() + 5.0
+    while (proc := read(controller)) is not None and not proc.zombie and proc.start == run.since:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     # The workers die with the controller (PR_SET_PDEATHSIG): their orphans are what is left,
     # whoever adopted them. Swept until none is, briefly: nothing left, the guard is gone.
     deadline = time.monotonic() + 1.0
