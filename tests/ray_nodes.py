@@ -5,12 +5,16 @@ Ray, except under CI=true, where [ray] must be installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import pytest
+
+from devpool.devices import leftovers
 
 # Ray reads it when imported: every Ray process of these tests binds to 127.0.0.1 only.
 # Set for this process and so for every child session (and their Ray workers) too.
@@ -45,9 +49,10 @@ def two_node_cluster(
     loopback port. ``second_env``: variables of the second node's processes alone (its
     raylet's, so its actors' too), e.g. a cgroup root that gives it fewer cores."""
     head: dict[str, object] = {"num_cpus": 1, "resources": dict(NODE_RESOURCES)}
+    head["include_dashboard"] = dashboard  # Ray's default starts it whenever it can
     if dashboard:
-        head.update(include_dashboard=True, dashboard_host="127.0.0.1")
-        head["dashboard_port"] = _free_port()
+        head.update(dashboard_host="127.0.0.1", dashboard_port=_free_port())
+    before = {proc.pid for proc in leftovers.descendants(os.getpid())}
     started = Cluster(initialize_head=True, head_node_args=head)
     try:
         extra = {"env_vars": dict(second_env)} if second_env else {}
@@ -56,3 +61,19 @@ def two_node_cluster(
         yield started
     finally:
         started.shutdown()
+        _outlived(before)
+
+
+def _outlived(before: set[int], bound: float = 15.0) -> None:
+    """Wait for the cluster's processes to end after its shutdown: the dashboard's module
+    processes exit on their own about a second after their head (they are ours to wait for
+    where this process reaps orphans, as a devpool worker does; elsewhere init has them)."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        left = [p.pid for p in leftovers.descendants(os.getpid()) if p.pid not in before]
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)

@@ -51,5 +51,5 @@ def cluster() -> Iterator[Any]:
     through its own API. A module using it imports ray_cluster first (it skips without Ray)."""
     from ray_cluster import two_node_cluster
 
-    with two_node_cluster() as started:
+    with two_node_cluster(dashboard=True) as started:  # devpool locks asks its state API
         yield started

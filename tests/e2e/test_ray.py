@@ -647,6 +647,23 @@ def test_devpool_locks_takes_a_lock_folder_or_a_cluster_not_both(cluster: Cluste
     ], done.stderr
 
 
+def test_devpool_locks_on_a_cluster_without_its_dashboard_is_one_sentence() -> None:
+    """Ray's state API is served by the dashboard: a cluster without one gets a sentence
+    naming that, not Ray's traceback."""
+    with two_node_cluster() as bare:
+        done = subprocess.run(
+            [sys.executable, "-m", "devpool.cli", "locks", f"--ray-address={bare.address}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    said = [line for line in done.stderr.splitlines() if line.startswith("devpool: error:")]
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert len(said) == 1 and "dashboard" in said[0], done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 WHO_AM_I = """
 import json
 import os

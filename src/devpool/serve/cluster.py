@@ -81,6 +81,7 @@ def ask_state_api(address: str) -> tuple[list[dict[str, Any]], list[dict[str, An
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     try:
         from ray.util import state
+        from ray.util.state.exception import ServerUnavailable
     except ImportError:
         raise DevpoolError(
             "the Ray view needs Ray in devpool serve's environment: "
@@ -105,6 +106,11 @@ def ask_state_api(address: str) -> tuple[list[dict[str, Any]], list[dict[str, An
                 raise DevpoolError(f"Ray at {address} answers no state query: {exc}") from None
             time.sleep(0.5)
             continue
+        except ServerUnavailable:  # registered, or Ray's default port guessed: none answers
+            raise DevpoolError(
+                f"Ray at {address} answers no state query: its dashboard, which serves them, "
+                "is not up (a cluster started with --include-dashboard=False has none)"
+            ) from None
         return [dataclasses.asdict(n) for n in nodes], [dataclasses.asdict(a) for a in actors]
 
 
