@@ -58,6 +58,27 @@ def test_one_that_ignores_sigterm_is_killed_within_the_grace() -> None:
             proc.wait()
 
 
+def test_settled_keeps_what_outlives_the_wait_and_leaves_exit_statuses_to_their_parent() -> None:
+    ending = _started([sys.executable, "-c", "import sys, time; print('up', flush=True); "
+                       "time.sleep(0.5); sys.exit(3)"])  # fmt: skip
+    staying = _started(SLEEPER)
+    try:
+        procs = [
+            p for p in leftovers.descendants(os.getpid()) if p.pid in (ending.pid, staying.pid)
+        ]
+        assert len(procs) == 2
+        began = time.monotonic()
+        assert [p.pid for p in leftovers.settled(procs, within=2.0)] == [staying.pid]
+        assert time.monotonic() - began >= 2.0  # one stayed: the whole wait
+        assert ending.wait(5) == 3  # a zombie until its parent waits: its status is intact
+        began = time.monotonic()
+        assert leftovers.settled([p for p in procs if p.pid == ending.pid], within=5.0) == []
+        assert time.monotonic() - began < 1.0  # none alive: no wait
+    finally:
+        staying.kill()
+        staying.wait()
+
+
 def test_a_process_with_nothing_below_it_has_no_children() -> None:
     code = "from devpool.devices import leftovers; print(leftovers.has_children())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

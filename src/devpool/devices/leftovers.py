@@ -238,10 +238,15 @@ def _reap(pids: Iterable[int]) -> None:
 
 
 def settled(procs: list[Proc], within: float = SETTLE) -> list[Proc]:
-    """Those of procs still alive after they had `within` seconds to end (reaping ours); no
-    wait when none is alive."""
-    left = set(_outlive([proc.pid for proc in procs], within))
-    return [proc for proc in procs if proc.pid in left]
+    """Those of procs still alive after they had `within` seconds to end; no wait when none
+    is alive. Not reaped: a zombie is dead here, and its exit status stays its parent's
+    (a test's Popen that waits on it later gets it)."""
+    deadline = time.monotonic() + within
+    left = [proc for proc in procs if _alive(proc.pid)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.01)
+        left = [proc for proc in left if _alive(proc.pid)]
+    return left
 
 
 def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
