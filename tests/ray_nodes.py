@@ -5,10 +5,8 @@ Ray, except under CI=true, where [ray] must be installed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -68,12 +66,5 @@ def _outlived(before: set[int], bound: float = 15.0) -> None:
     """Wait for the cluster's processes to end after its shutdown: the dashboard's module
     processes exit on their own about a second after their head (they are ours to wait for
     where this process reaps orphans, as a devpool worker does; elsewhere init has them)."""
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        left = [p.pid for p in leftovers.descendants(os.getpid()) if p.pid not in before]
-        if not left:
-            return
-        for pid in left:
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.05)
+    left = [p for p in leftovers.descendants(os.getpid()) if p.pid not in before]
+    leftovers.settled(left, within=bound)

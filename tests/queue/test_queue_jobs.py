@@ -576,10 +576,14 @@ import pytest
 OUT = Path({out!r})
 
 
-def wait_for(name):
+def until(done):
     deadline = time.monotonic() + 60
-    while not (OUT / name).exists() and time.monotonic() < deadline:
+    while not done() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def wait_for(name):
+    until((OUT / name).exists)
 
 
 @pytest.mark.device_count(2)
@@ -614,9 +618,7 @@ def moved():
 @pytest.mark.order(2)
 def test_second():
     if os.environ["JOB"] == "a":
-        deadline = time.monotonic() + 60
-        while not moved() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(moved)
         (OUT / "second.started").touch()
         wait_for("never")  # killed here
 

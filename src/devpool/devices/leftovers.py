@@ -241,12 +241,8 @@ def settled(procs: list[Proc], within: float = SETTLE) -> list[Proc]:
     """Those of procs still alive after they had `within` seconds to end; no wait when none
     is alive. Not reaped: a zombie is dead here, and its exit status stays its parent's
     (a test's Popen that waits on it later gets it)."""
-    deadline = time.monotonic() + within
-    left = [proc for proc in procs if _alive(proc.pid)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.01)
-        left = [proc for proc in left if _alive(proc.pid)]
-    return left
+    left = set(_outlive([proc.pid for proc in procs], within, reap=False))
+    return [proc for proc in procs if proc.pid in left]
 
 
 def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
@@ -279,11 +275,13 @@ def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
     return how
 
 
-def _outlive(pids: list[int], grace: float) -> list[int]:
-    """Those of pids still alive after grace (reaping the ones that are our children)."""
+def _outlive(pids: list[int], grace: float, reap: bool = True) -> list[int]:
+    """Those of pids still alive after grace (reaping the ones that are our children, unless
+    not to: a zombie counts as gone either way)."""
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
-        _reap(pids)
+        if reap:
+            _reap(pids)
         pids = [pid for pid in pids if _alive(pid)]
         if pids:
             time.sleep(0.01)
@@ -307,6 +305,10 @@ class Run:
         start = proc.start if proc else 0
         return cls(mark, controller, _environ_bytes(controller), start, command(controller))
 
+    def controls(self, proc: Proc | None) -> bool:
+        """Whether proc (as read of the controller's pid) is the run's controller, alive."""
+        return proc is not None and not proc.zombie and proc.start == self.since
+
 
 def orphans(run: Run, spare: Iterable[int] = ()) -> list[Proc]:
     """Processes of this run that nothing of the run owns any more: those exec'd with its
@@ -315,8 +317,7 @@ def orphans(run: Run, spare: Iterable[int] = ()) -> list[Proc]:
     descendants are theirs to check."""
     procs = {proc.pid: proc for proc in processes() if proc.uid == os.getuid()}
     keep = set(spare) | {os.getpid()}
-    controller = procs.get(run.controller)
-    if controller is not None and not controller.zombie and controller.start == run.since:
+    if run.controls(procs.get(run.controller)):
         # Alive: what is below it is its own. Dead (the guard's sweep), its workers dying by
         # their death signal still hold the test's processes below them: those are orphans.
         keep.add(run.controller)
@@ -378,9 +379,7 @@ def guard(mark: str, controller: int, fd: int) -> None:
     # A process closes its files before it is gone: until the controller is, what is below
     # it would still count as its own (orphans() keeps a live controller's tree).
     deadline = time.monotonic() + 5.0
-    while (proc := read(controller)) is not None and not proc.zombie and proc.start == run.since:
-        if time.monotonic() > deadline:
-            break
+    while run.controls(read(controller)) and time.monotonic() < deadline:
         time.sleep(0.01)
     # The workers die with the controller (PR_SET_PDEATHSIG): their orphans are what is left,
     # whoever adopted them. Swept until none is, briefly: nothing left, the guard is gone.

@@ -165,7 +165,7 @@ class LeakWatch:
     def _processes(
         self, nodeid: str, fixture: str | None, procs: list[leftovers.Proc]
     ) -> list[protocol.Leak]:
-        procs = leftovers.settled(procs) if procs else procs
+        procs = leftovers.settled(procs)
         if not procs:
             return []
         described = [leftovers.describe(p) for p in procs]
