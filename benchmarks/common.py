@@ -17,8 +17,12 @@ from pathlib import Path
 # test modules and plugins there: every pytest these scripts start does so too, even where
 # the shell sets PYTHONDONTWRITEBYTECODE (this sandbox does; a process that rewrites every
 # module at each start measures the missing cache, once per process: the controller's and
-# each template's collection). Figures before Dec 6 2026 were taken with it set.
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# each template's collection). Figures before Dec 6 2026 were taken with it set; to take
+# them so again, DEVPOOL_BENCH_BYTECODE=off sets it for every pytest the scripts start.
+if os.environ.get("DEVPOOL_BENCH_BYTECODE") == "off":
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+else:
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Unrelated plugins installed next to devpool would skew start-up time; leave them out.
 PYTEST = [
