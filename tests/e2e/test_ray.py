@@ -758,3 +758,106 @@ def test_a_node_template_that_may_not_fork_says_so_and_its_ranks_start_fresh(
     result.stdout.fnmatch_lines(
         ["*fork server for 1-device workers off on node *: *1 thread(s) besides the main one*"]
     )
+
+
+ONCE_CONFTEST = """
+import json, os, socket, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+
+OUT = Path({out!r})
+
+
+def note(key, **data):
+    data.update(pid=os.getpid(), node=os.environ.get("DEVPOOL_RAY_NODE_ID"), at=time.time(),
+                devices=os.environ.get("DEVPOOL_DEVICES"))
+    with open(OUT / (key + ".jsonl"), "a") as handle:
+        handle.write(json.dumps(data) + "\\n")
+
+
+@pytest.fixture(scope="session")
+def server():
+    port = int(os.environ["DEVPOOL_PORTS"].split(",")[0])
+    code = (
+        "import socket\\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\\n"
+        f"s.bind(('127.0.0.1', {{port}})); s.listen(64); print('up', flush=True)\\n"
+        "while True:\\n"
+        "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    proc.stdout.readline()
+    note("setup", port=port, server=proc.pid)
+    yield dict(port=port, server=proc.pid, node=os.environ.get("DEVPOOL_RAY_NODE_ID"),
+               devices=os.environ.get("DEVPOOL_DEVICES"))
+    proc.terminate()
+    proc.wait()
+    note("teardown")
+"""
+
+ONCE_USERS = """
+import socket, time
+
+import pytest
+from conftest import note
+
+
+@pytest.mark.device_count(1)
+@pytest.mark.parametrize("i", range(10))
+def test_uses(server, i):
+    time.sleep(0.3)
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=10) as conn:
+        said = conn.recv(5).decode()
+    note("test", i=i, server=server, said=said, end=time.time())
+
+
+def test_beside():
+    note("beside")
+"""
+
+
+def test_a_once_fixture_runs_once_on_a_node_that_holds_its_request(
+    pytester: pytest.Pytester, cluster: Cluster
+) -> None:
+    """[tool.devpool.once] on Ray (issue 57): the fixture is set up once, in a process Ray
+    placed with its device and port; its value reaches the workers through the controller
+    (no shared folder); no test gets its device while it is up; torn down after its last
+    user, and nothing of it outlives the run."""
+    out = pytester.path / "out"
+    out.mkdir()
+    pytester.makepyprojecttoml(
+        PYPROJECT + "[tool.devpool.once]\nserver = { device_count = 1, ports = 1 }\n"
+    )
+    pytester.makeconftest(ONCE_CONFTEST.format(out=str(out)))
+    pytester.makepyfile(test_users=ONCE_USERS)
+    record = pytester.path / "record.jsonl"
+    result = run_ray(pytester, cluster, record, "-p", "no:randomly")
+    text = result.stdout.str()
+    assert result.ret == 0, text
+    assert "12 passed" not in text and "11 passed" in text, text
+
+    def lines(key: str) -> list[dict[str, Any]]:
+        path = out / f"{key}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    [setup], [teardown] = lines("setup"), lines("teardown")
+    tests = lines("test")
+    assert sorted(t["i"] for t in tests) == list(range(10))
+    workers = {t["pid"] for t in tests}
+    assert len(workers) > 1 and setup["pid"] not in workers, (workers, setup)
+    for test in tests:
+        assert test["said"] == "hello" and test["server"]["server"] == setup["server"]
+        # Its device is its own while it is up: no user ran on it.
+        assert (test["node"], test["devices"]) != (setup["node"], setup["devices"]), test
+    assert teardown["pid"] == setup["pid"]
+    assert teardown["at"] >= max(t["end"] for t in tests)  # after its last user
+    assert not alive(int(setup["pid"])) and not alive(int(setup["server"]))
+    # The value travelled with the batches, not through a file beside the controller.
+    assert not list(pytester.path.glob(".devpool/runs/*/once/server.pickle"))
+    events = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    [up] = [e for e in events if e["type"] == "once_setup"]
+    assert up["outcome"] == "value"
+    assert [e for e in events if e["type"] == "once_teardown"]
+    assert "ONCE server set up in" in text and "ONCE server torn down in" in text
+    assert "ordinary ones" not in text, text

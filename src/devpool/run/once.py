@@ -36,18 +36,16 @@ class OnceFixtures:
         check = loop.session.config.pluginmanager.get_plugin(PLUGIN)
         fixtures = tuple(check.fixtures) if check is not None else ()
         self.skipped: Mapping[str, str] = check.skipped if check is not None else {}
-        off = ""
-        if fixtures and not loop.backend.local_leases:
-            off = "runs on the local backend only: on Ray"
-        if off:
-            loop.ctx.run_notes.append(
-                f"[tool.devpool.once] {off} its fixtures ran in each worker as ordinary ones"
-            )
-            fixtures = ()
         self.fixtures = {f.name: OnceProcess(f, loop) for f in fixtures}
         self.folder = loop.ctx.run_dir / "once"
         self.held: list[Job] = []  # users waiting for their fixtures to be up
         self.names: dict[int, tuple[str, ...]] = {}  # job id → its once-fixtures
+        # On Ray, outcomes travel with the batches (no shared folder): each fixture's, and
+        # the fixtures each worker has been given.
+        self.outcomes: dict[str, str] = {}
+        self.given: dict[int, set[str]] = {}  # worker key → fixtures sent to it
+        if self.fixtures and not loop.backend.local_leases:
+            loop.pool.once_values = self.values_for
 
     # ---- what the loop tells it -----------------------------------------------------------
 
@@ -132,6 +130,8 @@ class OnceFixtures:
             return
         for message in messages:
             if isinstance(message, protocol.OnceUp):
+                if message.result is not None:
+                    self.outcomes[once.name] = message.result
                 once.up(message)
             elif isinstance(message, protocol.OnceDown):
                 last = self._last_user(once)
@@ -159,6 +159,14 @@ class OnceFixtures:
                     worker.signal_group(signal.SIGKILL)
             once.gone()
             once.give_back()
+
+    def values_for(self, worker: WorkerHandle, attempts: list[Attempt]) -> dict[str, str] | None:
+        """On Ray: the outcomes of the once-fixtures a batch uses that its worker lacks."""
+        given = self.given.setdefault(worker.key, set())
+        names = {name for a in attempts for name in self.uses(a.job) if name in self.outcomes}
+        fresh = {name: self.outcomes[name] for name in sorted(names - given)}
+        given.update(fresh)
+        return fresh or None
 
     # ---- users -----------------------------------------------------------------------------
 

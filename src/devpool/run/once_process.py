@@ -31,7 +31,7 @@ from devpool.run.host_leases import host_env
 from devpool.run.leaks import Leaks
 from devpool.run.warm import device_env
 from devpool.worker import protocol
-from devpool.worker.once import ONCE_DIR_ENV, ONCE_ENV
+from devpool.worker.once import ONCE_DIR_ENV, ONCE_ENV, SHIP_ENV
 
 STOP_GRACE = 60.0  # seconds a teardown may take (unless its timeout says) before SIGKILL
 RETRY = 0.5  # seconds between tries of a lease another run holds
@@ -95,6 +95,28 @@ class OnceProcess:
             loop.scheduler.devices = tuple(d for d in loop.scheduler.devices if d not in taken)
             if len(self.devices) < request.device_count:
                 return False
+        local = loop.backend.local_leases  # on Ray, Ray places it: its node, devices, ports
+        if local and not self._leased(now):
+            return False
+        env = device_env(ctx, tuple(sorted(self.devices)))
+        if request.cpus:
+            env.update(ctx.threads.env(request.cpus))
+        env.update(host_env(self.lease) if self.lease is not None else {SHIP_ENV: "1"})
+        env[ONCE_ENV] = self.name
+        if modules:
+            env["DEVPOOL_COLLECT_ONLY"] = modules
+        worker = loop.backend.start(tuple(sorted(self.devices)), self.lease, env, request)
+        if self.lease is not None:
+            self.lease.set_job(self.label, worker.pid)
+        self.worker, self.state, self.since = worker, "starting", now
+        ctx.emit("once_start", fixture=self.name, devices=list(self.devices),
+                 ports=list(self.ports), worker_pid=worker.pid, log=str(worker.log))  # fmt: skip
+        return True
+
+    def _leased(self, now: float) -> bool:
+        """Its lease from the lock folder (its devices, ports, resources); False: other runs
+        hold part of it (what they do not hold goes back to the tests meanwhile)."""
+        loop, request, ctx = self.loop, self.fixture.request, self.loop.ctx
         settings = ctx.settings
         want = Want(ctx.inventory.platform.name, tuple(sorted(self.devices)),
                     ports=request.ports_needed, port_range=settings.ports,
@@ -114,18 +136,6 @@ class OnceProcess:
         for name, count in request.resources:  # named resources: the scheduler's less them
             if name in loop.scheduler.resources:
                 loop.scheduler.resources[name] -= count
-        env = device_env(ctx, tuple(sorted(self.devices)))
-        if request.cpus:
-            env.update(ctx.threads.env(request.cpus))
-        env.update(host_env(self.lease))
-        env[ONCE_ENV] = self.name
-        if modules:
-            env["DEVPOOL_COLLECT_ONLY"] = modules
-        worker = loop.backend.start(tuple(sorted(self.devices)), self.lease, env, request)
-        self.lease.set_job(self.label, worker.pid)
-        self.worker, self.state, self.since = worker, "starting", now
-        ctx.emit("once_start", fixture=self.name, devices=list(self.devices),
-                 ports=list(self.ports), worker_pid=worker.pid, log=str(worker.log))  # fmt: skip
         return True
 
     def late(self, now: float) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +99,8 @@ class WorkerPool:
         self.warm = Warm(ctx, backend, plan, self.modules_of_size)
         self.stdin_for_tests: str | None = None  # -s, one test at a time: the run's stdin
         self.leaks: Leaks | None = None  # the run's leak sweeps (run/leaks.py), set by the loop
+        # On Ray: the outcomes of a batch's once-fixtures its worker lacks (run/once.py's).
+        self.once_values: Callable[[Worker, list[Attempt]], dict[str, str] | None] = _none
 
     # ---- what is held ---------------------------------------------------------------------
 
@@ -159,6 +162,7 @@ class WorkerPool:
             # A failure whose text matches one of these may have poisoned the process (a
             # device context): the worker stops there and its batch goes back untouched.
             fatal=tuple(self.ctx.fatal.sources()) if slot.worker.devices else (),
+            once=self.once_values(slot.worker, attempts),
         )
         return slot.worker.send(message)
 
@@ -168,7 +172,8 @@ class WorkerPool:
         slot.streamed += 1
         stamp(attempts, slot.worker.lease)
         slot.sent += attempts
-        message = protocol.More(job=slot.head.id, seq=slot.streamed, tests=_tests(attempts))
+        once = self.once_values(slot.worker, attempts)
+        message = protocol.More(slot.head.id, slot.streamed, _tests(attempts), once)
         return slot.worker.send(message)
 
     def _start(
@@ -419,3 +424,8 @@ def _module_lists(
 
 def _tests(attempts: list[Attempt]) -> tuple[protocol.Test, ...]:
     return tuple(protocol.Test(a.nodeid, a.display, a.number) for a in attempts)
+
+
+def _none(_worker: Worker, _attempts: list[Attempt]) -> None:
+    """No once-fixture's outcome travels with a batch: workers read them from files."""
+    return None

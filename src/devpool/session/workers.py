@@ -119,8 +119,7 @@ def make_backend(
         make_run_folder(run_dir, settings)  # private before anything goes in it
         selected = worklist.write_selection(items.values(), run_dir / "collect")
         env[worklist.NODEIDS_ENV] = str(selected)
-    if settings.backend == "local":
-        env.update(once.worker_env(config, run_dir))  # [tool.devpool.once]
+    env.update(once.worker_env(config, run_dir))  # [tool.devpool.once]
     if settings.backend == "ray":
         from devpool.backends.ray.backend import RayBackend
 

@@ -12,10 +12,15 @@ test's closure drops the ones only it needed, and pytest_fixture_setup answers w
 value, cached as pytest caches one. A setup that raised gives each test the report plain
 pytest would show; a skip, the same skip. No file (not a once-fixture on this run's
 platform, or not started): the fixture runs here as an ordinary one.
+
+On Ray the workers' nodes do not share the controller's folder: the process of its own
+ships its outcome in its OnceUp (SHIP_ENV), and the controller sends it with each batch
+whose tests use it, once per worker (protocol.Run.once, OnceValues.given).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import inspect
 import json
@@ -35,6 +40,9 @@ from devpool.worker import protocol
 
 ONCE_ENV = "DEVPOOL_ONCE_SETUP"  # in a once-fixture's own process: the fixture's name
 ONCE_DIR_ENV = "DEVPOOL_ONCE_DIR"  # in every process of a run with once-fixtures
+# In a once-fixture's own process on Ray: its outcome travels in its OnceUp, not a file (the
+# controller hands it to each worker that runs a user, on whichever node, in its Run).
+SHIP_ENV = "DEVPOOL_ONCE_SHIP"
 
 
 def result_path(folder: Path, name: str) -> Path:
@@ -52,6 +60,11 @@ def deps_path(folder: Path, name: str) -> Path:
 def write_result(folder: Path, name: str, kind: str, payload: Any) -> None:
     """Write a once-fixture's outcome whole (a reader never sees half of it)."""
     _write_whole(result_path(folder, name), pickle.dumps((kind, payload)))
+
+
+def shipped(kind: str, payload: Any) -> str:
+    """A once-fixture's outcome as it travels (OnceUp.result, Run.once): its file's bytes."""
+    return base64.b64encode(pickle.dumps((kind, payload))).decode("ascii")
 
 
 def _write_whole(target: Path, data: bytes) -> None:
@@ -132,13 +145,23 @@ class OnceValues:
             found.append((name, self.deps[name]))
         return found
 
+    def given(self, values: Mapping[str, str]) -> None:
+        """On Ray: the outcomes of this batch's once-fixtures, shipped with it (Run.once)."""
+        for name, data in values.items():
+            self.results[name] = self._decoded(name, base64.b64decode(data))
+
     def _result(self, name: str) -> tuple[str, Any] | None:
-        if name in self.results:
-            return self.results[name]
+        if name in self.results or not self.folder.parts:  # no folder: what was shipped
+            return self.results.get(name)
         try:
-            kind, payload = pickle.loads(result_path(self.folder, name).read_bytes())
+            data = result_path(self.folder, name).read_bytes()
         except FileNotFoundError:
             return None
+        self.results[name] = self._decoded(name, data)
+        return self.results[name]
+
+    def _decoded(self, name: str, data: bytes) -> tuple[str, Any]:
+        kind, payload = pickle.loads(data)
         if kind == "value":
             try:
                 payload = pickle.loads(payload)
@@ -149,16 +172,15 @@ class OnceValues:
             hook = self.config.hook
             payload = hook.pytest_report_from_serializable(config=self.config, data=payload)
             payload = payload.longrepr
-        self.results[name] = (kind, payload)
-        return self.results[name]
+        return kind, payload
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         folder = os.environ.get(ONCE_DIR_ENV)
         info: Any = getattr(item, "_fixtureinfo", None)
-        if not folder or info is None:
+        if not (folder or self.results) or info is None:
             return  # no once-fixture in this run
-        self.folder = Path(folder)
+        self.folder = Path(folder or self.folder)
         definitions_of = info.name2fixturedefs
         used = [
             name
@@ -251,12 +273,14 @@ class OnceProcess:
                 reraise=(KeyboardInterrupt,),
             )
             kind, payload, text = self._outcome(item, _from_fixtures(call, session))
-        if recorder is not None:  # before the result: a user finds both
+        ship = shipped(kind, payload) if os.environ.get(SHIP_ENV) else None
+        if recorder is not None and ship is None:  # before the result: a user finds both
             deps = json.dumps(recorder.once_deps()).encode()
             _write_whole(deps_path(self.folder, self.name), deps)
-        write_result(self.folder, self.name, kind, payload)
+        if ship is None:
+            write_result(self.folder, self.name, kind, payload)
         seconds = round(time.monotonic() - started, 3)
-        worker.send(protocol.OnceUp(fixture=self.name, outcome=kind, seconds=seconds, text=text))
+        worker.send(protocol.OnceUp(self.name, kind, seconds, text, result=ship))
         commands = protocol.Commands(worker.fd_in)
         while (message := commands.next()) is not None and not isinstance(message, protocol.Stop):
             pass  # nothing but the stop is for it

@@ -156,6 +156,7 @@ class Run(Message):
     fresh_after_failure: bool = False
     fatal: tuple[str, ...] = ()
     stdin: str | None = None  # -s, one test at a time: the path of the run's stdin
+    once: dict[str, str] | None = None  # on Ray: its tests' once-fixtures, as OnceUp.result
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tests", _tests(list(self.tests)))
@@ -172,6 +173,7 @@ class More(Message):
     job: int
     seq: int
     tests: tuple[Test, ...]
+    once: dict[str, str] | None = None  # as Run's
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tests", _tests(list(self.tests)))
@@ -396,6 +398,7 @@ class OnceUp(Message):
     outcome: str
     seconds: float
     text: str = ""
+    result: str | None = None  # on Ray: its file's bytes (base64), for the other nodes
 
 
 @EVENTS
@@ -541,11 +544,9 @@ class Commands:
     def _read(self, timeout: float | None) -> None:
         if self._eof:
             return
-        ready, _, _ = select.select([self.fd], [], [], timeout)
-        if ready:
+        if select.select([self.fd], [], [], timeout)[0]:
             data = os.read(self.fd, 65536)
-            if not data:
-                self._eof = True
+            self._eof = not data
             self._queue.extend(self._reader.feed(data))
 
     def next(self) -> Message | None:
@@ -582,8 +583,7 @@ class Commands:
         """Remove and return the commands of one kind that arrived already (no waiting)."""
         self._read(0)
         taken = [m for m in self._queue if isinstance(m, kind)]
-        if taken:
-            self.drop(kind)
+        self.drop(kind)
         return taken
 
 

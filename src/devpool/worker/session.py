@@ -387,6 +387,9 @@ class WorkerSession:
         while (message := commands.next()) is not None:
             if isinstance(message, protocol.Stop):
                 break
+            if isinstance(message, (protocol.Run, protocol.More)) and message.once:
+                values: Any = self.config.pluginmanager.get_plugin("devpool-once")
+                values.given(message.once)  # on Ray: its tests' once-fixtures (worker/once.py)
             if isinstance(message, protocol.Run):
                 job, through, halted = message.job, 0, False
                 self.failed = False
