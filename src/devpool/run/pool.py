@@ -227,26 +227,13 @@ class WorkerPool:
         isolated = job.request.isolate or self.ctx.settings.isolation != "worker"
         if modules is not None and isolated:
             # A process that runs one job, or one module's jobs, imports that module alone.
-            modules = self._one_module(job) or modules
+            modules = _one_module(self.ctx, job) or modules
         env = device_env(self.ctx, devices)
         if job.request.cpus:
             env.update(self.ctx.threads.env(job.request.cpus))
         if modules is not None:
             env["DEVPOOL_COLLECT_ONLY"] = str(modules)
         return env
-
-    def _one_module(self, job: Job) -> Path | None:
-        """A collect list naming only the job's own module (None when it is not known)."""
-        item = self.ctx.items.get(job.nodeid)
-        if item is None:
-            return None
-        path = str(item.path)
-        name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()[:16]
-        target = self.ctx.run_dir / "collect" / f"module-{name}.txt"
-        if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(path + "\n", encoding="utf-8")
-        return target
 
     # ---- ending -----------------------------------------------------------------------------
 
@@ -420,6 +407,20 @@ def _module_lists(
         target.write_text("\n".join(sorted(paths)) + "\n", encoding="utf-8")
         by_size[size] = target
     return lists, by_size
+
+
+def _one_module(ctx: RunContext, job: Job) -> Path | None:
+    """A collect list naming only the job's own module (None when it is not known)."""
+    item = ctx.items.get(job.nodeid)
+    if item is None:
+        return None
+    path = str(item.path)
+    name = hashlib.sha1(path.encode(), usedforsecurity=False).hexdigest()[:16]
+    target = ctx.run_dir / "collect" / f"module-{name}.txt"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path + "\n", encoding="utf-8")
+    return target
 
 
 def _tests(attempts: list[Attempt]) -> tuple[protocol.Test, ...]:
