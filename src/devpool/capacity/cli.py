@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from devpool.errors import DevpoolError
-from devpool.wording import counted
 
 if TYPE_CHECKING:
     from devpool.history.place import HistorySpec
@@ -224,10 +223,9 @@ def _shard(args: argparse.Namespace) -> int:
 
 
 def _shard_one(args: argparse.Namespace, seen: Any, name: str, devices: int) -> int:
-    import json
     import shlex
 
-    from devpool.capacity import shards
+    from devpool.capacity import shard_render, shards
 
     default = _positive(str(args.default_estimate), "--default-estimate")
     budget = shards.parse_budget(args.budget) if args.budget is not None else None
@@ -235,9 +233,10 @@ def _shard_one(args: argparse.Namespace, seen: Any, name: str, devices: int) -> 
         raise DevpoolError(f"--runners must be 1 or more, got {args.runners}")
     estimates, _ = _estimates(args, name)
     # As a run does: tests whose platforms marker leaves this platform out are not sharded.
-    admitted = {name, seen.platforms[name].kind}
-    tests = [t for t in seen.tests if t.platforms is None or admitted & set(t.platforms)]
+    kind = seen.platforms[name].kind
+    tests = [t for t in seen.tests if t.platforms is None or {name, kind} & set(t.platforms)]
     capacity_bytes = shards.shard_capacity(seen.platforms[name], seen.memory_reserve)
+    setups = shards.once_setups(seen.once, name, kind, estimates, default)
     items = [
         shards.shard_item(
             t.nodeid,
@@ -245,6 +244,7 @@ def _shard_one(args: argparse.Namespace, seen: Any, name: str, devices: int) -> 
             estimates.get(t.nodeid, default),
             args.by_module,
             capacity=capacity_bytes,
+            once=t.once,
         )
         for t in tests
     ]
@@ -254,7 +254,7 @@ def _shard_one(args: argparse.Namespace, seen: Any, name: str, devices: int) -> 
     else:
         # Each runner pays the fixed costs of a run of its share of the suite: the estimate
         # is refined once from the shard count it gives.
-        count = shards.shards_for_budget(items, budget, devices)
+        count = shards.shards_for_budget(items, budget, devices, setups)
         fixed, _ = _fixed(args, name, devices, max(1, len(tests) // count))
         if fixed >= budget:
             raise DevpoolError(
@@ -263,11 +263,11 @@ def _shard_one(args: argparse.Namespace, seen: Any, name: str, devices: int) -> 
                 "fits; give a larger --budget"
             )
         if fixed:
-            count = shards.shards_for_budget(items, budget - fixed, devices)
+            count = shards.shards_for_budget(items, budget - fixed, devices, setups)
     fixed, _ = _fixed(args, name, devices, max(1, len(tests) // max(count, 1)))
-    whole = shards.split_suite([t.nodeid for t in tests], items, count)
+    whole = shards.split_suite([t.nodeid for t in tests], items, count, setups)
     split = [[by_id[nodeid] for nodeid in shard] for shard in whole.shards]
-    walls = [shards.wall_estimate(shard, devices) + fixed for shard in split]
+    walls = [shards.wall_estimate(shard, devices, setups) + fixed for shard in split]
     commands = [
         shlex.join(
             ["python", "-m", "pytest", f"--devpool-shard={k}/{count}"]
@@ -285,52 +285,12 @@ def _shard_one(args: argparse.Namespace, seen: Any, name: str, devices: int) -> 
             file=sys.stderr,
         )
     known = sum(1 for t in tests if t.nodeid in estimates)
-    if args.format == "json":
-        data = {
-            "schema": "devpool-shards/1",
-            "platform": name,
-            "shards": count,
-            "devices_per_runner": devices,
-            "budget_seconds": budget,
-            "by_module": args.by_module,
-            "estimates_from_history": known,
-            "estimates_at_default": len(tests) - known,
-            "default_estimate": default,
-            "fingerprint": whole.fingerprint,
-            "split": [
-                {
-                    "shard": f"{k}/{count}",
-                    "tests": [item.nodeid for item in shard],
-                    "device_seconds": round(sum(item.cost for item in shard), 3),
-                    "wall_seconds": round(wall, 3),
-                    "command": command,
-                }
-                for k, (shard, wall, command) in enumerate(
-                    zip(split, walls, commands, strict=True), 1
-                )
-            ],
-        }
-        print(json.dumps(data, indent=2, ensure_ascii=False))
-        return 0
-    over = f"; budget {budget:,.0f} s" if budget is not None else ""
-    print(
-        f"devpool shard: {counted(len(tests), 'test')} in {counted(count, 'shard')} on runners "
-        f"of {counted(devices, 'device')}"
-        f"{over}; estimates: {known} from history, {len(tests) - known} at {default:g} s"
-    )
-    print(
-        "device-s = devices x share x estimate (a device_memory test: declared / memory where "
-        "the platform's memory is set; a CPU test: its seconds); devpool capacity counts "
-        "whole devices"
-    )
-    print(f"  {'shard':>7}  {'tests':>6}  {'device-s':>10}  {'wall':>10}")
-    for k, (shard, wall) in enumerate(zip(split, walls, strict=True), 1):
-        cost = sum(item.cost for item in shard)
-        print(f"  {f'{k}/{count}':>7}  {len(shard):>6}  {cost:>10,.1f}  {wall:>10,.1f}")
-    print(f"split fingerprint {whole.fingerprint}: each shard's record carries its own")
-    print("commands:")
-    for command in commands:
-        print(f"  {command}")
+    suite = shard_render.ShardedSuite(
+        name, whole, split, walls, commands, setups, devices, budget, args.by_module, known,
+        default,
+    )  # fmt: skip
+    render = shard_render.render_json if args.format == "json" else shard_render.render_text
+    sys.stdout.write(render(suite))
     return 0
 
 

@@ -24,7 +24,7 @@ from devpool.history.quarantine import (
 )
 from devpool.plan import rules as path_rules
 from devpool.plan.markers import MARKERS, Request, request_for
-from devpool.plan.once import CODE, OnceFixture, code_place, declared, parse_once
+from devpool.plan.once import OnceFixture, marked_on, parse_once
 
 
 @dataclass
@@ -173,15 +173,9 @@ class _Collector:
 
     def _marked_once(self, item: pytest.Item, root: Path) -> None:
         """The once-fixtures @devpool.once marked that this test uses, with the table's."""
-        info: Any = getattr(item, "_fixtureinfo", None)
-        for name, definitions in getattr(info, "name2fixturedefs", {}).items():
-            request = declared(definitions[-1].func) if definitions else None
-            if request is None or any(f.name == name for f in self.seen.once):
-                continue
-            place = code_place(definitions[-1].func, root)
-            platforms = list(self.seen.platforms)
-            self.seen.once += parse_once({"once": {name: request}}, place, platforms,
-                                         self._resources(), CODE)  # fmt: skip
+        known = {fixture.name for fixture in self.seen.once}
+        platforms, resources = list(self.seen.platforms), self._resources()
+        self.seen.once += marked_on(item, known, root, platforms, resources)
 
     def _resources(self) -> dict[str, int]:
         """[tool.devpool.resources], so resources(name=k) markers read as a run reads them."""

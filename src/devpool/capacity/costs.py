@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from devpool.capacity.collect import CollectedTest
 from devpool.errors import DevpoolError
 from devpool.plan.markers import Request
-from devpool.plan.once import OnceFixture, history_id
+from devpool.plan.once import OnceFixture, history_id, setup_estimate
 
 DRIFT_FLOOR = 0.05  # seconds: a test this short both times is never listed as drifting
 DRIFT_SHOWN = 20  # drift rows shown in text and Markdown; JSON has them all
@@ -244,7 +244,8 @@ def once_rows(
     devices: int,
 ) -> list[OnceRow]:
     """A row per once-fixture that a test which runs uses. Without history its lease is held
-    for its setup (the default estimate) and for its users, run on the devices it leaves."""
+    for its setup (setup_estimate: the history's, else the default estimate) and for its
+    users, run on the devices it leaves."""
     rows = []
     for fixture in fixtures:
         if not fixture.runs_on(platform, kind):
@@ -256,7 +257,8 @@ def once_rows(
         known = estimates.get(history_id(fixture.name))
         held = known
         if held is None:
-            held = default_estimate + max(max(users), sum(users) / max(devices - count, 1))
+            setup = setup_estimate(fixture.name, estimates, default_estimate)
+            held = setup + max(max(users), sum(users) / max(devices - count, 1))
         rows.append(OnceRow(fixture.name, count, len(users), held, known is not None))
     return rows
 

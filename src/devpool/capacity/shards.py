@@ -8,10 +8,18 @@ side on one device, and a shard of them charged as whole-device tests would get 
 work while the shards of whole-device tests got too much. The capacity comes from the
 configuration only, never from a device query (NVML), so every runner, and a CI planner
 with no accelerator, computes the same costs.
-Tests with the same group stay in one shard; groups go, most costly first, to the shard
-with the least cost so far, ties broken by group name and then shard number, so every
-runner that computes the split from the same tests and the same history gets the same
-shards. (Shard membership follows the estimates: runners must share one history file.)
+A once-fixture ([tool.devpool.once]) is set up by every shard with a test that uses it
+(each CI job sets up its own), holding its devices meanwhile: such a shard pays
+max(device_count, 1) × its setup's estimate once (the history's setup seconds, else the
+default estimate), whatever the number of its users there.
+Tests with the same group stay in one shard; groups go, most costly first (ties by group
+name), to the shard whose cost after it is least, counting the setups it would be the
+first there to need, ties broken by fewer tests and then shard number, so every runner
+that computes the split from the same tests and the same history gets the same shards.
+(Shard membership follows the estimates: runners must share one history file.) The
+groups whose tests share once-fixtures go as one where that costs no more than every
+shard paying those setups: the users of a costly once-fixture gather rather than each
+shard paying for it (_units).
 
 The split is a pure function of the collected tests, their requests and a cost snapshot
 (the estimates of the history as it was before the run: a shard run writes its own
@@ -21,8 +29,9 @@ record, so `devpool shard verify` can prove afterwards that the shards of one CI
 split alike and ran every test exactly once (see shardcheck.py).
 
 The wall estimate of a shard on a runner with D devices is
-max(sum of its costs / D, its longest single test): the work spread perfectly over the
-runner's devices, but never shorter than the one test that cannot be split.
+max((sum of its costs + its setups) / D, its longest single test after the setups of its
+once-fixtures): the work spread perfectly over the runner's devices, but never shorter
+than the one test that cannot be split, which waits for its once-fixtures to be up.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from devpool.devices.memory import usable_memory
 from devpool.errors import DevpoolError
 from devpool.plan.jobs import DEFAULT_ESTIMATE
 from devpool.plan.markers import Request
+from devpool.plan.once import OnceFixture, setup_estimate
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,7 @@ class ShardItem:
     device_count: int
     estimate: float  # seconds
     share: float = 1.0  # of each device it holds: declared memory / capacity, else 1 (whole)
+    once: tuple[str, ...] = ()  # the once-fixtures it uses, sorted
 
     @property
     def cost(self) -> float:
@@ -62,6 +73,53 @@ class ShardItem:
     def key(self) -> str:
         """The group this item moves with: its group, or its own node id."""
         return self.group or self.nodeid
+
+
+@dataclass(frozen=True)
+class OnceSetup:
+    """A once-fixture as sharding sees it: each shard with a user of it sets it up once."""
+
+    name: str
+    device_count: int
+    seconds: float  # its setup's estimate
+
+    @property
+    def cost(self) -> float:
+        """Device-seconds of one setup: max(device_count, 1) × seconds."""
+        return max(self.device_count, 1) * self.seconds
+
+
+Setups = Mapping[str, OnceSetup]  # by fixture name
+NO_SETUPS: Setups = {}
+
+
+def once_setups(
+    fixtures: Iterable[OnceFixture],
+    platform: str,
+    kind: str,
+    estimates: Mapping[str, float],
+    default: float,
+) -> dict[str, OnceSetup]:
+    """The setups a shard may pay, by name: of the fixtures that run once on this platform
+    (elsewhere each is an ordinary fixture, in its tests' time), estimated as capacity does."""
+    return {
+        f.name: OnceSetup(
+            f.name, f.request.device_count, setup_estimate(f.name, estimates, default)
+        )
+        for f in fixtures
+        if f.runs_on(platform, kind)
+    }
+
+
+def paid(items: Iterable[ShardItem], setups: Setups) -> list[OnceSetup]:
+    """The setups a shard of these items pays: each once-fixture one of them uses, once."""
+    return [setups[name] for name in sorted({n for i in items for n in i.once if n in setups})]
+
+
+def shard_cost(items: Iterable[ShardItem], setups: Setups = NO_SETUPS) -> float:
+    """A shard's device-seconds: its tests' costs and the setups it pays."""
+    items = list(items)
+    return sum(item.cost for item in items) + sum(s.cost for s in paid(items, setups))
 
 
 def shard_capacity(platform: Platform, reserve: float) -> int | None:
@@ -78,27 +136,31 @@ def shard_item(
     estimate: float,
     by_module: bool = False,
     capacity: int | None = None,
+    once: Iterable[str] = (),
 ) -> ShardItem:
     """The one rule both `devpool shard` and `pytest --devpool-shard` use to make items.
 
     Group: the module path with by_module, else the test alone. A multi-node test counts
-    the devices of all its nodes. capacity: shard_capacity() of the platform.
+    the devices of all its nodes. capacity: shard_capacity() of the platform. once: the
+    once-fixtures the test uses.
     """
     group = nodeid.split("::", 1)[0] if by_module else nodeid
     devices = request.device_count * request.nodes
     share = 1.0
     if capacity and devices and request.device_memory is not None:
         share = min(request.device_memory / capacity, 1.0)
-    return ShardItem(nodeid, group, devices, estimate, share)
+    return ShardItem(nodeid, group, devices, estimate, share, tuple(sorted(set(once))))
 
 
-def wall_estimate(items: Iterable[ShardItem], devices: int) -> float:
-    """max(sum(cost) / devices, longest single estimate): a shard's time on one runner."""
-    total = longest = 0.0
+def wall_estimate(items: Iterable[ShardItem], devices: int, setups: Setups = NO_SETUPS) -> float:
+    """max(shard_cost / devices, longest single estimate after its once-fixtures' setups):
+    a shard's time on one runner."""
+    items = list(items)
+    longest = 0.0
     for item in items:
-        total += item.cost
-        longest = max(longest, item.estimate)
-    return max(total / max(devices, 1), longest)
+        ahead = max((setups[n].seconds for n in item.once if n in setups), default=0.0)
+        longest = max(longest, ahead + item.estimate)
+    return max(shard_cost(items, setups) / max(devices, 1), longest)
 
 
 def _groups(items: Sequence[ShardItem]) -> list[tuple[float, str, list[ShardItem]]]:
@@ -114,8 +176,11 @@ def _groups(items: Sequence[ShardItem]) -> list[tuple[float, str, list[ShardItem
     return groups
 
 
-def assign(items: Sequence[ShardItem], shards: int) -> list[list[ShardItem]]:
-    """LPT: each group, most costly first, to the least loaded shard; deterministic on ties.
+def assign(
+    items: Sequence[ShardItem], shards: int, setups: Setups = NO_SETUPS
+) -> list[list[ShardItem]]:
+    """LPT: each group, most costly first, to the shard whose load after it is least (with
+    the setups it would be the first there to need); deterministic on ties.
 
     A shard's items are sorted by node id, so a shuffled input gives the same shards.
     Equal loads go to the shard with fewer tests (spreads zero-cost tests), then the lower number.
@@ -123,21 +188,89 @@ def assign(items: Sequence[ShardItem], shards: int) -> list[list[ShardItem]]:
     if shards < 1:
         raise DevpoolError(f"cannot split a suite into {shards} shards: need at least 1")
     result: list[list[ShardItem]] = [[] for _ in range(shards)]
+    loads, counts = [0.0] * shards, [0] * shards
+    paying: list[set[str]] = [set() for _ in range(shards)]
+    # The least loaded shard, for a group with no once-fixture; an entry whose shard has
+    # taken a group since is stale (its count grew) and is dropped when it comes up.
     heap = [(0.0, 0, index) for index in range(shards)]
-    for cost, _key, members in _groups(items):
-        load, count, index = heapq.heappop(heap)
+    for cost, _key, members in _units(items, shards, setups):
+        used = paid(members, setups)
+        if used:
+            extra = [_new_setups(used, paying[i]) for i in range(shards)]
+            index = min(range(shards), key=lambda i: (loads[i] + extra[i], counts[i], i))
+        else:
+            while heap[0][:2] != (loads[heap[0][2]], counts[heap[0][2]]):
+                heapq.heappop(heap)
+            index = heap[0][2]
         result[index].extend(members)
-        heapq.heappush(heap, (load + cost, count + len(members), index))
+        loads[index] += cost + _new_setups(used, paying[index])
+        counts[index] += len(members)
+        paying[index].update(setup.name for setup in used)
+        heapq.heappush(heap, (loads[index], counts[index], index))
     for shard in result:
         shard.sort(key=lambda i: i.nodeid)
     return result
 
 
-def shards_for_budget(items: Sequence[ShardItem], budget_s: float, devices_per_runner: int) -> int:
+def _units(
+    items: Sequence[ShardItem], shards: int, setups: Setups
+) -> list[tuple[float, str, list[ShardItem]]]:
+    """What assign places, in LPT order: the groups, but the groups linked by the
+    once-fixtures they use go as one where that costs no more, with those setups, than a
+    shard's share of the suite if every shard paid them (where the rule alone would spread
+    them and each shard pay). Ordered by cost with the setups a unit needs, ties by key."""
+    groups = _groups(items)
+    if not paid(items, setups):
+        return groups  # the plain LPT order, so splits without once-fixtures stay as they were
+    linked = list(range(len(groups)))  # union-find over groups, through their once-fixtures
+
+    def root(index: int) -> int:
+        while linked[index] != index:
+            index = linked[index]
+        return index
+
+    first: dict[str, int] = {}
+    for index, (_cost, _key, members) in enumerate(groups):
+        for setup in paid(members, setups):
+            other = first.setdefault(setup.name, index)
+            linked[root(index)] = root(other)
+    total = shard_cost(items, setups)
+    units: dict[int, tuple[float, str, list[ShardItem]]] = {}
+    for index, (cost, key, members) in enumerate(groups):
+        top = root(index)
+        found = units.get(top)
+        units[top] = (
+            (cost, key, members)
+            if found is None
+            else (found[0] + cost, min(found[1], key), found[2] + members)
+        )
+    placed: list[tuple[float, str, list[ShardItem]]] = []
+    for top, (cost, key, members) in sorted(units.items()):
+        together = shard_cost(members, setups)
+        spread = (total + (shards - 1) * (together - cost)) / shards  # each shard pays its setups
+        if together <= spread:
+            placed.append((cost, key, sorted(members, key=lambda i: i.nodeid)))
+        else:
+            placed += [group for index, group in enumerate(groups) if root(index) == top]
+    placed.sort(key=lambda unit: (-shard_cost(unit[2], setups), unit[1]))
+    return placed
+
+
+def _new_setups(used: Sequence[OnceSetup], paying: Collection[str]) -> float:
+    """Device-seconds of the setups among `used` that a shard paying for `paying` lacks."""
+    return sum(setup.cost for setup in used if setup.name not in paying)
+
+
+def shards_for_budget(
+    items: Sequence[ShardItem],
+    budget_s: float,
+    devices_per_runner: int,
+    setups: Setups = NO_SETUPS,
+) -> int:
     """The fewest shards whose slowest wall estimate fits the budget; error if a group cannot."""
     groups = _groups(items)
     for _cost, key, members in groups:
-        alone = wall_estimate(members, devices_per_runner)
+        alone = wall_estimate(members, devices_per_runner, setups)
         if alone > budget_s:
             raise DevpoolError(
                 f"{key} needs {alone:,.0f} s alone on {devices_per_runner} devices; "
@@ -145,14 +278,17 @@ def shards_for_budget(items: Sequence[ShardItem], budget_s: float, devices_per_r
             )
     if not groups:
         return 1
-    total = sum(cost for cost, _, _ in groups)
+    total = shard_cost(items, setups)  # every setup paid once at least
     shards = max(1, math.ceil(total / devices_per_runner / budget_s))
-    # Each group fits alone, so one shard per group always fits: the loop ends.
-    while True:
-        split = assign(items, shards)
-        if max(wall_estimate(s, devices_per_runner) for s in split) <= budget_s:
+    # Each group fits alone, and with a shard per group each gets one of its own (an empty
+    # shard is never costlier to join), unless users of a once-fixture go together (_units):
+    # should that not fit, a shard per group is the answer, its slowest near the budget.
+    while shards < len(groups):
+        split = assign(items, shards, setups)
+        if max(wall_estimate(s, devices_per_runner, setups) for s in split) <= budget_s:
             return shards
         shards += 1
+    return shards
 
 
 _SHARD_RE = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
@@ -199,7 +335,8 @@ class Split:
 
     shards: tuple[tuple[str, ...], ...]  # node ids of shard 1..n, each sorted
     fingerprint: str  # every test id → shard number, and the cost snapshot
-    costs: str  # the cost snapshot alone: each test's group, devices and estimate
+    costs: str  # the cost snapshot alone: each test's group, devices, estimate, once-fixtures
+    # and the setups of those
 
     def members(self, k: int) -> set[str]:
         """The node ids of shard k (1-based)."""
@@ -211,7 +348,12 @@ def _digest(data: object) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def split_suite(nodeids_in_order: Sequence[str], items: Sequence[ShardItem], n: int) -> Split:
+def split_suite(
+    nodeids_in_order: Sequence[str],
+    items: Sequence[ShardItem],
+    n: int,
+    setups: Setups = NO_SETUPS,
+) -> Split:
     """The split of the tests collected in this session into n shards, with fingerprints.
 
     Items of tests not collected are left out before splitting; a collected test with no
@@ -225,24 +367,35 @@ def split_suite(nodeids_in_order: Sequence[str], items: Sequence[ShardItem], n: 
         for nodeid in dict.fromkeys(nodeids_in_order)
         if nodeid not in known
     ]
-    shards = tuple(tuple(item.nodeid for item in shard) for shard in assign(chosen, n))
+    shards = tuple(tuple(item.nodeid for item in shard) for shard in assign(chosen, n, setups))
     # repr() of a float is exact and stable: equal snapshots hash alike on every runner.
-    costs = _digest(sorted(_cost_key(i) for i in chosen))
+    tests = sorted(_cost_key(i, setups) for i in chosen)
+    used = [(s.name, s.device_count, repr(s.seconds)) for s in paid(chosen, setups)]
+    costs = _digest({"tests": tests, "once": used} if used else tests)
     assignment = sorted((nodeid, k) for k, shard in enumerate(shards, 1) for nodeid in shard)
     return Split(shards, _digest({"shards": n, "tests": assignment, "costs": costs}), costs)
 
 
-def _cost_key(item: ShardItem) -> tuple[str | int, ...]:
-    # A whole-device item hashes as before shares existed: old fingerprints stay valid.
+def _cost_key(item: ShardItem, setups: Setups) -> tuple[str | int, ...]:
+    # A whole-device item hashes as before shares existed, one that uses no once-fixture as
+    # before those were counted: old fingerprints stay valid.
     key: tuple[str | int, ...] = (item.nodeid, item.group, item.device_count, repr(item.estimate))
-    return key if item.share == 1.0 else (*key, repr(item.share))
+    key = key if item.share == 1.0 else (*key, repr(item.share))
+    once = tuple(name for name in item.once if name in setups)
+    return (*key, "once", *once) if once else key
 
 
-def select(nodeids_in_order: Sequence[str], items: Sequence[ShardItem], k: int, n: int) -> set[str]:
+def select(
+    nodeids_in_order: Sequence[str],
+    items: Sequence[ShardItem],
+    k: int,
+    n: int,
+    setups: Setups = NO_SETUPS,
+) -> set[str]:
     """The node ids of shard k (1-based) of n, among the tests collected in this session."""
     if not 1 <= k <= n:
         raise DevpoolError(f"--devpool-shard '{k}/{n}' is out of range: K must be 1..{n}")
-    return split_suite(nodeids_in_order, items, n).members(k)
+    return split_suite(nodeids_in_order, items, n, setups).members(k)
 
 
 class SplitStamp:

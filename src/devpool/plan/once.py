@@ -96,6 +96,18 @@ def history_id(name: str) -> str:
     return f"[once] {name}"
 
 
+def setup_history_id(name: str) -> str:
+    """A once-fixture's setup in the duration history: the seconds its setup took (a shard
+    with a user of it pays that much; no test has this id)."""
+    return f"[once setup] {name}"
+
+
+def setup_estimate(name: str, estimates: Mapping[str, float], default: float) -> float:
+    """The seconds a once-fixture's setup takes: the history's, else the default estimate
+    (as for a test never run)."""
+    return estimates.get(setup_history_id(name), default)
+
+
 @dataclass(frozen=True)
 class OnceFixture:
     """One fixture of [tool.devpool.once]: its name and what its process asks for."""
@@ -155,6 +167,26 @@ def parse_once(
         written = "{ " + ", ".join(f"{k} = {v!r}" for k, v in value.items()) + " }"
         fixtures.append(OnceFixture(str(name), request, written if value else "{}", source))
     return tuple(fixtures)
+
+
+def marked_on(
+    item: pytest.Item,
+    known: Collection[str],
+    root: Path,
+    platforms: Collection[str],
+    resources: Mapping[str, int],
+) -> tuple[OnceFixture, ...]:
+    """The fixtures @devpool.once marked that a collected test uses, those `known` names
+    left out, their requests parsed; DevpoolError names the fixture at fault."""
+    info: Any = getattr(item, "_fixtureinfo", None)
+    found: tuple[OnceFixture, ...] = ()
+    for name, definitions in getattr(info, "name2fixturedefs", {}).items():
+        request = declared(definitions[-1].func) if definitions else None
+        if request is None or name in known:
+            continue
+        place = code_place(definitions[-1].func, root)
+        found += parse_once({"once": {name: request}}, place, platforms, resources, CODE)
+    return found
 
 
 def fixture_error(

@@ -23,7 +23,7 @@ from devpool.backends import Backend, WorkerHandle
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import Blockers, Want
 from devpool.history.durations import TestResult, runner_class
-from devpool.plan.once import PLUGIN, OnceFixture, history_id
+from devpool.plan.once import PLUGIN, OnceFixture, history_id, setup_history_id
 from devpool.plan.scheduler import Scheduler
 from devpool.run.attempts import Attempt
 from devpool.run.context import RunContext
@@ -158,6 +158,9 @@ class OnceProcess:
         self.loop.ctx.emit("once_setup", fixture=self.name, outcome=event.outcome,
                            seconds=event.seconds, devices=list(self.devices),
                            ports=list(self.ports), text=event.text)  # fmt: skip
+        if event.outcome != "skip":  # what a shard with a user of it pays (capacity/shards.py)
+            outcome = "passed" if event.outcome == "value" else "failed"
+            self._in_history(setup_history_id(self.name), outcome, event.seconds)
 
     def down(self, event: protocol.OnceDown, last: Attempt | None) -> None:
         told = f"torn down in {event.seconds:.2f}s on {self.where()}"
@@ -175,11 +178,14 @@ class OnceProcess:
         of its lease, history_id); not for a skipped setup, as for a skipped test."""
         if self.outcome == "skip":
             return
-        ctx, platform = self.loop.ctx, self.loop.ctx.inventory.platform.name
         outcome = "passed" if self.outcome == "value" and not error else "failed"
-        held = round(time.monotonic() - self.since, 4)
+        self._in_history(history_id(self.name), outcome, time.monotonic() - self.since)
+
+    def _in_history(self, nodeid: str, outcome: str, seconds: float) -> None:
+        """One of its figures into the duration history, as a test's result."""
+        ctx, platform = self.loop.ctx, self.loop.ctx.inventory.platform.name
         pool = runner_class(platform, len(ctx.inventory.devices))
-        ctx.results.append(TestResult(history_id(self.name), outcome, held, platform,
+        ctx.results.append(TestResult(nodeid, outcome, round(seconds, 4), platform,
                                       self.fixture.request.device_count, pool, time.time(),
                                       ctx.run_id))  # fmt: skip
 
