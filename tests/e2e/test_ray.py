@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -861,3 +862,91 @@ def test_a_once_fixture_runs_once_on_a_node_that_holds_its_request(
     assert [e for e in events if e["type"] == "once_teardown"]
     assert "ONCE server set up in" in text and "ONCE server torn down in" in text
     assert "ordinary ones" not in text, text
+
+
+ONCE_KILLED = """
+import os, signal, time
+from pathlib import Path
+
+import pytest
+
+RECORD = Path({record!r})
+
+
+@pytest.fixture(scope="session")
+def server():
+    yield os.getpid()
+
+
+def test_a_kill(server):
+    os.kill(server, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while "once_lost" not in RECORD.read_text():
+        assert time.monotonic() < deadline, "the run never saw its once-fixture lost"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_b_after(server, i):
+    pass
+
+
+def test_c_other():
+    pass
+"""
+
+ONCE_FAILING = """
+import pytest
+
+
+@pytest.fixture(scope="session")
+def server():
+    raise RuntimeError("no server today")
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_uses(server, i):
+    pass
+
+
+def test_other():
+    pass
+"""
+
+
+def test_a_once_fixture_on_ray_that_dies_or_fails_ends_its_users_as_on_a_host(
+    pytester: pytest.Pytester, cluster: Cluster
+) -> None:
+    """A once-process SIGKILLed mid-run: its remaining users end infra, naming it, the
+    others pass. A setup that raises: the outcomes equal plain pytest's."""
+    once = "[tool.devpool.once]\nserver = { device_count = 1 }\n"
+    pytester.makepyprojecttoml(PYPROJECT + once)
+    record = pytester.path / "killed.jsonl"
+    pytester.makepyfile(test_killed=ONCE_KILLED.format(record=str(record)))
+    args = ("-p", "no:randomly", "--devpool-max-parallel=1", "-rA")
+    result = run_ray(pytester, cluster, record, *args, "test_killed.py")
+    text = result.stdout.str()
+    assert "2 passed, 3 infra" in text, text
+    for i in range(3):
+        assert f"INFRA test_killed.py::test_b_after[{i}] - once-fixture server's process" in text
+
+    pytester.makepyfile(test_failing=ONCE_FAILING)
+    junit = {"plain": pytester.path / "plain.xml", "ray": pytester.path / "ray.xml"}
+    pytester.runpytest_subprocess(
+        "-p", "no:devpool", "-p", "no:randomly", f"--junitxml={junit['plain']}",
+        "test_failing.py", timeout=120,
+    )  # fmt: skip
+    run_ray(pytester, cluster, pytester.path / "failing.jsonl", *args,
+            f"--junitxml={junit['ray']}", "test_failing.py")  # fmt: skip
+
+    def cases(path: Path) -> dict[str, tuple[str, str]]:
+        found = {}
+        for case in ET.parse(path).iter("testcase"):
+            kinds = [c for c in case if c.tag in ("failure", "error", "skipped")]
+            message = "".join(str(c.get("message", "")) for c in kinds)
+            found[str(case.get("name"))] = (",".join(c.tag for c in kinds) or "passed", message)
+        return found
+
+    plain = cases(junit["plain"])
+    assert plain["test_uses[0]"][0] == "error" and plain["test_other"][0] == "passed"
+    assert cases(junit["ray"]) == plain

@@ -37,17 +37,9 @@ from devpool.worker.terminal import Terminal, read_stdin_from
 
 # Options that select or stop tests belong to the controller alone: the worker must be
 # able to run any node id it is sent, and never stop itself on a failure.
-_CONTROLLER_ONLY = {
-    "keyword": "",
-    "markexpr": "",
-    "lf": False,
-    "failedfirst": False,
-    "newfirst": False,
-    "stepwise": False,
-    "stepwise_skip": False,
-    "maxfail": 0,
-    "deselect": [],
-}
+_CONTROLLER_ONLY = {"keyword": "", "markexpr": "", "lf": False, "failedfirst": False,
+                    "newfirst": False, "stepwise": False, "stepwise_skip": False,
+                    "maxfail": 0, "deselect": []}  # fmt: skip
 
 
 def _die_with_parent(name: bytes) -> None:
@@ -387,9 +379,8 @@ class WorkerSession:
         while (message := commands.next()) is not None:
             if isinstance(message, protocol.Stop):
                 break
-            if isinstance(message, (protocol.Run, protocol.More)) and message.once:
-                values: Any = self.config.pluginmanager.get_plugin("devpool-once")
-                values.given(message.once)  # on Ray: its tests' once-fixtures (worker/once.py)
+            if isinstance(message, (protocol.Run, protocol.More)):
+                self._given(message)
             if isinstance(message, protocol.Run):
                 job, through, halted = message.job, 0, False
                 self.failed = False
@@ -428,6 +419,7 @@ class WorkerSession:
                         if more.job == job:
                             through = max(through, more.seq)
                             tests += more.tests
+                            self._given(more)
             skipped = [test.nodeid for test in tests]
             self.send(protocol.Done(job=message.job, skipped=skipped, through=through))
             commands.drop(protocol.Cancel)
@@ -472,6 +464,12 @@ class WorkerSession:
         item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         sys.stdout.flush()
         sys.stderr.flush()
+
+    def _given(self, batch: protocol.Run | protocol.More) -> None:
+        """On Ray: the outcomes of the batch's once-fixtures, before its tests (worker/once.py)."""
+        if batch.once:
+            values: Any = self.config.pluginmanager.get_plugin("devpool-once")
+            values.given(batch.once)
 
     def _by_place(self, items: dict[str, pytest.Item], nodeid: str) -> pytest.Item | None:
         """The item at the controller's item's place, when their parametrize ids differ (ids
