@@ -42,6 +42,13 @@ _CONTROLLER_ONLY = {"keyword": "", "markexpr": "", "lf": False, "failedfirst": F
                     "maxfail": 0, "deselect": []}  # fmt: skip
 
 
+def _given(config: pytest.Config, batch: protocol.Run | protocol.More) -> None:
+    """On Ray: the outcomes of the batch's once-fixtures, before its tests (worker/once.py)."""
+    if batch.once:
+        values: Any = config.pluginmanager.get_plugin("devpool-once")
+        values.given(batch.once)
+
+
 def _die_with_parent(name: bytes) -> None:
     """Ask Linux to SIGKILL this worker when the controller dies, so no orphan keeps a device;
     and name it (ps -o comm, /proc/PID/comm): a template forked from the controller keeps
@@ -380,7 +387,7 @@ class WorkerSession:
             if isinstance(message, protocol.Stop):
                 break
             if isinstance(message, (protocol.Run, protocol.More)):
-                self._given(message)
+                _given(self.config, message)
             if isinstance(message, protocol.Run):
                 job, through, halted = message.job, 0, False
                 self.failed = False
@@ -419,7 +426,7 @@ class WorkerSession:
                         if more.job == job:
                             through = max(through, more.seq)
                             tests += more.tests
-                            self._given(more)
+                            _given(self.config, more)
             skipped = [test.nodeid for test in tests]
             self.send(protocol.Done(job=message.job, skipped=skipped, through=through))
             commands.drop(protocol.Cancel)
@@ -464,12 +471,6 @@ class WorkerSession:
         item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         sys.stdout.flush()
         sys.stderr.flush()
-
-    def _given(self, batch: protocol.Run | protocol.More) -> None:
-        """On Ray: the outcomes of the batch's once-fixtures, before its tests (worker/once.py)."""
-        if batch.once:
-            values: Any = self.config.pluginmanager.get_plugin("devpool-once")
-            values.given(batch.once)
 
     def _by_place(self, items: dict[str, pytest.Item], nodeid: str) -> pytest.Item | None:
         """The item at the controller's item's place, when their parametrize ids differ (ids
