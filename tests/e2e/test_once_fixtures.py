@@ -31,7 +31,8 @@ OUT = Path({out!r})
 
 
 def note(key, **data):
-    data.update(pid=os.getpid(), devices=os.environ.get("DEVPOOL_DEVICES"), at=time.time())
+    data.update(pid=os.getpid(), devices=os.environ.get("DEVPOOL_DEVICES"), at=time.time(),
+                parent=os.getppid())
     with open(OUT / (key + ".jsonl"), "a") as handle:
         handle.write(json.dumps(data) + "\\n")
 
@@ -71,7 +72,8 @@ def test_uses(server, i):
     time.sleep(0.1)
     with socket.create_connection(("127.0.0.1", server["port"]), timeout=10) as conn:
         said = conn.recv(5)
-    record(f"{{__name__}}-{{i}}", server=server, said=said.decode(), end=time.time())
+    record(f"{{__name__}}-{{i}}", server=server, said=said.decode(), end=time.time(),
+           parent=os.getppid())
 """
 
 
@@ -117,6 +119,8 @@ def test_a_server_fixture_is_set_up_once_on_a_device_and_port_of_its_own(
     assert len(seen) == 12
     workers = {r["pid"] for r in seen.values()}
     assert len(workers) > 1 and setup["pid"] not in workers  # several workers, none its own
+    # Forked from the template of its users' kind, as their workers are: not a fresh start.
+    assert setup["parent"] in {r["parent"] for r in seen.values()}
     for test in seen.values():
         assert test["said"] == "hello" and test["server"]["server"] == setup["server"]
         assert test["server"]["base"] == "base"

@@ -109,7 +109,7 @@ class OnceFixtures:
         waiting = {name for job in self.held for name in self.uses(job)}
         for once in self.fixtures.values():
             if once.state == "waiting" and once.name in waiting and now >= once.next_try:
-                once.start(now, self._modules(once))
+                once.start(now, *self._first_user(once))
             if once.worker is not None and once.worker.poll() is not None:
                 self.feed(once.worker, self.loop.backend.drain(once.worker), True)
             if once.late(now) and once.worker is not None:
@@ -170,16 +170,17 @@ class OnceFixtures:
 
     # ---- users -----------------------------------------------------------------------------
 
-    def _modules(self, once: OnceProcess) -> str:
-        """A list naming one test module that uses it: its process collects that alone."""
+    def _first_user(self, once: OnceProcess) -> tuple[str, Job | None]:
+        """A held user of it, and a list naming its module: its process is forked from the
+        template of that user's kind, or, fresh, collects that module alone."""
         for job in self.held:
             item = self.ctx.items.get(job.nodeid) if once.name in self.uses(job) else None
             if item is not None:
                 self.folder.mkdir(parents=True, exist_ok=True)
                 target = self.folder / f"{once.name}.modules"
                 target.write_text(f"{item.path}\n", encoding="utf-8")
-                return str(target)
-        return ""
+                return str(target), job
+        return "", None
 
     def _release(self) -> None:
         """Held jobs whose fixtures are all up go to the scheduler; those of a lost one end."""

@@ -23,6 +23,7 @@ from devpool.backends import Backend, WorkerHandle
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import Blockers, Want
 from devpool.history.durations import TestResult, runner_class
+from devpool.plan.jobs import Job
 from devpool.plan.once import PLUGIN, OnceFixture, history_id, setup_history_id
 from devpool.plan.scheduler import Scheduler
 from devpool.run.attempts import Attempt
@@ -79,9 +80,10 @@ class OnceProcess:
     def name(self) -> str:
         return self.fixture.name
 
-    def start(self, now: float, modules: str) -> bool:
-        """Set devices aside, take its lease, start its process; False: not yet (devices
-        busy, or held by other runs), or lost (its lease wait ran out)."""
+    def start(self, now: float, modules: str, user: Job | None = None) -> bool:
+        """Set devices aside, take its lease, start its process (on this host, forked from
+        the template of its user's kind, as that user's worker would be); False: not yet
+        (devices busy, or held by other runs), or lost (its lease wait ran out)."""
         loop, request, ctx = self.loop, self.fixture.request, self.loop.ctx
         missing = request.device_count - len(self.devices)
         if missing > 0:
@@ -105,7 +107,9 @@ class OnceProcess:
         env[ONCE_ENV] = self.name
         if modules:
             env["DEVPOOL_COLLECT_ONLY"] = modules
-        worker = loop.backend.start(tuple(sorted(self.devices)), self.lease, env, request)
+        devices = tuple(sorted(self.devices))
+        worker = loop.pool.fork(devices, self.lease, env, user) if local and user else None
+        worker = worker or loop.backend.start(devices, self.lease, env, request)
         if self.lease is not None:
             self.lease.set_job(self.label, worker.pid)
         self.worker, self.state, self.since = worker, "starting", now

@@ -180,7 +180,7 @@ class WorkerPool:
         self, devices: tuple[int, ...], lease: Lease | None, env: dict[str, str], job: Job
     ) -> Worker:
         """A worker forked from its kind's template, else a fresh interpreter."""
-        worker = self._fork(devices, lease, env, job)
+        worker = self.fork(devices, lease, env, job)
         if worker is None:
             worker = self.backend.start(devices, lease, env, job.request)
         return worker
@@ -197,7 +197,7 @@ class WorkerPool:
             workers.append(self._start(devices, lease, {**env, **own}, job))
         return self.backend.group(workers, job.shape, self.ctx.settings.rank_straggle)
 
-    def _fork(
+    def fork(
         self, devices: tuple[int, ...], lease: Lease | None, env: dict[str, str], job: Job
     ) -> Worker | None:
         """A worker forked from the warm template of its kind (started now if it was not);

@@ -250,6 +250,11 @@ class OnceProcess:
         self.name = name
         self.folder = folder
 
+    @classmethod
+    def forked(cls, config: pytest.Config) -> OnceProcess:
+        """In a child a template forked to set a once-fixture up (its environment names it)."""
+        return cls(config, os.environ[ONCE_ENV], Path(os.environ[ONCE_DIR_ENV]))
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         worker: Any = self.config.pluginmanager.get_plugin("devpool-worker")

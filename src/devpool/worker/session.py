@@ -33,6 +33,7 @@ from devpool.worker import (
 )
 from devpool.worker import template as forkserver
 from devpool.worker.held import HeldFile, held_file
+from devpool.worker.once import ONCE_ENV, OnceProcess
 from devpool.worker.terminal import Terminal, read_stdin_from
 
 # Options that select or stop tests belong to the controller alone: the worker must be
@@ -369,6 +370,8 @@ class WorkerSession:
                 self._no_summary()
                 return True  # the template's work is done
             self._become(session, fork)
+            if os.environ.get(ONCE_ENV):  # a once-fixture's own process (run/once_process.py)
+                return OnceProcess.forked(self.config).pytest_runtestloop(session)
         items = {item.nodeid: item for item in session.items}
         order = {item.nodeid: index for index, item in enumerate(session.items)}
         self.known = set(sys.modules)
