@@ -12,7 +12,6 @@ from test_capacity import collected
 
 from devpool.capacity.costs import report
 from devpool.capacity.shards import (
-    NO_SETUPS,
     OnceSetup,
     ShardItem,
     assign,
@@ -103,6 +102,17 @@ def test_a_fixture_the_whole_suite_uses_is_paid_where_the_work_needs_it() -> Non
     assert max(costs) - min(costs) <= 0.10 * max(costs)
 
 
+def test_a_cheap_fixture_every_test_uses_does_not_keep_a_costly_ones_users_apart() -> None:
+    # Every test also uses a cheap fixture: it is paid by every shard, and it does not tie
+    # the costly fixture's users to all the rest (which would spread them again).
+    setups = {**SERVER, "config": OnceSetup("config", 0, 0.5)}
+    items = [ShardItem(i.nodeid, "", 1, i.estimate, once=("config",)) for i in others()]
+    items += [user(f"u{i}", once=("config", "server")) for i in range(4)]
+    split = assign(items, 4, setups)
+    assert sum(bool({"server"} & {s.name for s in paid(shard, setups)}) for shard in split) == 1
+    assert all("config" in {s.name for s in paid(shard, setups)} for shard in split)
+
+
 def test_a_group_that_uses_it_brings_its_setup_where_it_goes() -> None:
     # Two shards loaded 60 and 50: a user goes to the one already paying, when that one is
     # lighter with the setup counted than the other with its new setup.
@@ -155,7 +165,7 @@ def suites(draw: st.DrawFn) -> list[ShardItem]:
             f"t{i:02d}",
             draw(st.sampled_from(["", "", "g1", "g2", "g3"])),
             draw(st.sampled_from([0, 1, 2, 4])),
-            draw(st.sampled_from([0.0, 0.5, 1.0, 3.0, 20.0])),
+            draw(st.sampled_from([0.0, 0.1, 0.5, 0.7, 1.0, 1 / 3, 3.0, 20.0])),
             once=tuple(sorted(draw(st.sets(st.sampled_from(["a", "b", "c", "x"]), max_size=2)))),
         )
         for i in range(count)
@@ -186,4 +196,10 @@ def test_any_suite_splits_alike_shuffled_and_each_shard_pays_its_own_setups(
         assert shard_cost(members, SETUPS) == pytest.approx(
             tests + sum(SETUPS[n].cost for n in used)
         )
-        assert wall_estimate(members, 4, SETUPS) >= wall_estimate(members, 4, NO_SETUPS)
+    # The shards pay each setup at least once, and never more than every group paying its own.
+    paid_in_all = sum(shard_cost([by_id[n] for n in shard], SETUPS) for shard in first.shards)
+    groups: dict[str, list[ShardItem]] = {}
+    for item in items:
+        groups.setdefault(item.key, []).append(item)
+    each_group_pays = sum(shard_cost(members, SETUPS) for members in groups.values())
+    assert shard_cost(items, SETUPS) - 1e-6 <= paid_in_all <= each_group_pays + 1e-6

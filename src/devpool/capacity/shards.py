@@ -119,7 +119,8 @@ def paid(items: Iterable[ShardItem], setups: Setups) -> list[OnceSetup]:
 def shard_cost(items: Iterable[ShardItem], setups: Setups = NO_SETUPS) -> float:
     """A shard's device-seconds: its tests' costs and the setups it pays."""
     items = list(items)
-    return sum(item.cost for item in items) + sum(s.cost for s in paid(items, setups))
+    # fsum: exact whatever the order, so runners that collected in another order agree.
+    return math.fsum(item.cost for item in items) + math.fsum(s.cost for s in paid(items, setups))
 
 
 def shard_capacity(platform: Platform, reserve: float) -> int | None:
@@ -169,7 +170,7 @@ def _groups(items: Sequence[ShardItem]) -> list[tuple[float, str, list[ShardItem
     for item in items:
         by_key.setdefault(item.key, []).append(item)
     groups = [
-        (sum(i.cost for i in members), key, sorted(members, key=lambda i: i.nodeid))
+        (math.fsum(i.cost for i in members), key, sorted(members, key=lambda i: i.nodeid))
         for key, members in by_key.items()
     ]
     groups.sort(key=lambda g: (-g[0], g[1]))
@@ -215,10 +216,12 @@ def assign(
 def _units(
     items: Sequence[ShardItem], shards: int, setups: Setups
 ) -> list[tuple[float, str, list[ShardItem]]]:
-    """What assign places, in LPT order: the groups, but the groups linked by the
-    once-fixtures they use go as one where that costs no more, with those setups, than a
-    shard's share of the suite if every shard paid them (where the rule alone would spread
-    them and each shard pay). Ordered by cost with the setups a unit needs, ties by key."""
+    """What assign places, in LPT order: the groups, but the users of a once-fixture go as
+    one where that costs no more, with the setups they need, than a shard's share of the
+    suite if every shard paid them (where the rule alone would spread them and each shard
+    pay). Fixtures are taken costliest setup first, each on its own: a cheap one most tests
+    use does not tie the users of a costly one to everything else. Ordered by cost with the
+    setups a unit needs, ties by key."""
     groups = _groups(items)
     if not paid(items, setups):
         return groups  # the plain LPT order, so splits without once-fixtures stay as they were
@@ -229,12 +232,19 @@ def _units(
             index = linked[index]
         return index
 
-    first: dict[str, int] = {}
+    users: dict[str, list[int]] = {}
     for index, (_cost, _key, members) in enumerate(groups):
         for setup in paid(members, setups):
-            other = first.setdefault(setup.name, index)
-            linked[root(index)] = root(other)
+            users.setdefault(setup.name, []).append(index)
     total = shard_cost(items, setups)
+    for name in sorted(users, key=lambda n: (-setups[n].cost, n)):
+        tops = sorted({root(index) for index in users[name]})
+        joined = [m for i, group in enumerate(groups) if root(i) in tops for m in group[2]]
+        together = shard_cost(joined, setups)
+        spread = (total + (shards - 1) * (together - shard_cost(joined))) / shards
+        if together <= spread:  # each shard paying its setups would cost more
+            for top in tops[1:]:
+                linked[top] = tops[0]
     units: dict[int, tuple[float, str, list[ShardItem]]] = {}
     for index, (cost, key, members) in enumerate(groups):
         top = root(index)
@@ -244,21 +254,15 @@ def _units(
             if found is None
             else (found[0] + cost, min(found[1], key), found[2] + members)
         )
-    placed: list[tuple[float, str, list[ShardItem]]] = []
-    for top, (cost, key, members) in sorted(units.items()):
-        together = shard_cost(members, setups)
-        spread = (total + (shards - 1) * (together - cost)) / shards  # each shard pays its setups
-        if together <= spread:
-            placed.append((cost, key, sorted(members, key=lambda i: i.nodeid)))
-        else:
-            placed += [group for index, group in enumerate(groups) if root(index) == top]
+    placed = [(cost, key, sorted(members, key=lambda i: i.nodeid))
+              for cost, key, members in units.values()]  # fmt: skip
     placed.sort(key=lambda unit: (-shard_cost(unit[2], setups), unit[1]))
     return placed
 
 
 def _new_setups(used: Sequence[OnceSetup], paying: Collection[str]) -> float:
     """Device-seconds of the setups among `used` that a shard paying for `paying` lacks."""
-    return sum(setup.cost for setup in used if setup.name not in paying)
+    return math.fsum(setup.cost for setup in used if setup.name not in paying)
 
 
 def shards_for_budget(
@@ -267,7 +271,9 @@ def shards_for_budget(
     devices_per_runner: int,
     setups: Setups = NO_SETUPS,
 ) -> int:
-    """The fewest shards whose slowest wall estimate fits the budget; error if a group cannot."""
+    """The fewest shards whose slowest wall estimate fits the budget; error if a group cannot.
+    At most a shard per group: should users of a once-fixture that go together (_units) not
+    fit even then, that count (the wall `devpool shard` shows for their shard is then over)."""
     groups = _groups(items)
     for _cost, key, members in groups:
         alone = wall_estimate(members, devices_per_runner, setups)
