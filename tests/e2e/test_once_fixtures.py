@@ -129,6 +129,8 @@ def test_a_server_fixture_is_set_up_once_on_a_device_and_port_of_its_own(
     assert teardown["at"] >= max(float(r["end"]) for r in seen.values())  # after its last user
     assert not _alive(int(setup["pid"])) and not _alive(int(setup["server"]))
     record = _record(pytester)
+    [start] = events(record, "session_start")
+    assert setup["parent"] != start["pid"]  # a template's child, not the controller's
     [up], [down] = events(record, "once_setup"), events(record, "once_teardown")
     assert up["devices"] == down["devices"] == [int(setup["devices"])]
     assert up["ports"] == [setup["port"]] and up["outcome"] == "value"

@@ -824,7 +824,8 @@ def test_a_once_fixture_runs_once_on_a_node_that_holds_its_request(
     """[tool.devpool.once] on Ray (issue 57): the fixture is set up once, in a process Ray
     placed with its device and port; its value reaches the workers through the controller
     (no shared folder); no test gets its device while it is up; torn down after its last
-    user, and nothing of it outlives the run."""
+    user, and nothing of it outlives the run. (The loopback cluster shares one disk: the
+    check that no outcome file was written stands in for nodes that share none.)"""
     out = pytester.path / "out"
     out.mkdir()
     pytester.makepyprojecttoml(
@@ -918,7 +919,8 @@ def test_a_once_fixture_on_ray_that_dies_or_fails_ends_its_users_as_on_a_host(
     pytester: pytest.Pytester, cluster: Cluster
 ) -> None:
     """A once-process SIGKILLed mid-run: its remaining users end infra, naming it, the
-    others pass. A setup that raises: the outcomes equal plain pytest's."""
+    others pass. A setup that raises: the outcomes equal plain pytest's. (A test kills the
+    fixture's process by its pid: the loopback cluster's nodes share this host.)"""
     once = "[tool.devpool.once]\nserver = { device_count = 1 }\n"
     pytester.makepyprojecttoml(PYPROJECT + once)
     record = pytester.path / "killed.jsonl"

@@ -3,7 +3,8 @@ a process of its own with a lease of its own (run/once_process.py), from before 
 user is placed until after its last user ended.
 
 Its users are held back from the scheduler until it is up; then they go, ahead of the
-others, and find its value (or its setup's error) in its file (worker/once.py). Its devices
+others, and find its value (or its setup's error) in its file (worker/once.py); on Ray, in
+the first batch of its users each worker is sent (values_for). Its devices
 are out of the scheduler's pool from the moment they are set aside until it is down: no
 test gets them meanwhile. After its last user ended, it is stopped. A process that dies
 before its teardown is lost: its users that had not started end `infra`, naming it, and it
@@ -24,6 +25,7 @@ from devpool.plan.jobs import Job
 from devpool.plan.once import PLUGIN
 from devpool.run.attempts import Attempt, State
 from devpool.run.once_process import LoopView, OnceProcess
+from devpool.run.pool import one_module
 from devpool.worker import protocol
 
 
@@ -174,12 +176,9 @@ class OnceFixtures:
         """A held user of it, and a list naming its module: its process is forked from the
         template of that user's kind, or, fresh, collects that module alone."""
         for job in self.held:
-            item = self.ctx.items.get(job.nodeid) if once.name in self.uses(job) else None
-            if item is not None:
-                self.folder.mkdir(parents=True, exist_ok=True)
-                target = self.folder / f"{once.name}.modules"
-                target.write_text(f"{item.path}\n", encoding="utf-8")
-                return str(target), job
+            modules = one_module(self.ctx, job) if once.name in self.uses(job) else None
+            if modules is not None:
+                return str(modules), job
         return "", None
 
     def _release(self) -> None:

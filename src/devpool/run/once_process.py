@@ -71,6 +71,7 @@ class OnceProcess:
     lease: Lease | None = None
     worker: WorkerHandle | None = None
     since: float = 0.0  # monotonic: when it began waiting, or its process started
+    began: float = 0.0  # monotonic: when its process was there (a fork may wait on a template)
     next_try: float = 0.0
     stop_by: float = 0.0
     lost: str = ""  # why its users that had not started end infra
@@ -114,7 +115,8 @@ class OnceProcess:
             self.lease.set_job(self.label, worker.pid)
         self.worker, self.state, self.since = worker, "starting", now
         ctx.emit("once_start", fixture=self.name, devices=list(self.devices),
-                 ports=list(self.ports), worker_pid=worker.pid, log=str(worker.log))  # fmt: skip
+                 ports=list(self.ports), worker_pid=worker.pid or None,  # None: a fork to come
+                 log=str(worker.log))  # fmt: skip
         return True
 
     def _leased(self, now: float) -> bool:
@@ -145,7 +147,12 @@ class OnceProcess:
     def late(self, now: float) -> bool:
         """Its request's timeout bounds its setup (none: a setup takes what it takes)."""
         limit = self.fixture.request.timeout
-        if self.state != "starting" or limit is None or now - self.since <= limit:
+        if self.state != "starting" or limit is None:
+            return False
+        if self.worker is not None and not self.worker.pid:  # its fork waits on a template
+            return False
+        self.began = self.began or now
+        if now - self.began <= limit:
             return False
         self.lost = f"{self.label} did not finish its setup within {limit:g}s"
         return True

@@ -227,7 +227,7 @@ class WorkerPool:
         isolated = job.request.isolate or self.ctx.settings.isolation != "worker"
         if modules is not None and isolated:
             # A process that runs one job, or one module's jobs, imports that module alone.
-            modules = _one_module(self.ctx, job) or modules
+            modules = one_module(self.ctx, job) or modules
         env = device_env(self.ctx, devices)
         if job.request.cpus:
             env.update(self.ctx.threads.env(job.request.cpus))
@@ -409,7 +409,7 @@ def _module_lists(
     return lists, by_size
 
 
-def _one_module(ctx: RunContext, job: Job) -> Path | None:
+def one_module(ctx: RunContext, job: Job) -> Path | None:
     """A collect list naming only the job's own module (None when it is not known)."""
     item = ctx.items.get(job.nodeid)
     if item is None:

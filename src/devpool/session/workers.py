@@ -119,7 +119,8 @@ def make_backend(
         make_run_folder(run_dir, settings)  # private before anything goes in it
         selected = worklist.write_selection(items.values(), run_dir / "collect")
         env[worklist.NODEIDS_ENV] = str(selected)
-    env.update(once.worker_env(config, run_dir))  # [tool.devpool.once]
+    if settings.backend == "local":  # on Ray, outcomes travel with the batches (run/once.py)
+        env.update(once.worker_env(config, run_dir))  # [tool.devpool.once]
     if settings.backend == "ray":
         from devpool.backends.ray.backend import RayBackend
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gc
 import inspect
 import json
 import os
@@ -252,7 +253,9 @@ class OnceProcess:
 
     @classmethod
     def forked(cls, config: pytest.Config) -> OnceProcess:
-        """In a child a template forked to set a once-fixture up (its environment names it)."""
+        """In a child a template forked to set a once-fixture up (its environment names it).
+        What the template collected stays frozen: the collector never walks those pages."""
+        gc.freeze()
         return cls(config, os.environ[ONCE_ENV], Path(os.environ[ONCE_DIR_ENV]))
 
     @pytest.hookimpl(tryfirst=True)
@@ -355,7 +358,7 @@ def register_worker(config: pytest.Config, names: Collection[str]) -> None:
     """In every worker: answer for the run's once-fixtures (none: nothing), or, in a
     once-fixture's own process, run one. names: the table's."""
     folder, own = os.environ.get(ONCE_DIR_ENV), os.environ.get(ONCE_ENV)
-    if own and folder:
-        config.pluginmanager.register(OnceProcess(config, own, Path(folder)), "devpool-once")
+    if own and (folder or os.environ.get(SHIP_ENV)):  # on Ray: no folder, its outcome ships
+        config.pluginmanager.register(OnceProcess(config, own, Path(folder or ".")), "devpool-once")
     else:
         config.pluginmanager.register(OnceValues(config, names), "devpool-once")
