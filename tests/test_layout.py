@@ -18,25 +18,25 @@ MAX_TOP_LEVEL = 12
 MAX_LINES = 500  # a module; over it, two concerns share a room (STYLE.md)
 MAX_CLASS_LINES = 300
 # Over the limits today, to be split by concern (issue 53): each stays under the ceiling it
-# had, and a module or class not named here fails at the limit.
+# had (its size on Dec 6, rounded up to ten lines), and one not named here fails at the limit.
 OVER_FOR_NOW: dict[str, int] = {
-    "queue/store.py": 600,
+    "queue/store.py": 570,
     "worker/session.py": 600,
-    "run/loop.py": 600,
+    "run/loop.py": 540,
     "worker/protocol.py": 600,
-    "serve/pages.py": 600,
-    "serve/views.py": 600,
+    "serve/pages.py": 520,
+    "serve/views.py": 520,
 }
 CLASSES_OVER_FOR_NOW: dict[str, int] = {
-    "backends/ray/backend.py::RayBackend": 500,
-    "queue/store.py::QueueStore": 500,
-    "run/loop.py::Loop": 500,
+    "backends/ray/backend.py::RayBackend": 420,
+    "queue/store.py::QueueStore": 440,
+    "run/loop.py::Loop": 490,
     "worker/session.py::WorkerSession": 500,
-    "session/controller.py::Controller": 500,
-    "run/placing.py::Placing": 500,
-    "run/replay.py::Replay": 500,
-    "backends/local.py::LocalBackend": 400,
-    "queue/source.py::QueueSource": 400,
+    "session/controller.py::Controller": 430,
+    "run/placing.py::Placing": 430,
+    "run/replay.py::Replay": 370,
+    "backends/local.py::LocalBackend": 340,
+    "queue/source.py::QueueSource": 310,
 }
 
 
