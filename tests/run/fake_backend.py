@@ -31,7 +31,7 @@ from devpool.backends import Backend, WorkerHandle
 from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
 from devpool.session import workers
-from devpool.worker import protocol
+from devpool.worker import protocol, wire
 
 PID = 4_000_000  # fake pids: no os.kill may ever reach a real process with these
 
@@ -133,7 +133,7 @@ class ScriptedWorker(WorkerHandle):
         """What it said since, decoded as the loop's pipes decode it, and whether it ended."""
         said, self.outbox = self.outbox, []
         data = b"".join(protocol.encode(message) for message in said)
-        return protocol.Reader(protocol.EVENTS).feed(data), self.eof
+        return wire.Reader(protocol.EVENTS).feed(data), self.eof
 
 
 def _report(nodeid: str, location: list[Any], when: str, outcome: str) -> protocol.Report:

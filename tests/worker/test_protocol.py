@@ -9,7 +9,7 @@ import os
 import pytest
 
 from devpool.run.loop import Loop
-from devpool.worker import protocol
+from devpool.worker import protocol, wire
 
 TESTS = (protocol.Test("t.py::a[1]", "t.py::a[1]", 1), protocol.Test("t.py::b", "t.py::b", 2))
 
@@ -114,12 +114,12 @@ def test_a_pipe_carries_messages_split_anywhere() -> None:
     read_end, write_end = os.pipe()
     events = [m for m in EXAMPLES if type(m) in protocol.EVENTS.types.values()]
     try:
-        protocol.write(write_end, *events)
+        wire.write(write_end, *events)
         data = os.read(read_end, 1 << 20)
     finally:
         os.close(read_end)
         os.close(write_end)
-    reader = protocol.Reader(protocol.EVENTS)
+    reader = wire.Reader(protocol.EVENTS)
     got = []
     for start in range(0, len(data), 7):
         got += reader.feed(data[start : start + 7])
@@ -144,7 +144,7 @@ def test_a_malformed_message_fails_loudly() -> None:
 
 
 def test_the_run_loop_handles_every_worker_event() -> None:
-    assert set(protocol.handlers(Loop, protocol.EVENTS)) == set(protocol.EVENTS.types.values())
+    assert set(wire.handlers(Loop, protocol.EVENTS)) == set(protocol.EVENTS.types.values())
 
 
 def test_an_owner_without_a_handler_is_named() -> None:
@@ -152,16 +152,16 @@ def test_an_owner_without_a_handler_is_named() -> None:
         def _on_ready(self, slot: object, event: protocol.Ready) -> None: ...
 
     with pytest.raises(protocol.ProtocolError, match="Partial handles no Debugger, DebuggerLeft"):
-        protocol.handlers(Partial(), protocol.EVENTS)
+        wire.handlers(Partial(), protocol.EVENTS)
 
 
 def test_a_worker_reads_typed_commands_and_a_stop_when_the_controller_is_gone() -> None:
     read_end, write_end = os.pipe()
-    commands = protocol.Commands(read_end)
+    commands = wire.Commands(read_end)
     try:
-        protocol.write(write_end, protocol.Run(job=1, tests=TESTS), protocol.Cancel())
+        wire.write(write_end, protocol.Run(job=1, tests=TESTS), protocol.Cancel())
         assert commands.next() == protocol.Run(job=1, tests=TESTS)
-        protocol.write(write_end, protocol.More(job=1, seq=1, tests=TESTS[:1]))
+        wire.write(write_end, protocol.More(job=1, seq=1, tests=TESTS[:1]))
         assert commands.take(protocol.More) == [protocol.More(job=1, seq=1, tests=TESTS[:1])]
         assert commands.pending() == [protocol.Cancel()]
         commands.drop(protocol.Cancel)
@@ -176,10 +176,10 @@ def test_a_worker_at_a_debugger_takes_its_own_grant_and_keeps_other_commands() -
     """A ranks(n) test's grant goes to each of its ranks: one rank takes the one for its pid,
     and one meant for another rank is not taken for its own later."""
     read_end, write_end = os.pipe()
-    commands = protocol.Commands(read_end)
+    commands = wire.Commands(read_end)
     mine = protocol.Lend(pid=2, lent=True, stdin="/proc/1/fd/0")
     try:
-        protocol.write(write_end, protocol.Lend(pid=1), protocol.Cancel(), mine)
+        wire.write(write_end, protocol.Lend(pid=1), protocol.Cancel(), mine)
         assert commands.wait_for(protocol.Lend, lambda lend: lend.pid == 2) == mine
         assert commands.pending() == [protocol.Cancel()]
         os.close(write_end)

@@ -25,7 +25,7 @@ from devpool.backends.templates import ForkedProcess, ForkRequest, Template
 from devpool.backends.zygote import Unset, Zygote, ZygoteChild, ZygoteGone
 from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
-from devpool.worker import protocol
+from devpool.worker import protocol, wire
 from devpool.worker.held import HeldReader, held_file
 from devpool.worker.stacks import stacks_file
 
@@ -46,7 +46,7 @@ class Worker(WorkerHandle):
     log: Path
     fd_in: int  # controller writes commands here
     fd_out: int  # controller reads events here
-    reader: protocol.Reader = field(default_factory=protocol.Reader)
+    reader: wire.Reader = field(default_factory=wire.Reader)
     started: float = field(default_factory=time.monotonic)
     exited: bool = False
     fresh_since: float | None = None  # a fork that became a fresh interpreter, from then
@@ -70,7 +70,7 @@ class Worker(WorkerHandle):
     def send(self, message: protocol.Message) -> bool:
         """Send a command; False when the worker is already gone."""
         try:
-            protocol.write(self.fd_in, message)
+            wire.write(self.fd_in, message)
         except (BrokenPipeError, OSError):
             return False
         return True

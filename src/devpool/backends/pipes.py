@@ -33,7 +33,7 @@ class _Callback:
 
 
 class EventPipes:
-    """Watches workers' event pipes; a worker has `fd_out` and a `reader` (protocol.Reader)."""
+    """Watches workers' event pipes; a worker has `fd_out` and a `reader` (wire.Reader)."""
 
     def __init__(self) -> None:
         self.selector = selectors.DefaultSelector()

@@ -28,7 +28,7 @@ from typing import Any
 from devpool.backends import WorkerHandle
 from devpool.backends.failfast import FailFast
 from devpool.devices.leases import Lease
-from devpool.worker import protocol
+from devpool.worker import protocol, wire
 from devpool.worker.stacks import stacks_file
 
 # A line of a worker's pytest progress: `test_x.py ..F` or its letters, and a percentage.
@@ -57,7 +57,7 @@ class RankGroup(WorkerHandle):
     fd_out: int
     write_end: int
     shape: int
-    reader: protocol.Reader = field(default_factory=protocol.Reader)
+    reader: wire.Reader = field(default_factory=wire.Reader)
     fate: FailFast = field(init=False)
     exited: bool = False
     outbox: bytearray = field(default_factory=bytearray)

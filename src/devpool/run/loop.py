@@ -40,7 +40,7 @@ from devpool.run.replay import Replay
 from devpool.run.source import JobSource
 from devpool.run.terminal import TerminalLoan
 from devpool.run.warned import WorkerWarnings
-from devpool.worker import protocol
+from devpool.worker import protocol, wire
 
 TICK = 1.0  # longest sleep of the event loop when nothing is due
 CHECK_POLL = 0.2  # seconds between looks at running device health checks
@@ -117,7 +117,7 @@ class Loop:
         self.pool.leaks = self.leaks
         self.once = OnceFixtures(self)  # [tool.devpool.once]: processes of their own
         # Each worker event's handler, `_on_<tag>`: an event without one stops the run here.
-        self.handlers = protocol.handlers(self, protocol.EVENTS)
+        self.handlers = wire.handlers(self, protocol.EVENTS)
 
     @property
     def ended(self) -> dict[str, int]:
@@ -274,7 +274,7 @@ class Loop:
     # ---- worker events --------------------------------------------------------------------
 
     def _on_message(self, slot: Slot, event: protocol.Message) -> None:
-        """One event of a worker, to its `_on_<tag>` handler (protocol.handlers)."""
+        """One event of a worker, to its `_on_<tag>` handler (wire.handlers)."""
         handler = self.handlers.get(type(event))
         if handler is None:
             raise protocol.ProtocolError(f"the run loop has no handler for {event!r:.200}")

@@ -20,7 +20,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from devpool.worker import protocol
+from devpool.worker import protocol, wire
 
 _LENGTH = 8
 
@@ -74,7 +74,7 @@ def read_held(path: Path) -> bytes:
     return data
 
 
-class HeldReader(protocol.Reader):
+class HeldReader(wire.Reader):
     """A local worker's event reader: at end of file, what it held back and never sent."""
 
     def __init__(self, path: Path) -> None:

@@ -37,7 +37,7 @@ import pytest
 
 from devpool.compat.fixtures import fixture_definitions
 from devpool.plan.once import declared
-from devpool.worker import protocol
+from devpool.worker import protocol, wire
 
 ONCE_ENV = "DEVPOOL_ONCE_SETUP"  # in a once-fixture's own process: the fixture's name
 ONCE_DIR_ENV = "DEVPOOL_ONCE_DIR"  # in every process of a run with once-fixtures
@@ -289,7 +289,7 @@ class OnceProcess:
             write_result(self.folder, self.name, kind, payload)
         seconds = round(time.monotonic() - started, 3)
         worker.send(protocol.OnceUp(self.name, kind, seconds, text, result=ship))
-        commands = protocol.Commands(worker.fd_in)
+        commands = wire.Commands(worker.fd_in)
         while (message := commands.next()) is not None and not isinstance(message, protocol.Stop):
             pass  # nothing but the stop is for it
         started = time.monotonic()
@@ -352,6 +352,13 @@ def _from_fixtures(call: pytest.CallInfo[Any], session: pytest.Session) -> pytes
 
 def _fixturenames(item: pytest.Item) -> Sequence[str]:
     return getattr(item, "fixturenames", ())
+
+
+def take_shipped(config: pytest.Config, batch: protocol.Run | protocol.More) -> None:
+    """On Ray: the outcomes of a batch's once-fixtures, before its tests (OnceValues.given)."""
+    if batch.once:
+        values: Any = config.pluginmanager.get_plugin("devpool-once")
+        values.given(batch.once)
 
 
 def register_worker(config: pytest.Config, names: Collection[str]) -> None:

@@ -29,11 +29,12 @@ from devpool.worker import (
     serialized,
     shown,
     warned,
+    wire,
     worklist,
 )
 from devpool.worker import template as forkserver
 from devpool.worker.held import HeldFile, held_file
-from devpool.worker.once import ONCE_ENV, OnceProcess
+from devpool.worker.once import ONCE_ENV, OnceProcess, take_shipped
 from devpool.worker.terminal import Terminal, read_stdin_from
 
 # Options that select or stop tests belong to the controller alone: the worker must be
@@ -41,13 +42,6 @@ from devpool.worker.terminal import Terminal, read_stdin_from
 _CONTROLLER_ONLY = {"keyword": "", "markexpr": "", "lf": False, "failedfirst": False,
                     "newfirst": False, "stepwise": False, "stepwise_skip": False,
                     "maxfail": 0, "deselect": []}  # fmt: skip
-
-
-def _given(config: pytest.Config, batch: protocol.Run | protocol.More) -> None:
-    """On Ray: the outcomes of the batch's once-fixtures, before its tests (worker/once.py)."""
-    if batch.once:
-        values: Any = config.pluginmanager.get_plugin("devpool-once")
-        values.given(batch.once)
 
 
 def _die_with_parent(name: bytes) -> None:
@@ -155,7 +149,7 @@ class WorkerSession:
         self.culprit: str | None = None
         self.once = warned.OnceWarnings()  # warnings plain pytest shows once per run
         config.pluginmanager.register(self.once, "devpool-once-warnings")
-        self.commands: protocol.Commands | None = None
+        self.commands: wire.Commands | None = None
         self.stdin_read = False
         # The debugger's prompt gets the controller's terminal (worker/terminal.py).
         self.terminal = Terminal.install(config, self.send, lambda: self.commands)
@@ -340,7 +334,7 @@ class WorkerSession:
         held, self._held = self._held[self._kept_count :], []
         encoded, self._kept, self._kept_count = self._kept, b"", 0
         self.kept.clear()  # before the write: no message is read twice
-        protocol.write(self.fd_out, *held, *messages, encoded=encoded)
+        wire.write(self.fd_out, *held, *messages, encoded=encoded)
 
     def _send_held(self) -> None:
         if self._held:
@@ -384,13 +378,13 @@ class WorkerSession:
         self.leaks.start_worker()
         self.send(protocol.Ready(pid=os.getpid(), collected=len(items)))
         setup_state: Any = session._setupstate  # noqa: SLF001 - see _run
-        commands = self.commands = protocol.Commands(self.fd_in)
+        commands = self.commands = wire.Commands(self.fd_in)
         job, through, halted = None, 0, False
         while (message := commands.next()) is not None:
             if isinstance(message, protocol.Stop):
                 break
             if isinstance(message, (protocol.Run, protocol.More)):
-                _given(self.config, message)
+                take_shipped(self.config, message)
             if isinstance(message, protocol.Run):
                 job, through, halted = message.job, 0, False
                 self.failed = False
@@ -429,7 +423,7 @@ class WorkerSession:
                         if more.job == job:
                             through = max(through, more.seq)
                             tests += more.tests
-                            _given(self.config, more)
+                            take_shipped(self.config, more)
             skipped = [test.nodeid for test in tests]
             self.send(protocol.Done(job=message.job, skipped=skipped, through=through))
             commands.drop(protocol.Cancel)

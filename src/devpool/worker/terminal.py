@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from devpool.worker import protocol
+from devpool.worker import protocol, wire
 
 _ROLES = ((0, "in_", "stdin", os.O_RDONLY), (1, "out", "stdout", os.O_WRONLY),
           (2, "err", "stderr", os.O_WRONLY))  # fmt: skip
@@ -36,7 +36,7 @@ class Terminal:
         self,
         config: pytest.Config,
         send: Callable[[protocol.Message], None],
-        commands: Callable[[], protocol.Commands | None],
+        commands: Callable[[], wire.Commands | None],
     ) -> None:
         self.config = config
         self._send = send
@@ -52,7 +52,7 @@ class Terminal:
         cls,
         config: pytest.Config,
         send: Callable[[protocol.Message], None],
-        commands: Callable[[], protocol.Commands | None],
+        commands: Callable[[], wire.Commands | None],
     ) -> Terminal:
         """The worker's loan, registered as a plugin; every way into pytest's debugger asks
         for the terminal first."""

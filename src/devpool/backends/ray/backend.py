@@ -40,7 +40,7 @@ from devpool.devices.inventory import Inventory
 from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
 from devpool.report.record import host_name
-from devpool.worker import protocol
+from devpool.worker import protocol, wire
 
 EVENTS_WAIT = 0.5  # seconds an actor holds an events() call open waiting for output
 LOST_EXIT = -int(signal.SIGKILL)  # the exit status reported for a worker whose node went away
@@ -377,7 +377,7 @@ class RayBackend(NodeForks, Backend):
         """Bridge the ranks' events into the controller's pipe until every rank has exited."""
         ray = import_ray()
         fate = FailFast(worker.world, self.settings.rank_straggle)  # as ranks(n) on a host
-        readers = [protocol.Reader() for _ in worker.ranks]
+        readers = [wire.Reader() for _ in worker.ranks]
         calls = {rank.actor.events.remote(EVENTS_WAIT): rank for rank in worker.ranks}
         while calls:
             due = fate.due()
@@ -411,7 +411,7 @@ class RayBackend(NodeForks, Backend):
             if any(isinstance(m, protocol.Finish) for m in out):
                 gather_logs(worker, fetch=self.settings.ray_ship_code)
             for message in out:
-                protocol.write(write_end, message)
+                wire.write(write_end, message)
         codes = [rank.code or 0 for rank in worker.ranks]
         culprit = fate.culprit
         if culprit is not None and codes[culprit]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from devpool.backends import WorkerHandle
 from devpool.devices.leases import Lease
-from devpool.worker import protocol
+from devpool.worker import protocol, wire
 from devpool.worker.stacks import stacks_file
 
 if TYPE_CHECKING:  # the rank actors' side imports no merge (nor pytest)
@@ -54,7 +54,7 @@ class RayWorker(WorkerHandle):
     log: Path
     fd_out: int
     lease: Lease | None = None
-    reader: protocol.Reader = field(default_factory=protocol.Reader)
+    reader: wire.Reader = field(default_factory=wire.Reader)
     exited: bool = False
     lost: str | None = None
     ranks: list[Rank] = field(default_factory=list)
