@@ -35,3 +35,10 @@ def duration(seconds: float) -> str:
         return f"{minutes} m {rest:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} m"
+
+
+def ago(moment: float | None, now: float) -> str:
+    """How long before now a moment was, as duration() says it ("" for none)."""
+    if not moment:
+        return ""
+    return duration(max(0.0, now - moment))

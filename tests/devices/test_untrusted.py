@@ -19,7 +19,7 @@ from devpool.devices.fairshare import Waiter, WaitingRoom, fair_limit, read_wait
 from devpool.devices.leases import Holder
 from devpool.devices.lockdir import LockDir
 from devpool.devices.untrusted import folder_problem
-from devpool.serve import views
+from devpool.serve import device_views
 
 KINDS = ["json", "fifo", "symlink", "folder", "huge", "socket", "binary"]
 
@@ -104,7 +104,7 @@ def test_every_reader_of_the_shared_folder_skips_what_is_planted(
         assert not found
         assert [line for line in said if "planted.json" in line] or kind == "json"
     assert len(said) <= 1 and all("\n" not in line for line in said)
-    assert [w for w in views.waiters(lock) if w.platform == "sim"] == found
+    assert [w for w in device_views.waiters(lock) if w.platform == "sim"] == found
     states = locks.status()  # what `devpool locks`, doctor and the host page read
     for state in states:
         if state.holder is not None:

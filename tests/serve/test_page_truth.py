@@ -15,7 +15,7 @@ from typing import Any
 
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import LockDir
-from devpool.serve import pages, views
+from devpool.serve import device_views, pages, views
 
 FAST = ("-p", "no:hypothesispytest", "-p", "no:cacheprovider", "-p", "no:randomly")
 
@@ -92,8 +92,8 @@ def test_a_waiting_run_s_own_devices_are_not_held_by_others(tmp_path: Path) -> N
     other = locks.try_acquire("sim", [1, 2], Holder.for_this_process("run-h", "t::pair"))
     assert isinstance(own, Lease) and isinstance(other, Lease)
     try:
-        states = views.lock_states(locks.path)
-        view = views.waiting_view(views.waiters(locks.path), states)
+        states = device_views.lock_states(locks.path)
+        view = device_views.waiting_view(device_views.waiters(locks.path), states)
     finally:
         own.release()
         other.release()
@@ -116,13 +116,13 @@ def test_held_and_free_devices_take_one_width_and_eight_fit_a_1400_px_row(
     ]
     assert all(isinstance(lease, Lease) for lease in held)
     try:
-        states = views.lock_states(locks.path)
+        states = device_views.lock_states(locks.path)
     finally:
         for lease in held:
             assert isinstance(lease, Lease)
             lease.release()
     # sim:4-7 are in a live run's inventory, with no lock file yet: free
-    view = views.devices_view(states, locks.path, known=[("sim", d) for d in range(8)])
+    view = device_views.devices_view(states, locks.path, known=[("sim", d) for d in range(8)])
     html = pages.document("devpool", pages.devices_section(view, {}, time.time()), live=False)
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_content(html)

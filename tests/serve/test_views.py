@@ -21,7 +21,7 @@ from devpool.devices.leases import Holder
 from devpool.devices.lockdir import LockDir
 from devpool.history.durations import History, TestResult
 from devpool.report.record import RecordWriter
-from devpool.serve import pages, views
+from devpool.serve import device_views, pages, views
 from devpool.serve.hosts import is_loopback
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -79,8 +79,8 @@ def test_holders_user_names_and_failures_are_escaped_text(tmp_path: Path) -> Non
     lease = locks.try_acquire("sim", [0, 1], holder)
     assert not isinstance(lease, list)
     try:
-        states = views.lock_states(locks.path)
-        devices = views.devices_view(states, locks.path, known=[("sim", 2)])
+        states = device_views.lock_states(locks.path)
+        devices = device_views.devices_view(states, locks.path, known=[("sim", 2)])
     finally:
         lease.release()
     assert [(d["name"], d["state"]) for d in devices["devices"]] == [
@@ -113,10 +113,8 @@ def test_a_symlinked_lock_file_is_not_followed(tmp_path: Path) -> None:
     lease = locks.try_acquire("sim", [0], holder)
     assert not isinstance(lease, list)
     try:
-        names = [
-            d["name"]
-            for d in views.devices_view(views.lock_states(locks.path), locks.path)["devices"]
-        ]
+        states = device_views.lock_states(locks.path)
+        names = [d["name"] for d in device_views.devices_view(states, locks.path)["devices"]]
     finally:
         lease.release()
     assert names == ["sim:0"]
@@ -169,8 +167,8 @@ def test_waiting_runs_are_read_without_removing_dead_ones(tmp_path: Path) -> Non
     lease = locks.try_acquire("sim", [0, 1, 2, 3], Holder.for_this_process("run-h", "t::big"))
     assert not isinstance(lease, list)
     try:
-        states = views.lock_states(locks.path)
-        view = views.waiting_view(views.waiters(locks.path), states)
+        states = device_views.lock_states(locks.path)
+        view = device_views.waiting_view(device_views.waiters(locks.path), states)
     finally:
         lease.release()
     assert [(w["run"], w["wants"], w["pool"], w["fair_share"]) for w in view["waiting"]] == [
@@ -249,8 +247,8 @@ def test_a_shared_device_shows_its_free_memory(tmp_path: Path) -> None:
     lease = locks.try_acquire_memory("sim", [0], 8 << 30, {0: 80 << 30}, holder)
     assert not isinstance(lease, list)
     try:
-        states = views.lock_states(locks.path)
-        view = views.devices_view(states, locks.path, memory={("sim", 0): 80 << 30})
+        states = device_views.lock_states(locks.path)
+        view = device_views.devices_view(states, locks.path, memory={("sim", 0): 80 << 30})
     finally:
         lease.release()
     device = view["devices"][0]

@@ -39,3 +39,8 @@ def ints(values: Iterable[object]) -> list[int]:
         except ValueError:
             continue
     return out
+
+
+def link(href: str, text: str, *, breaks: bool = False) -> str:
+    """A link; breaks=True lets a long name (a test's log) wrap after its separators."""
+    return f'<a href="{escape(href)}">{breakable(text) if breaks else escape(text)}</a>'

@@ -35,7 +35,7 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from devpool.serve import cluster, pages, views
+from devpool.serve import cluster, device_views, pages, views
 from devpool.serve.hosts import names_loopback
 from devpool.serve.queue_view import QueueWatch
 
@@ -85,7 +85,7 @@ class Sources:
         return None if summary is None else summary.to_json()
 
     def _overview(self) -> dict[str, Any]:
-        states = views.lock_states(self.lock_dir)
+        states = device_views.lock_states(self.lock_dir)
         summaries = self.index.summaries()
         live = [s for s in summaries if s.live]
         # A ray-backed run's devices are the cluster's (the Ray view), not this host's.
@@ -96,12 +96,12 @@ class Sources:
         clusters = self.clusters(live_runs["runs"])
         answers = self.ray.answers(address for address, _ in clusters)
         return {
-            "schema": views.SCHEMA,
+            "schema": device_views.SCHEMA,
             "time": time.time(),
-            "devices": views.devices_view(
+            "devices": device_views.devices_view(
                 states, self.lock_dir, known, memory, views.last_leaks(summaries)
             ),
-            "waiting": views.waiting_view(views.waiters(self.lock_dir), states),
+            "waiting": device_views.waiting_view(device_views.waiters(self.lock_dir), states),
             "live": live_runs,
             "recent": views.runs_view(summaries, live=False),
             "tests": self.tests(),
@@ -112,7 +112,7 @@ class Sources:
     def queue_view(self) -> dict[str, Any]:
         """The shared queue's runs (queue_view.py); none without --devpool-queue."""
         if self.queue is None:
-            return {"schema": views.SCHEMA, "database": None, "run": None, "runs": []}
+            return {"schema": device_views.SCHEMA, "database": None, "run": None, "runs": []}
         return self.queue.view()
 
     def clusters(self, live: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
@@ -178,7 +178,7 @@ class Sources:
         return tuple(marks)
 
     def _lock_signature(self) -> tuple[Any, ...]:
-        states = views.lock_states(self.lock_dir)
+        states = device_views.lock_states(self.lock_dir)
         held = tuple((s.platform, s.device, s.held, s.holder, s.shares) for s in states)
         with self._lock:
             live = views.runs_view(self.index.summaries(), live=True)["runs"]
@@ -318,8 +318,8 @@ def build_app(
     async def run_json(request: Request) -> Response:
         run = await asyncio.to_thread(run_data, request)
         if run is None:
-            return JSONResponse({"schema": views.SCHEMA, "error": "no such run"}, 404)
-        return JSONResponse({"schema": views.SCHEMA, "run": run})
+            return JSONResponse({"schema": device_views.SCHEMA, "error": "no such run"}, 404)
+        return JSONResponse({"schema": device_views.SCHEMA, "run": run})
 
     async def report(request: Request) -> Response:
         found = find_run(request)

@@ -14,9 +14,10 @@ from typing import Any
 from urllib.parse import quote
 
 from devpool.devices.sizes import format_size
-from devpool.report.htmltext import breakable, escape
+from devpool.report.htmltext import breakable, escape, link
 from devpool.serve.queue_page import queue_section
-from devpool.wording import duration
+from devpool.serve.ray_page import ray_section
+from devpool.wording import ago, duration
 
 # Held is the normal state of a busy host: a calm blue, not an alarm red (red is for failures).
 STATE_COLORS = {"free": "#2e7d32", "held": "#1565c0", "shared": "#6a1b9a"}
@@ -74,20 +75,9 @@ def _when(moment: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(moment))
 
 
-def _ago(moment: float | None, now: float) -> str:
-    if not moment:
-        return ""
-    return duration(max(0.0, now - moment))
-
-
-def _link(href: str, text: str, *, breaks: bool = False) -> str:
-    """A link; breaks=True lets a long name (a test's log) wrap after its separators."""
-    return f'<a href="{escape(href)}">{breakable(text) if breaks else escape(text)}</a>'
-
-
 def _run_link(run: Mapping[str, Any] | None, run_id: str | None) -> str:
     if run is not None:
-        return _link(run["page"], str(run["run"]))
+        return link(run["page"], str(run["run"]))
     return escape(run_id or "unknown run")
 
 
@@ -157,7 +147,7 @@ def devices_section(
                 '<div class="holder">'
                 f'<div class="test" data-test="{escape(test)}">{breakable(test)}</div>'
                 f"run {_run_link(run, holder['run'])} · user {escape(holder['user'] or '?')}"
-                f" · pid {escape(holder['pid'] or '?')} · {_ago(holder['since'], now)}{share}"
+                f" · pid {escape(holder['pid'] or '?')} · {ago(holder['since'], now)}{share}"
                 "</div>"
             )
         if device.get("last_leak"):
@@ -173,7 +163,7 @@ def _last_leak(leak: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]], n
     command = f" <code>{breakable(leak['command'])}</code>" if leak["command"] else ""
     return (
         f'<div class="leak" data-test="{escape(leak["test"])}">last leak '
-        f"{_ago(leak['time'], now)} ago: "
+        f"{ago(leak['time'], now)} ago: "
         f'<span class="test">{breakable(leak["test"])}</span> left {escape(leak["kind"])} '
         f"pid {escape(pid)}{command}, {escape(leak['ended'])} · run "
         f"{_run_link(runs.get(leak['run']), leak['run'])}</div>"
@@ -201,7 +191,7 @@ def waiting_section(
             f"<td class=num>{escape(waiter['pid'])}</td>"
             f'<td class="wants">{escape(wants)} of {escape(waiter["pool"])}</td>'
             f"<td style='white-space:normal'>{escape(', '.join(waiter['busy']) or 'none')}</td>"
-            f"<td>{escape(share)}</td><td>{_ago(waiter['since'], now)}</td></tr>"
+            f"<td>{escape(share)}</td><td>{ago(waiter['since'], now)}</td></tr>"
         )
     parts.append("</table></section>")
     return "".join(parts)
@@ -252,101 +242,13 @@ def live_section(
             )
         parts.append(
             f'<tr class="live-run" data-run="{escape(run["run"])}">'
-            f"<td>{_link(run['page'], run['run'])}<br><span class=muted>"
+            f"<td>{link(run['page'], run['run'])}<br><span class=muted>"
             f"{escape(run['project'])}</span></td><td>{escape(run['user'])}</td>"
             f"<td>{_progress(run)}</td><td class=num>{run['done']} of {run['tests']}</td>"
             f"<td class=wrap>{run['running']}{running}</td><td class=num>{run['queued']}</td>"
             f"<td>{failures}</td><td>{duration(run['duration'])}</td></tr>"
         )
     parts.append("</table></section>")
-    return "".join(parts)
-
-
-def _amount(value: float) -> str:
-    return f"{value:g}"
-
-
-def _resources(node: Mapping[str, Any]) -> str:
-    lines = []
-    for name, amount in node["resources"].items():
-        held = f" · devpool holds {_amount(amount['devpool'])}" if amount["devpool"] else ""
-        lines.append(f"<div>{escape(name)} {_amount(amount['total'])}{held}</div>")
-    if node["memory"]:
-        lines.append(f'<div class="muted">memory {format_size(int(node["memory"]))}</div>')
-    return "".join(lines)
-
-
-def _ray_actor(actor: Mapping[str, Any], css: str) -> str:
-    if actor["run"] is None:
-        whose = f"actor {escape(actor['name'] or actor['actor_id'][:12])}"
-    else:
-        run = _link(actor["page"], actor["run"]) if actor["page"] else escape(actor["run"])
-        whose = f"run {run} · {escape(actor['worker'])} · rank {actor['rank']}"
-    wants = ", ".join(f"{escape(k)} {_amount(v)}" for k, v in actor["resources"].items())
-    test = actor["test"] or ""
-    return (
-        f'<div class="{css}" data-actor="{escape(actor["actor_id"])}" data-test="{escape(test)}">'
-        f"{whose} · pid {escape(actor['pid'] or '?')} · {escape(actor['state'])}"
-        f"{' · ' + wants if wants else ''}"
-        f"{'<div class=test>' + breakable(test) + '</div>' if test else ''}</div>"
-    )
-
-
-def _ray_waiting(waiter: Mapping[str, Any], now: float) -> str:
-    """A run waiting on the cluster for its fair share (backends/ray/waiting.py)."""
-    return (
-        f'<div class="ray-waiting" data-run="{escape(waiter["session"])}">'
-        f"run {escape(waiter['session'])} · pid {escape(waiter['pid'])} on "
-        f"{escape(waiter['host'])} · its next job needs {escape(waiter['wants'])} "
-        f"{escape(waiter['platform'])} · waiting for {_ago(waiter['since'], now)}</div>"
-    )
-
-
-def ray_section(view: Mapping[str, Any], now: float) -> str:
-    """Each Ray cluster devpool runs on: its nodes, their devices, devpool's actors."""
-    if not view["clusters"]:
-        return ""
-    parts = ['<section id="ray"><h2>Ray clusters</h2>']
-    for found in view["clusters"]:
-        parts.append(
-            f'<div class="cluster" data-address="{escape(found["address"])}">'
-            f"<h3>{escape(found['address'])}</h3><p class=muted>shown for "
-            f"{escape('; '.join(found['why']))}"
-            f"{' · answered ' + _ago(found['answered'], now) + ' ago' if found['answered'] else ''}"
-            "</p>"
-        )
-        if found["problem"]:
-            parts.append(f'<p class="bad ray-problem">{escape(found["problem"])}</p>')
-        elif found["answered"] is None:
-            parts.append("<p class=muted>asking Ray's state API…</p>")
-        if found["nodes"]:
-            parts.append(
-                "<table><tr><th>node</th><th>state</th><th>resources</th>"
-                "<th>devpool's actors</th></tr>"
-            )
-        for node in found["nodes"]:
-            head = " · head" if node["head"] else ""
-            state_css = "good" if node["state"] == "ALIVE" else "bad"
-            actors = "".join(_ray_actor(a, "ray-actor") for a in node["actors"])
-            parts.append(
-                f'<tr class="ray-node" data-node="{escape(node["node_id"])}" '
-                f'data-state="{escape(node["state"])}">'
-                f"<td>{escape(node['address'])}<br><span class=muted>"
-                f"{escape(node['node_id'][:12])}{head}</span></td>"
-                f'<td class="{state_css}">{escape(node["state"])}</td>'
-                f"<td>{_resources(node)}</td>"
-                f"<td class=wrap>{actors or '<span class=muted>none</span>'}</td></tr>"
-            )
-        if found["nodes"]:
-            parts.append("</table>")
-        if found["pending"]:
-            parts.append("<h4>Waiting for a placement</h4>")
-            parts.extend(_ray_actor(a, "ray-pending") for a in found["pending"])
-        if found["waiting"]:
-            parts.append("<h4>Runs waiting for a fair share</h4>")
-            parts.extend(_ray_waiting(w, now) for w in found["waiting"])
-        parts.append("</div>")
-    parts.append("</section>")
     return "".join(parts)
 
 
@@ -363,18 +265,18 @@ def recent_section(view: Mapping[str, Any]) -> str:
         css = "good" if run["exitstatus"] == 0 else "bad"
         shown = _first_logs(run)
         logs = "".join(
-            _link(href, href.rsplit("/", 1)[-1].removesuffix(".log"), breaks=True) for href in shown
+            link(href, href.rsplit("/", 1)[-1].removesuffix(".log"), breaks=True) for href in shown
         )
         if len(run["logs"]) > len(shown):
-            logs += _link(f"{run['page']}#logs", f"+{len(run['logs']) - len(shown)} more")
+            logs += link(f"{run['page']}#logs", f"+{len(run['logs']) - len(shown)} more")
         parts.append(
             f'<tr class="recent-run" data-run="{escape(run["run"])}">'
-            f"<td>{_link(run['page'], run['run'])}<br><span class=muted>"
+            f"<td>{link(run['page'], run['run'])}<br><span class=muted>"
             f"{escape(run['project'])} · {escape(run['user'])}</span></td>"
             f"<td>{_when(run['start'])}</td><td class=wrap>{_counts(run['counts'])}</td>"
             f"<td>{duration(run['duration'])}</td>"
             f'<td class="{css} wrap">{escape(run["ending"])}</td>'
-            f"<td class=wrap>{_link(run['report'], 'HTML report')}"
+            f"<td class=wrap>{link(run['report'], 'HTML report')}"
             f"{'<div class=logs>logs: ' + logs + '</div>' if logs else ''}</td></tr>"
         )
     parts.append("</table></section>")
@@ -476,7 +378,7 @@ def run_page(run: Mapping[str, Any]) -> str:
         f"<p>{run['done']} of {run['tests']} done ({_counts(run['counts'])}), "
         f"{run['running']} {'running' if run['live'] else 'started, never ended'}, "
         f"{run['queued']} {'queued' if run['live'] else 'never started'} · "
-        f"{_link(run['report'], 'HTML report')}</p>",
+        f"{link(run['report'], 'HTML report')}</p>",
     ]
     if run["damage"]:
         parts.append(f'<p class="bad">{escape(run["damage"])}</p>')
@@ -493,7 +395,7 @@ def run_page(run: Mapping[str, Any]) -> str:
         tail = "\n".join(str(line) for line in failure["tail"])
         log = failure["log"].rsplit("/", 1)[-1] if failure["log"] else ""
         log_link = (
-            " · " + _link(f"/runs/{run['project']}/{run['run']}/files/logs/{quote(log)}", "log")
+            " · " + link(f"/runs/{run['project']}/{run['run']}/files/logs/{quote(log)}", "log")
             if log
             else ""
         )
@@ -513,7 +415,7 @@ def run_page(run: Mapping[str, Any]) -> str:
         parts.append("</ul>")
     if run["logs"]:
         parts.append('<h3 id="logs">Logs</h3><ul>')
-        parts.extend(f"<li>{_link(h, h.rsplit('/', 1)[-1])}</li>" for h in run["logs"])
+        parts.extend(f"<li>{link(h, h.rsplit('/', 1)[-1])}</li>" for h in run["logs"])
         parts.append("</ul>")
     parts.append("</section>")
     return "".join(parts)

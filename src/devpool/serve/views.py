@@ -1,9 +1,9 @@
-"""What the host page shows, as plain JSON-ready data: devices, waiting, live, recent, tests.
+"""What the host page shows, as plain JSON-ready data: live, recent, tests (devices and
+waiting: device_views.py).
 
-Everything is read through the readers devpool already has (``LockDir.status``, the
-``Waiter`` record, ``read_record``, ``History``, the quarantine table); nothing here writes,
-locks for longer than ``status`` does, or starts a process. Each view is a dict with
-``"schema": SCHEMA``.
+Everything is read through the readers devpool already has (``read_record``, ``History``,
+the quarantine table); nothing here writes, locks for longer than ``status`` does, or
+starts a process. Each view is a dict with ``"schema": SCHEMA``.
 """
 
 from __future__ import annotations
@@ -12,24 +12,19 @@ import datetime as dt
 import os
 import re
 import socket
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devpool.devices.fairshare import Waiter, fair_limit, read_waiters
-from devpool.devices.leases import Holder
-from devpool.devices.lockdir import LockDir, LockState
-from devpool.devices.untrusted import folder_problem
 from devpool.errors import DevpoolError
 from devpool.report.memory_lane import capacities
 from devpool.report.record import RunRecord, read_record
 from devpool.report.summary import INTERRUPTED, NOT_RUN, summarize
+from devpool.serve.device_views import SCHEMA, alive
 
-SCHEMA = 1
 RECENT_LIMIT = 200  # recent runs kept per page and API answer, newest first
 FLAKY_LIMIT = 20
 HISTORY_WINDOW = 50  # a test's last results counted for flakiness
@@ -69,144 +64,6 @@ def projects_of(folders: Sequence[Path]) -> list[Project]:
         key = name if seen[name] == 1 else f"{name}-{seen[name]}"
         found.append(Project(key, folder.resolve()))
     return found
-
-
-# ---- devices and waiting ---------------------------------------------------------------------
-
-
-def _holder(holder: Holder | None) -> dict[str, Any]:
-    if holder is None:
-        return {"run": None, "test": None, "user": None, "pid": None, "since": None, "host": None}
-    return {
-        "run": holder.session,
-        "test": holder.job,
-        "user": holder.user,
-        "pid": holder.worker_pid or holder.pid,
-        "controller_pid": holder.pid,
-        "since": holder.since,
-        "host": holder.host,
-    }
-
-
-def _device(
-    state: LockState, capacity: int | None, leak: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    holders = []
-    if state.held:
-        holders.append({**_holder(state.holder), "memory": None})
-    for share in state.shares:
-        holders.append({**_holder(share.holder), "memory": share.amount})
-    kind = "held" if state.held else "shared" if state.shares else "free"
-    shared = sum(share.amount for share in state.shares)
-    return {
-        "platform": state.platform,
-        "device": state.device,
-        "name": f"{state.platform}:{state.device}",
-        "state": kind,
-        "holders": holders,
-        "memory_total": capacity,  # bytes handed out, as a live run's session_start says
-        "memory_free": max(0, capacity - shared) if capacity and kind != "held" else None,
-        "last_leak": dict(leak) if leak is not None else None,  # what a test left on it
-    }
-
-
-def lock_states(lock_dir: Path) -> list[LockState]:
-    """``LockDir.status`` of an existing folder (none when it is missing: serve creates none)."""
-    if not lock_dir.is_dir() or lock_dir.is_symlink():
-        return []
-    try:
-        return LockDir(lock_dir).status()
-    except (DevpoolError, OSError):
-        return []
-
-
-def devices_view(
-    states: Sequence[LockState],
-    lock_dir: Path,
-    known: Iterable[tuple[str, int]] = (),
-    memory: Mapping[tuple[str, int], int] | None = None,
-    leaks: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """Every lock file of the folder as a device with its holder or holders; ``known``
-    devices (of live runs' inventories) with no lock file yet show as free; ``memory``:
-    the bytes each device hands out (live runs' session_start), for its free memory;
-    ``leaks``: each device's last leak (last_leaks)."""
-    have = {(s.platform, s.device) for s in states}
-    extra = [LockState(p, d, False, None) for p, d in set(known) - have]
-    every = sorted([*states, *extra], key=lambda s: (s.platform, s.device))
-    sizes = memory or {}
-    left = leaks or {}
-    devices = [
-        _device(s, sizes.get((s.platform, s.device)), left.get((s.platform, s.device)))
-        for s in every
-    ]
-    return {"schema": SCHEMA, "lock_dir": str(lock_dir), "devices": devices}
-
-
-def waiters(lock_dir: Path) -> list[Waiter]:
-    """Runs waiting in the lock folder's ``waiting/``, read as untrusted input as a run reads
-    them (dead ones are skipped, not removed; a damaged file is said once, on stderr)."""
-    folder = lock_dir / "waiting"
-    if folder_problem(folder, any_owner=True) is not None:
-        return []
-    return read_waiters(folder, _warn_once)
-
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(name: str, line: str) -> None:
-    if name not in _WARNED and len(_WARNED) < 1000:
-        _WARNED.add(name)
-        print(f"devpool serve: skipping {line}", file=sys.stderr)
-
-
-def waiting_view(found: Sequence[Waiter], states: Sequence[LockState]) -> dict[str, Any]:
-    """Each waiting run: what it waits for, since when, its fair share of its platform."""
-    pools = Counter(state.platform for state in states)
-    runs = []
-    for waiter in found:
-        pool = pools.get(waiter.platform, 0)
-        others = [w for w in found if w.platform == waiter.platform and w is not waiter]
-        limit = fair_limit(pool, waiter, others) if pool else None
-        busy = [
-            f"{s.platform}:{s.device}"
-            for s in states
-            if s.platform == waiter.platform and _held_by_others(s, waiter.session)
-        ]
-        runs.append(
-            {
-                "run": waiter.session,
-                "pid": waiter.pid,
-                "host": waiter.host,
-                "platform": waiter.platform,
-                "since": waiter.since,
-                "wants": waiter.wants,
-                "pool": pool,
-                "fair_share": limit,
-                "busy": busy,
-            }
-        )
-    return {"schema": SCHEMA, "waiting": runs}
-
-
-def _held_by_others(state: LockState, session: str) -> bool:
-    """Whether a run other than `session` holds the device, whole or a share of it: a
-    waiting run's own leases are not what it waits for."""
-    holders = [share.holder for share in state.shares] if state.shares else []
-    if state.held:
-        holders.append(state.holder)
-    return any(holder is None or holder.session != session for holder in holders)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 # ---- runs ------------------------------------------------------------------------------------
@@ -397,7 +254,7 @@ def _is_live(record: RunRecord) -> bool:
     host = record.start.get("host")
     if not isinstance(pid, int) or host not in (socket.gethostname(), os.uname().nodename):
         return False
-    return _alive(pid) and not _started_after(pid, float(record.start.get("time", 0.0)))
+    return alive(pid) and not _started_after(pid, float(record.start.get("time", 0.0)))
 
 
 def _started_after(pid: int, moment: float) -> bool:
@@ -454,7 +311,7 @@ class RunIndex:
             cached = self._cache.get(path)
             stale = cached is None or cached[0] != stamp
             if not stale and cached is not None and cached[1] is not None and cached[1].live:
-                stale = cached[1].pid is None or not _alive(cached[1].pid)
+                stale = cached[1].pid is None or not alive(cached[1].pid)
             if stale:
                 self._cache[path] = (stamp, self._read(project, path))
             summary = self._cache[path][1]
