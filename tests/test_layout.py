@@ -22,12 +22,11 @@ MAX_CLASS_LINES = 300
 OVER_FOR_NOW: dict[str, int] = {
     "queue/store.py": 570,
     "worker/session.py": 600,
-    "run/loop.py": 540,
 }
 CLASSES_OVER_FOR_NOW: dict[str, int] = {
     "backends/ray/backend.py::RayBackend": 420,
     "queue/store.py::QueueStore": 440,
-    "run/loop.py::Loop": 490,
+    "run/loop.py::Loop": 460,
     "worker/session.py::WorkerSession": 500,
     "session/controller.py::Controller": 430,
     "run/placing.py::Placing": 430,

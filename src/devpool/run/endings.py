@@ -11,6 +11,7 @@ routes worker events here; this part holds no state of its own.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 from devpool.devices.probes import report_text
@@ -186,3 +187,27 @@ class Endings:
             slot.dirty = True
             if slot.key in self.pool.slots:
                 self.pool.retire(slot, time.monotonic())
+
+    def unsatisfiable(self, jobs: Sequence[tuple[Job, str]]) -> None:
+        """Jobs no device of the run can hold end at once, skipped where
+        --devpool-skip-unsatisfiable says so, else infra, each with its reason."""
+        outcome = Outcome.SKIPPED if self.ctx.settings.skip_unsatisfiable else Outcome.INFRA
+        for job, reason in jobs:
+            attempt = self.attempts[job.id] = Attempt(job, job.attempt)
+            self.replay.synthesize(attempt, outcome, reason, 0.0)
+
+    def unaccounted(self, stopped: bool) -> None:
+        """After the loop: a job without its one final outcome is a devpool bug, said loudly
+        (stopped: -x, whose jobs sent back after the stop stay unrun, as pytest leaves them)."""
+        for job_id, attempt in self.attempts.items():
+            if attempt.final or job_id in self.dropped:
+                continue
+            if stopped and attempt.state in (State.QUEUED, State.LEASED):
+                continue
+            again.ask(attempt, Happened.LOST_TRACK, self.ctx.settings)  # it ends here, infra
+            self.replay.synthesize(
+                attempt,
+                Outcome.INFRA,
+                f"devpool lost track of this test in state {attempt.state.value} (a devpool bug)",
+                0.0,
+            )

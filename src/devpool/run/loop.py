@@ -13,7 +13,6 @@ nothing left can be placed, the jobs that are left end `infra` with the reason.
 from __future__ import annotations
 
 import gc
-import os
 import time
 
 import pytest
@@ -119,10 +118,6 @@ class Loop:
         # Each worker event's handler, `_on_<tag>`: an event without one stops the run here.
         self.handlers = wire.handlers(self, protocol.EVENTS)
 
-    @property
-    def ended(self) -> dict[str, int]:
-        return self.replay.ended
-
     # ---- main loop ------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -130,12 +125,11 @@ class Loop:
         # collector's sight, its passes (and pytest's five at exit) skip them.
         gc.freeze()
         self.terminal.live = self.live
-        self._share_stdin()
+        self.pool.stdin_for_tests = self.terminal.stdin_for(
+            self.parallel, len(self.plan.jobs), self.say
+        )
         self._admit(self.plan.jobs if self.source is None else [], time.monotonic())
-        for job, reason in self.plan.unsatisfiable:
-            attempt = self.attempts[job.id] = Attempt(job, job.attempt)
-            outcome = Outcome.SKIPPED if self.ctx.settings.skip_unsatisfiable else Outcome.INFRA
-            self.replay.synthesize(attempt, outcome, reason, 0.0)
+        self.endings.unsatisfiable(self.plan.unsatisfiable)
         try:
             while self._busy():
                 now = time.monotonic()
@@ -190,22 +184,7 @@ class Loop:
             # are no referrers to gc.get_referrers, and e.g. hypothesis's register_random
             # (trio's, at hypothesis's import in its terminal summary) would then warn.
             gc.unfreeze()
-        self._account()
-
-    def _share_stdin(self) -> None:
-        """-s: a test's input() reads the run's stdin, as in plain pytest, when one test runs
-        at a time; several cannot share one stdin, and on a terminal that is said once."""
-        if self.session.config.getoption("capture", None) != "no":
-            return
-        stdin = self.terminal.paths.get("stdin")
-        if self.parallel == 1 or len(self.plan.jobs) <= 1:
-            self.pool.stdin_for_tests = stdin
-        elif stdin is not None and os.isatty(0):
-            self.say(
-                f"-s: input() in a test reads no terminal input here: up to {self.parallel} "
-                "tests run at once and cannot share one stdin (--devpool-max-parallel=1 "
-                "lets one test at a time read it)"
-            )
+        self.endings.unaccounted(self.stopped)
 
     def _admit(self, jobs: list[Job], now: float) -> None:
         for job in jobs:
@@ -266,7 +245,7 @@ class Loop:
             devices_busy=len(busy),
             queued=len(self.scheduler.queue) + len(self.pool.starting),
             running=running,
-            done=sum(self.ended.values()),
+            done=sum(self.replay.ended.values()),
             waiting_on=self.foreign.describe() if self.foreign else "",
             counts=self.replay.counted,
         )
@@ -378,11 +357,10 @@ class Loop:
     def _on_output(self, slot: Slot, event: protocol.Output) -> None:
         compat.outputs.received(self.session.config, event.pid, event.data)
 
-    def _on_once_up(self, slot: Slot, event: protocol.OnceUp) -> None:
+    def _on_once_up(self, slot: Slot, event: protocol.OnceUp | protocol.OnceDown) -> None:
         raise protocol.ProtocolError(f"a test worker sent {event!r:.200}")  # run/once.py's
 
-    def _on_once_down(self, slot: Slot, event: protocol.OnceDown) -> None:
-        raise protocol.ProtocolError(f"a test worker sent {event!r:.200}")  # run/once.py's
+    _on_once_down = _on_once_up  # a once-fixture's process's events (run/once.py)
 
     def _on_missing(self, slot: Slot, event: protocol.Missing) -> None:
         attempt = self._sent(slot, event.nodeid)
@@ -516,21 +494,6 @@ class Loop:
             self.scheduler.finish(placement.job)
             self.dropped.add(placement.job.id)
             del self.pool.starting[job_id]
-
-    def _account(self) -> None:
-        """After the loop: a job without its one final outcome is a devpool bug, said loudly."""
-        for job_id, attempt in self.attempts.items():
-            if attempt.final or job_id in self.dropped:
-                continue
-            if self.stopped and attempt.state in (State.QUEUED, State.LEASED):
-                continue  # -x: jobs sent back after the stop stay unrun, as pytest leaves them
-            again.ask(attempt, Happened.LOST_TRACK, self.ctx.settings)  # it ends here, infra
-            self.replay.synthesize(
-                attempt,
-                Outcome.INFRA,
-                f"devpool lost track of this test in state {attempt.state.value} (a devpool bug)",
-                0.0,
-            )
 
     def say(self, text: str) -> None:
         self.replay.say(text)

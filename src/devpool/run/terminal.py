@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -51,6 +52,22 @@ class TerminalLoan:
     @property
     def lent(self) -> bool:
         return self.holder is not None
+
+    def stdin_for(self, parallel: int, jobs: int, say: Callable[[str], None]) -> str | None:
+        """-s: the stdin a test's input() reads, as in plain pytest, when one test runs at a
+        time; several cannot share one stdin, and on a terminal that is said once."""
+        if self.config.getoption("capture", None) != "no":
+            return None
+        stdin = self.paths.get("stdin")
+        if parallel == 1 or jobs <= 1:
+            return stdin
+        if stdin is not None and os.isatty(0):
+            say(
+                f"-s: input() in a test reads no terminal input here: up to {parallel} "
+                "tests run at once and cannot share one stdin (--devpool-max-parallel=1 "
+                "lets one test at a time read it)"
+            )
+        return None
 
     def asked(self, slot: Slot, pid: int, post_mortem: bool = False) -> None:
         """A test of this worker (process pid: one rank of a ranks(n) test's) is entering the
