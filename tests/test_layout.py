@@ -20,12 +20,11 @@ MAX_CLASS_LINES = 300
 # Over the limits today, to be split by concern (issue 53): each stays under the ceiling it
 # had (its size on Dec 6, rounded up to ten lines), and one not named here fails at the limit.
 OVER_FOR_NOW: dict[str, int] = {
-    "queue/store.py": 570,
     "worker/session.py": 600,
 }
 CLASSES_OVER_FOR_NOW: dict[str, int] = {
     "backends/ray/backend.py::RayBackend": 420,
-    "queue/store.py::QueueStore": 440,
+    "queue/store.py::QueueStore": 380,
     "run/loop.py::Loop": 460,
     "worker/session.py::WorkerSession": 500,
     "session/controller.py::Controller": 430,

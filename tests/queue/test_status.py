@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from devpool.queue import store
+from devpool.queue.rows import JobRow, TestRow
 from devpool.queue.status import SHOWN_QUEUED, run_status
 
 
-def row(position: int, devices: int, state: str = "queued", **more: object) -> store.TestRow:
+def row(position: int, devices: int, state: str = "queued", **more: object) -> TestRow:
     fields: dict[str, Any] = {"outcome": None, "gating": False, "result": None, **more}
     test_id, request = f"t.py::test_{position}", f"{devices} devices"
-    return store.TestRow(position, test_id, devices, request, state, **fields)
+    return TestRow(position, test_id, devices, request, state, **fields)
 
 
-def job(job_id: int, devices: int, alive: bool, lost: bool = False) -> store.JobRow:
-    return store.JobRow(job_id, f"host-{job_id}", 100 + job_id, devices, "sim", alive, lost, 0, 0)
+def job(job_id: int, devices: int, alive: bool, lost: bool = False) -> JobRow:
+    return JobRow(job_id, f"host-{job_id}", 100 + job_id, devices, "sim", alive, lost, 0, 0)
 
 
 def test_a_lapsed_jobs_claims_count_as_queued_and_it_as_lost() -> None:
@@ -61,8 +61,8 @@ def test_what_no_live_job_holds_comes_first_and_the_list_is_capped() -> None:
 
 def test_per_class_figures_and_what_no_job_of_a_class_took() -> None:
     ran = {"start": 100.0, "end": 136.0, "run_time": 36.0, "devices": [0, 1]}
-    h100 = store.JobRow(1, "a", 11, 2, "h100", True, False, 0, 2, "sim")
-    h200 = store.JobRow(2, "b", 12, 2, "h200", False, True, 0, 0, "sim")
+    h100 = JobRow(1, "a", 11, 2, "h100", True, False, 0, 2, "sim")
+    h200 = JobRow(2, "b", 12, 2, "h200", False, True, 0, 0, "sim")
     rows = [
         row(0, 2, "done", outcome="passed", job_id=1, result=ran, platforms="h100"),
         row(1, 1, "done", outcome="passed", job_id=1, result={**ran, "start": 130.0}),

@@ -13,7 +13,7 @@ from typing import Any
 
 from devpool.outcomes import Outcome
 from devpool.queue.classes import ClassFigures, Gap, figures, fits, gaps
-from devpool.queue.store import JobRow, TestRow
+from devpool.queue.rows import JobRow, TestRow
 from devpool.wording import counted
 
 SCHEMA = 1

@@ -18,8 +18,8 @@ from devpool.errors import DevpoolError
 from devpool.queue.classes import FITS, covered, kind_conflict
 from devpool.queue.compare import QueuedTest as QueuedTest
 from devpool.queue.compare import difference, fingerprint
+from devpool.queue.rows import LIVE, QueueReads
 from devpool.queue.schema import NEWEST_COLUMN, SCHEMA, SCHEMA_LOCK
-from devpool.wording import counted
 
 TAIL = 2.0  # a claim takes at most 1/(TAIL x live jobs) of the queued work it could hold
 
@@ -31,12 +31,11 @@ def guided(seconds: float, queued: float, live: int) -> float:
     return min(seconds, queued / (TAIL * max(1, live)))
 
 
-_LIVE = "NOT {j}.lost AND {j}.left_at IS NULL AND {j}.expires_at >= now()"
 # A live job of the run, other than the one a rerun moved off (or on another host), that
 # can hold test t.
 _OTHER_JOB = (
     "EXISTS (SELECT 1 FROM devpool_queue_jobs o WHERE o.run_id = t.run_id AND "
-    + _LIVE.format(j="o")
+    + LIVE.format(j="o")
     + " AND o.devices >= t.devices AND "
     + FITS.format(j="o")
     + " AND {other})"
@@ -63,7 +62,7 @@ _MINE = FITS.format(j="x").replace("x.platform", "%(name)s").replace("x.kind", "
 # platform every test is so, and the order is longest first.
 _ONLY_MINE = (
     "(NOT EXISTS (SELECT 1 FROM devpool_queue_jobs o WHERE o.run_id = t.run_id AND "
-    + _LIVE.format(j="o")
+    + LIVE.format(j="o")
     + " AND o.platform <> %(name)s AND "
     + FITS.format(j="o")
     + "))"
@@ -94,43 +93,9 @@ class Claim:
     earlier: tuple[Mapping[str, Any], ...] = ()
 
 
-@dataclass(frozen=True)
-class JobRow:
-    """A job that joined the run."""
-
-    job_id: int
-    host: str
-    pid: int
-    devices: int
-    platform: str
-    alive: bool
-    lost: bool
-    claimed: int
-    done: int
-    kind: str = ""
-
-    def describe(self) -> str:
-        return f"{self.host} ({counted(self.devices, 'device')})"
-
-
-@dataclass(frozen=True)
-class TestRow:
-    """A test of the run as the queue holds it."""
-
-    position: int
-    test_id: str
-    devices: int
-    request: str
-    state: str  # queued, claimed, done
-    outcome: str | None
-    gating: bool
-    result: Mapping[str, Any] | None
-    job_id: int | None = None  # the job that holds or ran it
-    platforms: str = ""  # its class ('' any)
-
-
-class QueueStore:
-    """One connection to the queue's database, for one run."""
+class QueueStore(QueueReads):
+    """One connection to the queue's database, for one run (its reads of the run as a whole:
+    rows.py)."""
 
     def __init__(
         self, url: str, run_id: str, option: str = "--devpool-queue", read_only: bool = False
@@ -169,11 +134,6 @@ class QueueStore:
 
     def close(self) -> None:
         self.db.close()
-
-    def _args(self, **more: Any) -> dict[str, Any]:
-        return {"run": self.run_id, **more}
-
-    # ---- publishing and joining ------------------------------------------------------------
 
     def publish(self, tests: Sequence[QueuedTest], by: str, classes: Sequence[str] = ()) -> bool:
         """Publish the run's tests (True), or check ours against those published (False).
@@ -326,7 +286,7 @@ class QueueStore:
                     "SELECT (SELECT coalesce(sum(estimate * greatest(devices, 1)), 0) "
                     "FROM devpool_queue_tests t WHERE run_id = %(run)s AND state = 'queued' "
                     f"AND devices <= %(devices)s AND {_MINE}), (SELECT count(*) FROM "
-                    f"devpool_queue_jobs j WHERE j.run_id = %(run)s AND {_LIVE.format(j='j')} "
+                    f"devpool_queue_jobs j WHERE j.run_id = %(run)s AND {LIVE.format(j='j')} "
                     "AND j.platform = %(name)s)",
                     args,
                 ).fetchone() or (0.0, 1)
@@ -466,44 +426,6 @@ class QueueStore:
 
     # ---- the run as a whole ----------------------------------------------------------------
 
-    def jobs(self) -> list[JobRow]:
-        rows = self.db.execute(
-            "SELECT j.job_id, j.host, j.pid, j.devices, j.platform, "
-            "(NOT j.lost AND j.left_at IS NULL AND j.expires_at >= now()), j.lost, "
-            "count(t.*) FILTER (WHERE t.state = 'claimed'), "
-            "count(t.*) FILTER (WHERE t.state = 'done'), j.kind "
-            "FROM devpool_queue_jobs j LEFT JOIN devpool_queue_tests t "
-            "ON t.run_id = j.run_id AND t.job_id = j.job_id "
-            "WHERE j.run_id = %(run)s GROUP BY j.job_id ORDER BY j.job_id",
-            self._args(),
-        ).fetchall()
-        return [
-            JobRow(int(r[0]), r[1], int(r[2]), int(r[3]), r[4], r[5], r[6], r[7], r[8], r[9])
-            for r in rows
-        ]
-
-    def remaining(self) -> int:
-        """Tests of the run without their final outcome yet that a job may still end: claimed,
-        or queued with a live job of their class (a class none has is not taken)."""
-        row = self.db.execute(
-            "SELECT count(*) FROM devpool_queue_tests t WHERE run_id = %(run)s "
-            "AND (state = 'claimed' OR (state = 'queued' AND EXISTS (SELECT 1 FROM "
-            f"devpool_queue_jobs o WHERE o.run_id = t.run_id AND {_LIVE.format(j='o')} "
-            f"AND {FITS.format(j='o')})))",
-            self._args(),
-        ).fetchone()
-        return int(row[0]) if row else 0
-
-    def tests(self) -> list[TestRow]:
-        """Every test of the run, in collection order."""
-        rows = self.db.execute(
-            "SELECT position, test_id, devices, request, state, outcome, "
-            "coalesce(gating, false), result, job_id, platforms FROM devpool_queue_tests "
-            "WHERE run_id = %(run)s ORDER BY position",
-            self._args(),
-        ).fetchall()
-        return [TestRow(*row) for row in rows]
-
     def settle(self) -> list[str]:
         """End `unsatisfiable` the queued tests no live job can hold, naming what they need and
         what joined; the ids of the tests ended. Claimed tests are left to their jobs, and
@@ -513,7 +435,7 @@ class QueueStore:
         largest = max((job.devices for job in jobs if job.alive), default=-1)
         joined = ", ".join(job.describe() for job in jobs) or "no job"
         with self.db.transaction():
-            live = f"o.run_id = t.run_id AND {_LIVE.format(j='o')} AND {FITS.format(j='o')}"
+            live = f"o.run_id = t.run_id AND {LIVE.format(j='o')} AND {FITS.format(j='o')}"
             rows = self.db.execute(
                 "SELECT position, test_id, request, platforms FROM devpool_queue_tests t "
                 "WHERE run_id = %(run)s AND state = 'queued' AND (devices > %(largest)s OR "
@@ -538,27 +460,6 @@ class QueueStore:
                     ),
                 )
         return [str(row[1]) for row in rows]
-
-    # ---- read only, for the host page (serve/queue_view.py) --------------------------------
-
-    def newest_runs(self, most: int) -> list[tuple[str, float]]:
-        """The newest runs published on this database, newest first: (run id, when)."""
-        rows = self.db.execute(
-            "SELECT run_id, extract(epoch FROM published_at) FROM devpool_queue_runs "
-            "ORDER BY published_at DESC, run_id LIMIT %(most)s",
-            {"most": most},
-        ).fetchall()
-        return [(str(run), float(when)) for run, when in rows]
-
-    def lapsed(self) -> set[int]:
-        """Jobs of the run whose lease ran out and that no reap has marked lost yet: lost, as
-        the next reap will say, read without writing it."""
-        rows = self.db.execute(
-            "SELECT job_id FROM devpool_queue_jobs WHERE run_id = %(run)s AND NOT lost "
-            "AND left_at IS NULL AND expires_at < now()",
-            self._args(),
-        ).fetchall()
-        return {int(row[0]) for row in rows}
 
     def of_run(self, run_id: str) -> QueueStore:
         """A store of another run on this one's connection (closing either closes both)."""

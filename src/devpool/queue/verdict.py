@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from devpool.queue.classes import NOT_COVERED, Gap, figures, gaps
-from devpool.queue.store import JobRow, QueueStore, TestRow
+from devpool.queue.rows import JobRow, TestRow
+from devpool.queue.store import QueueStore
 from devpool.report.junit import Attempt, add_attempt
 from devpool.report.record import RunRecord, apply_event
 from devpool.wording import counted

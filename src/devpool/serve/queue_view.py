@@ -23,8 +23,9 @@ from typing import Any
 
 from devpool.database import where
 from devpool.errors import DevpoolError
+from devpool.queue.rows import TestRow
 from devpool.queue.status import SCHEMA, run_status
-from devpool.queue.store import QueueStore, TestRow
+from devpool.queue.store import QueueStore
 
 ASK_SECONDS = 2.0
 RETRY_SECONDS = 3.0
