@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from devpool.queue.rows import JobRow, TestRow
+from devpool.queue import rows as queue
+from devpool.queue.rows import JobRow
 from devpool.queue.status import SHOWN_QUEUED, run_status
 
 
-def row(position: int, devices: int, state: str = "queued", **more: object) -> TestRow:
+def row(position: int, devices: int, state: str = "queued", **more: object) -> queue.TestRow:
     fields: dict[str, Any] = {"outcome": None, "gating": False, "result": None, **more}
     test_id, request = f"t.py::test_{position}", f"{devices} devices"
-    return TestRow(position, test_id, devices, request, state, **fields)
+    return queue.TestRow(position, test_id, devices, request, state, **fields)
 
 
 def job(job_id: int, devices: int, alive: bool, lost: bool = False) -> JobRow:
