@@ -39,7 +39,6 @@ class OnceFixtures:
         fixtures = tuple(check.fixtures) if check is not None else ()
         self.skipped: Mapping[str, str] = check.skipped if check is not None else {}
         self.fixtures = {f.name: OnceProcess(f, loop) for f in fixtures}
-        self.folder = loop.ctx.run_dir / "once"
         self.held: list[Job] = []  # users waiting for their fixtures to be up
         self.names: dict[int, tuple[str, ...]] = {}  # job id → its once-fixtures
         # On Ray, outcomes travel with the batches (no shared folder): each fixture's, and

@@ -101,14 +101,14 @@ class OnceProcess:
         local = loop.backend.local_leases  # on Ray, Ray places it: its node, devices, ports
         if local and not self._leased(now):
             return False
-        env = device_env(ctx, tuple(sorted(self.devices)))
+        devices = tuple(sorted(self.devices))
+        env = device_env(ctx, devices)
         if request.cpus:
             env.update(ctx.threads.env(request.cpus))
         env.update(host_env(self.lease) if self.lease is not None else {SHIP_ENV: "1"})
         env[ONCE_ENV] = self.name
         if modules:
             env["DEVPOOL_COLLECT_ONLY"] = modules
-        devices = tuple(sorted(self.devices))
         worker = loop.pool.fork(devices, self.lease, env, user) if local and user else None
         worker = worker or loop.backend.start(devices, self.lease, env, request)
         if self.lease is not None:
