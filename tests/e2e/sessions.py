@@ -50,6 +50,23 @@ def wait_until(condition, what, bound=30.0):
 """
 
 
+# For a once-fixture's conftest (a template's `{server}`): a server on a leased port that
+# answers b"hello" to each connection; start_server(port) returns its process once it listens.
+PORT_SERVER = """
+def start_server(port):
+    code = (
+        "import socket\\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\\n"
+        f"s.bind(('127.0.0.1', {port})); s.listen(64); print('up', flush=True)\\n"
+        "while True:\\n"
+        "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    proc.stdout.readline()
+    return proc
+"""
+
+
 def suite(pytester: pytest.Pytester, out: Path, name: str, body: str) -> None:
     """A test module of the target project, with the PRELUDE on top."""
     pytester.makepyfile(**{name: PRELUDE.format(out=str(out)) + textwrap.dedent(body)})

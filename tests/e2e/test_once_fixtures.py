@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from sessions import IN_ORDER, events, records, suite
+from sessions import IN_ORDER, PORT_SERVER, events, records, suite
 
 pytestmark = pytest.mark.usefixtures("_no_autoload")
 
@@ -36,6 +36,7 @@ def note(key, **data):
     with open(OUT / (key + ".jsonl"), "a") as handle:
         handle.write(json.dumps(data) + "\\n")
 
+{server}
 
 @pytest.fixture(scope="session")
 def base():
@@ -46,15 +47,7 @@ def base():
 @pytest.fixture(scope="session")
 def server(base):
     port = int(os.environ["DEVPOOL_PORTS"].split(",")[0])
-    code = (
-        "import socket, sys\\n"
-        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\\n"
-        f"s.bind(('127.0.0.1', {{port}})); s.listen(64); print('up', flush=True)\\n"
-        "while True:\\n"
-        "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    proc.stdout.readline()
+    proc = start_server(port)
     note("setup", port=port, server=proc.pid)
     yield dict(port=port, server=proc.pid, devices=os.environ["DEVPOOL_DEVICES"], base=base)
     proc.terminate()
@@ -79,7 +72,7 @@ def test_uses(server, i):
 
 def _project(pytester: pytest.Pytester, out: Path, table: str, conftest: str) -> None:
     pytester.makefile(".toml", pyproject=f"[tool.devpool.once]\n{table}\n")
-    pytester.makeconftest(conftest.format(out=str(out)))
+    pytester.makeconftest(conftest.format(out=str(out), server=PORT_SERVER))
 
 
 def _lines(path: Path) -> list[dict[str, object]]:

@@ -32,6 +32,7 @@ from ray_cluster import (
     two_node_cluster,
     wait_until,
 )
+from sessions import PORT_SERVER
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -776,19 +777,12 @@ def note(key, **data):
     with open(OUT / (key + ".jsonl"), "a") as handle:
         handle.write(json.dumps(data) + "\\n")
 
+{server}
 
 @pytest.fixture(scope="session")
 def server():
     port = int(os.environ["DEVPOOL_PORTS"].split(",")[0])
-    code = (
-        "import socket\\n"
-        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\\n"
-        f"s.bind(('127.0.0.1', {{port}})); s.listen(64); print('up', flush=True)\\n"
-        "while True:\\n"
-        "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    proc.stdout.readline()
+    proc = start_server(port)
     note("setup", port=port, server=proc.pid)
     yield dict(port=port, server=proc.pid, node=os.environ.get("DEVPOOL_RAY_NODE_ID"),
                devices=os.environ.get("DEVPOOL_DEVICES"))
@@ -831,7 +825,7 @@ def test_a_once_fixture_runs_once_on_a_node_that_holds_its_request(
     pytester.makepyprojecttoml(
         PYPROJECT + "[tool.devpool.once]\nserver = { device_count = 1, ports = 1 }\n"
     )
-    pytester.makeconftest(ONCE_CONFTEST.format(out=str(out)))
+    pytester.makeconftest(ONCE_CONFTEST.format(out=str(out), server=PORT_SERVER))
     pytester.makepyfile(test_users=ONCE_USERS)
     record = pytester.path / "record.jsonl"
     result = run_ray(pytester, cluster, record, "-p", "no:randomly")
