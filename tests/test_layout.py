@@ -30,7 +30,6 @@ CLASSES_OVER_FOR_NOW: dict[str, int] = {
     "run/placing.py::Placing": 430,
     "run/replay.py::Replay": 370,
     "backends/local.py::LocalBackend": 340,
-    "queue/source.py::QueueSource": 310,
 }
 
 

@@ -8,7 +8,6 @@ queue in batches, under the claim's fencing token.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,13 +16,16 @@ from typing import Any, TypeVar
 import pytest
 
 from devpool.config import Settings
-from devpool.database import check_url, driver, where
+from devpool.database import check_url, where
 from devpool.devices.inventory import Inventory
 from devpool.errors import DevpoolError
 from devpool.plan.jobs import Job, Plan
+from devpool.queue.claims import Claim
 from devpool.queue.classes import class_of, fits, unused, widen
 from devpool.queue.heartbeat import Heartbeat
-from devpool.queue.store import Claim, QueuedTest, QueueStore
+from devpool.queue.junit_cases import JUnitCases
+from devpool.queue.link import QueueLink
+from devpool.queue.store import QueuedTest, QueueStore
 from devpool.wording import counted
 
 LOW_SECONDS = 2.0  # claim more when what this job holds falls under this much work per slot
@@ -175,16 +177,17 @@ class QueueSource:
         self.slots = max(1, slots)
         self.url = url
         self.lease = lease
-        self.store: QueueStore | None = QueueStore(url, run_id)
+        store = QueueStore(url, run_id)
         self.host, self.platform = host, platform
         try:
-            self.published = self.store.publish(tests, host, declared)
+            self.published = store.publish(tests, host, declared)
             name, kind = platform
-            self.job_id = self.store.join(host, os.getpid(), devices, name, lease, kind)
-            self.store.fill_chains([t for t in tests if fits(t.platforms, *platform)])
+            self.job_id = store.join(host, os.getpid(), devices, name, lease, kind)
+            store.fill_chains([t for t in tests if fits(t.platforms, *platform)])
         except BaseException:
-            self.store.close()
+            store.close()
             raise
+        self.link = QueueLink(url, run_id, lease, store)
         self.heartbeat = Heartbeat(url, run_id, self.job_id, lease)
         self.heartbeat.start()
         self.runnable = {job.display: job for job in runnable}
@@ -199,10 +202,7 @@ class QueueSource:
         self.held = 0.0  # the work of those claims, in the estimates' slot-seconds
         self.share = float("inf")  # the most it should hold now (store.guided)
         self.outbox: list[tuple[Claim, str, bool, dict[str, Any]]] = []
-        self.texts: dict[str, list[str]] = {}  # display id → failure text, for the JUnit file
-        # display id → its attempts that ran again (here, or on the jobs it moved from), as the
-        # final report folds them into the test's JUnit case
-        self.earlier: dict[str, list[dict[str, Any]]] = {}
+        self.cases = JUnitCases(host)  # failure texts and earlier attempts, for the JUnit file
         self.moved = 0  # reruns this job put back on the queue for another job
         self.refused: list[str] = []
         self.lost_claims: dict[str, Claim] = {}  # claims of a lease lost, not ended here yet
@@ -215,8 +215,6 @@ class QueueSource:
         self._dry = False  # the last claim found nothing: look again after POLL
         self._wake = False  # closed just now: the loop should look at once
         self._flushed = time.monotonic()
-        self.down_since: float | None = None  # the database has not answered since
-        self.failure = ""  # why this job stopped taking tests, when the database went away
         self.closed = False
         self.joined = ""  # the line the terminal shows once this job joined
         self.notes: list[str] = []  # lines the terminal shows after it (a warning)
@@ -245,8 +243,8 @@ class QueueSource:
         claims = self._db(
             lambda s: s.claim(self.job_id, self.devices, seconds, skip=self.skip, guide=True)
         )
-        if self.store is not None:
-            self.share = self.store.share
+        if self.link.store is not None:
+            self.share = self.link.store.share
         self._dry = not claims
         for claim in claims or ():
             self.claims[claim.test_id] = claim
@@ -284,7 +282,7 @@ class QueueSource:
         job.chain = None  # a rerun runs alone, as any rerun (run/loop.py)
         job.attempt = claim.attempt
         job.retries_failed, job.retries_infra, job.own_failures = claim.spent
-        self.earlier[claim.test_id] = [dict(attempt) for attempt in claim.earlier]
+        self.cases.resumed(claim)
 
     def move(self, job: Job) -> bool:
         """A failed attempt of `job` is to run again: True when its rerun went back to the
@@ -295,14 +293,13 @@ class QueueSource:
         if claim is None or self.heartbeat.lost:
             return False
         spent = (job.retries_failed, job.retries_infra, job.own_failures)
-        ended = self.earlier.get(job.display, [])
+        ended = self.cases.attempts(job.display)
         moved = self._db(lambda s: s.move(self.job_id, claim, job.attempt + 1, spent, ended))
         if not moved:
             return False
         del self.claims[job.display]
         self.held = max(0.0, self.held - self._work(claim)) if self.claims else 0.0
-        self.earlier.pop(job.display, None)
-        self.texts.pop(job.display, None)
+        self.cases.forget(job.display)
         self.moved += 1
         self._dry = False  # it may come back here when no other job can take it
         return True
@@ -313,25 +310,11 @@ class QueueSource:
         return jobs
 
     def _db(self, action: Callable[[QueueStore], T]) -> T | None:
-        """One call on the queue; None when the database is away (it is reconnected on the
-        next call). Away for longer than a lease, this job takes nothing more."""
-        try:
-            if self.store is None:
-                self.store = QueueStore(self.url, self.run_id)
-            result = action(self.store)
-        except (DevpoolError, driver().Error) as exc:
-            if self.store is not None:
-                with contextlib.suppress(Exception):
-                    self.store.close()
-            self.store = None
-            now = time.monotonic()
-            self.down_since = self.down_since or now
-            if now - self.down_since > self.lease:
-                self._open = False
-                self.failure = f"queue: PostgreSQL at {where(self.url)} was away for more than "
-                self.failure += f"{self.lease:g}s, this job took no more tests ({exc})"
-            return None
-        self.down_since = None
+        """One call on the queue (link.py); None when the database is away. Away for longer
+        than a lease, this job takes nothing more."""
+        result = self.link.call(action)
+        if self.link.gone:
+            self._open = False
         return result
 
     def _work(self, claim: Claim) -> float:
@@ -381,8 +364,7 @@ class QueueSource:
         self.estimated += claim.estimate
         result = {k: v for k, v in fields.items() if k not in ("job", "tail")}
         result["tail"] = list(fields.get("tail") or ())[-50:]
-        result["text"] = "\n".join(self.texts.pop(claim.test_id, []))
-        result["earlier"] = self.earlier.pop(claim.test_id, [])
+        self.cases.fold(claim.test_id, result)
         outcome = str(fields.get("outcome"))
         self.outbox.append((claim, outcome, bool(fields.get("gating")), result))
         if not self.claims:  # ran dry: others may wait on these outcomes, and more may be queued
@@ -394,23 +376,13 @@ class QueueSource:
         test = str(fields.get("nodeid"))
         if test not in self.claims or not fields.get("start"):
             return  # not this run's claim, or ended before it started (no attempt)
-        number, detail = fields.get("attempt"), fields.get("detail") or fields.get("outcome")
-        devices = ",".join(str(d) for d in fields.get("devices") or ()) or "cpu"
-        self.earlier.setdefault(test, []).append(
-            {
-                "attempt": number,
-                "outcome": str(fields.get("outcome")),
-                "message": f"attempt {number} on {self.host} (devices {devices}): {detail}",
-                "text": "\n".join(self.texts.pop(test, []) or fields.get("tail") or ()),
-                "host": self.host,
-            }
-        )
+        self.cases.ran_again(test, fields)
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """The failure or skip text pytest shows, for the merged JUnit file."""
-        if report.nodeid in self.claims and (report.failed or report.skipped):
-            self.texts.setdefault(report.nodeid, []).append(report.longreprtext)
+        if report.nodeid in self.claims:
+            self.cases.note(report)
 
     def flush(self) -> None:
         """Report the outcomes waiting, in one round trip; those refused are remembered."""
@@ -437,9 +409,8 @@ class QueueSource:
             left = None if self.outbox else self._db(lambda s: s.leave(self.job_id))
             if left is None:
                 time.sleep(POLL)
-        if self.store is not None:
-            self.store.close()
-        notes = [self.failure] if self.failure else []
+        self.link.close()
+        notes = [self.link.failure] if self.link.failure else []
         notes += [f"queue: this job's lease was lost: {lost}" for lost in self.lost_leases]
         if self.heartbeat.lost:
             notes.append(f"queue: this job's lease was lost: {self.heartbeat.why}")
