@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from devpool.run.loop import Loop
+from devpool.run.worker_events import WorkerEvents
 from devpool.worker import protocol, wire
 
 TESTS = (protocol.Test("t.py::a[1]", "t.py::a[1]", 1), protocol.Test("t.py::b", "t.py::b", 2))
@@ -144,7 +144,7 @@ def test_a_malformed_message_fails_loudly() -> None:
 
 
 def test_the_run_loop_handles_every_worker_event() -> None:
-    assert set(wire.handlers(Loop, protocol.EVENTS)) == set(protocol.EVENTS.types.values())
+    assert set(wire.handlers(WorkerEvents, protocol.EVENTS)) == set(protocol.EVENTS.types.values())
 
 
 def test_an_owner_without_a_handler_is_named() -> None:

@@ -12,7 +12,7 @@ Three conversations share one codec, each message one JSON object tagged with it
 Each side decodes a message once, where it reads it, into its frozen type; a tag its
 channel does not know, or a message that lacks a field or has one too many, raises
 ProtocolError (a devpool bug, said loudly). A new message is one class here, registered
-on its channel, and (for a worker's event) one `_on_<tag>` handler in run/loop.py.
+on its channel, and (for a worker's event) one `_on_<tag>` handler in run/worker_events.py.
 
 This module imports nothing but the standard library: Ray's rank actors use it too.
 """
