@@ -26,7 +26,6 @@ CLASSES_OVER_FOR_NOW: dict[str, int] = {
     "backends/ray/backend.py::RayBackend": 420,
     "worker/session.py::WorkerSession": 500,
     "session/controller.py::Controller": 430,
-    "run/replay.py::Replay": 370,
     "backends/local.py::LocalBackend": 340,
 }
 

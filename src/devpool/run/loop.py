@@ -255,9 +255,9 @@ class Loop:
             devices_busy=len(busy),
             queued=len(self.scheduler.queue) + len(self.pool.starting),
             running=running,
-            done=sum(self.replay.ended.values()),
+            done=sum(self.replay.conclusions.ended.values()),
             waiting_on=self.foreign.describe() if self.foreign else "",
-            counts=self.replay.counted,
+            counts=self.replay.conclusions.counted,
         )
 
     def _tend_health(self, now: float) -> None:
