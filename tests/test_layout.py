@@ -19,12 +19,9 @@ MAX_LINES = 500  # a module; over it, two concerns share a room (STYLE.md)
 MAX_CLASS_LINES = 300
 # Over the limits today, to be split by concern (issue 53): each stays under the ceiling it
 # had (its size on Dec 6, rounded up to ten lines), and one not named here fails at the limit.
-OVER_FOR_NOW: dict[str, int] = {
-    "worker/session.py": 600,
-}
+OVER_FOR_NOW: dict[str, int] = {}
 CLASSES_OVER_FOR_NOW: dict[str, int] = {
     "backends/ray/backend.py::RayBackend": 420,
-    "worker/session.py::WorkerSession": 500,
     "session/controller.py::Controller": 430,
     "backends/local.py::LocalBackend": 340,
 }

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from devpool.worker import protocol, wire
@@ -59,6 +60,51 @@ class HeldFile:
             self.fd = -1
         if remove and self.path is not None:
             self.path.unlink(missing_ok=True)
+
+
+class Outbox:
+    """The worker's messages to the controller: sent in one write with those held before
+    them, or held for the next write (and meanwhile kept in the held file)."""
+
+    def __init__(self, fd_out: int) -> None:
+        self.fd_out = fd_out  # -1 in a template: a forked child gets its own pipe
+        # A passing test's reports and its finish wait for the next message (the next test's
+        # start, or the batch's done): one write per test. Those held while test code runs
+        # are also in the held file, for the controller if this process dies.
+        self.held: list[protocol.Message] = []
+        self._kept, self._kept_count = b"", 0  # the encoded head of held, in the held file
+        self.file = HeldFile(None)
+
+    def keep_in(self, path: Path) -> None:
+        """Keep what is held in the file at path from now on."""
+        self.file.close()
+        self.file = HeldFile(path)
+
+    def send(self, *messages: protocol.Message) -> None:
+        """Send messages after those held (they keep their order), in one write."""
+        held, self.held = self.held[self._kept_count :], []
+        encoded, self._kept, self._kept_count = self._kept, b"", 0
+        self.file.clear()  # before the write: no message is read twice
+        wire.write(self.fd_out, *held, *messages, encoded=encoded)
+
+    def send_held(self) -> None:
+        if self.held:
+            self.send()
+
+    def hold(self, message: protocol.Message, keep: bool) -> None:
+        """Hold a message for the next write; keep: test code runs before that write (held file)."""
+        self.held.append(message)
+        if keep:
+            fresh = self.held[self._kept_count :]
+            self._kept += b"".join(protocol.encode(m) for m in fresh)
+            self._kept_count = len(self.held)
+            self.file.put(self._kept)
+
+    def insert(self, at: int, messages: Sequence[protocol.Message]) -> None:
+        """Hold messages at a place among those held (the held file is not rewritten)."""
+        if at < self._kept_count:  # never: the teardown report is held, not kept
+            self._kept, self._kept_count = b"", 0
+        self.held[at:at] = messages
 
 
 def read_held(path: Path) -> bytes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -167,3 +168,72 @@ def restrict(
         seen.add(item.nodeid)
         kept.append(item)
     return kept
+
+
+class Worklist:
+    """What this worker may run: the test modules it collects, the controller's selection
+    kept over what it collected, and the node ids it runs under another name."""
+
+    def __init__(self, modules_file: str | None, selected_from: str | None) -> None:
+        self.modules: set[str] | None = None  # None: every module
+        if modules_file:
+            self.modules = set(Path(modules_file).read_text(encoding="utf-8").split("\n")) - {""}
+        # The file of the controller's selection (None: keep what this process's collection
+        # keeps), and what it holds.
+        self.selected_from = selected_from
+        self.selected = _selection(selected_from)
+        self.collected: list[pytest.Item] = []  # every item, before any collection hook
+        self.renamed: dict[str, str] = {}  # this process's node id → the controller's
+
+    def ignores(self, collection_path: Path) -> bool | None:
+        """Skip test modules that hold none of this worker's jobs: no import, no collection."""
+        if self.modules is None or collection_path.suffix != ".py":
+            return None
+        if collection_path.name in ("conftest.py", "__init__.py"):
+            return None
+        return True if str(collection_path) not in self.modules else None
+
+    def select(self, session: pytest.Session, path: str | None) -> None:
+        """Keep the selection in the file at path, over the same collection (see
+        keep_selected); nothing to do when this process kept it already.
+
+        A template started while the controller was still collecting had no selection yet:
+        it applies the one its first fork request names before it forks (Template.serve's
+        prepare), so its children do not each read the file and walk every item again."""
+        if path == self.selected_from:
+            return
+        self.selected_from = path
+        self.selected = _selection(path)
+        if self.selected is not None:
+            session.items[:] = restrict(self.collected, session.items, self.selected)
+
+    def keep_selected(self, session: pytest.Session) -> None:
+        """The controller's selection is final: keep exactly its node ids."""
+        if self.selected is not None:
+            session.items[:] = restrict(self.collected, session.items, self.selected)
+
+    def by_place(self, items: dict[str, pytest.Item], nodeid: str) -> pytest.Item | None:
+        """The item at the controller's item's place, when their parametrize ids differ (ids
+        built from the clock, a seed or a temporary path at collection); it is renamed."""
+        if self.selected is None:
+            return None
+        where = self.selected.place_of(nodeid)
+        if where is None:
+            return None
+        for item in items.values():
+            if item.nodeid not in self.selected and place(item) == where:
+                self.renamed[item.nodeid] = nodeid
+                return item
+        return None
+
+
+def _selection(path: str | None) -> Selection | None:
+    """The controller's selected node ids (the file DEVPOOL_NODEIDS names), None when not
+    given."""
+    if not path:
+        return None
+    try:
+        return read_selection(Path(path))
+    except OSError as exc:  # e.g. a Ray node with shipped code cannot see the controller's file
+        print(f"devpool worker: runs without the controller's selection: {exc}", file=sys.stderr)
+        return None
