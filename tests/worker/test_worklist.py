@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from devpool.worker.worklist import glue_option_values, read_selection, write_selection
+from devpool.worker.worklist import (
+    Worklist,
+    glue_option_values,
+    read_selection,
+    write_selection,
+)
 
 VALUE_OPTIONS = {"--devpool-lock-dir", "--devices", "--cov"}
 
@@ -72,3 +79,23 @@ def test_the_selection_round_trips_through_its_file(pytester: pytest.Pytester) -
     assert selection.place_of("test_a.py::test_y[3-4]") == "test_a.py::test_y[a=1,b=1]"
     assert selection.place_of("test_a.py::TestC::test_z[\\t]") == "test_a.py::TestC::test_z[c=0]"
     assert selection.place_of("test_a.py::test_x") is None
+
+
+def test_a_worklist_collects_only_its_modules_and_never_skips_a_conftest(tmp_path: Path) -> None:
+    modules = tmp_path / "modules.txt"
+    modules.write_text(f"{tmp_path / 'test_mine.py'}\n", encoding="utf-8")
+    worklist = Worklist(str(modules), None)
+
+    assert worklist.ignores(tmp_path / "test_mine.py") is None
+    assert worklist.ignores(tmp_path / "test_other.py") is True
+    assert worklist.ignores(tmp_path / "conftest.py") is None
+    assert Worklist(None, None).ignores(tmp_path / "test_other.py") is None
+
+
+def test_a_worklist_without_the_controllers_file_keeps_its_own_collection(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    worklist = Worklist(None, str(tmp_path / "missing.txt"))
+
+    assert worklist.selected is None
+    assert "runs without the controller's selection" in capsys.readouterr().err
