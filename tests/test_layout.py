@@ -23,7 +23,6 @@ OVER_FOR_NOW: dict[str, int] = {}
 CLASSES_OVER_FOR_NOW: dict[str, int] = {
     "backends/ray/backend.py::RayBackend": 420,
     "session/controller.py::Controller": 430,
-    "backends/local.py::LocalBackend": 340,
 }
 
 

@@ -13,13 +13,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from devpool.backends import Backend, Forks, WorkerHandle
-from devpool.backends.pipes import EventPipes, read_available
+from devpool.backends.pipes import EventPipes
+from devpool.backends.rank_groups import RankGroups
 from devpool.backends.spawn import pytest_process
 from devpool.backends.templates import ForkedProcess, ForkRequest, Template
 from devpool.backends.zygote import Unset, Zygote, ZygoteChild, ZygoteGone
@@ -30,7 +31,7 @@ from devpool.worker.held import HeldReader, held_file
 from devpool.worker.stacks import stacks_file
 
 if TYPE_CHECKING:
-    from devpool.backends.ranks import Rank, RankGroup
+    from devpool.backends.ranks import RankGroup
 
 TEMPLATE_SHARE = 0.9  # of the worker start timeout, for a template to collect
 
@@ -114,7 +115,7 @@ class LocalBackend(Backend):
         self.zygote: Zygote | None = None  # forks templates; None: they start afresh
         self.start_timeout = start_timeout  # seconds a worker may take to start (and collect)
         self.closed = False
-        self.groups: dict[int, RankGroup] = {}  # ranks(n) tests' workers, by key
+        self.rank_groups = RankGroups(self.pipes)  # ranks(n) tests' workers (rank_groups.py)
 
     def start(
         self,
@@ -170,38 +171,8 @@ class LocalBackend(Backend):
     def group(self, workers: list[WorkerHandle], shape: int, straggle: float) -> RankGroup:
         """One ranks(n) test's workers, one per rank (rank order), as one worker
         (backends/ranks.py): their events meet in the merge before the loop reads them."""
-        # Imported here: a run without ranks(n) tests never loads the ranks' merge.
-        from devpool.backends.ranks import Rank, RankGroup, group_pipe
-
         self._next_key += 1
-        read_end, write_end = group_pipe()
-        first = workers[0]
-        ranks = [Rank(index, worker) for index, worker in enumerate(workers)]
-        group = RankGroup(
-            self._next_key,
-            first.devices,
-            first.lease,
-            ranks,
-            first.log,
-            read_end,
-            write_end,
-            shape,
-            straggle=straggle,
-        )
-        for rank in ranks:
-            self.pipes.forget(rank.worker)
-            self.pipes.call(rank.worker.fd_out, self._pump_rank(group, rank))
-        self.pipes.watch(group)
-        self.groups[group.key] = group
-        return group
-
-    def _pump_rank(self, group: RankGroup, rank: Rank) -> Callable[[], None]:
-        def readable() -> None:
-            group.pump(rank, read_available)
-            if rank.gone:
-                self.pipes.uncall(rank.worker.fd_out)
-
-        return readable
+        return self.rank_groups.group(self._next_key, workers, shape, straggle)
 
     def prepare(self, kind: str, template_env: Mapping[str, str]) -> None:
         """Start the template of a kind ahead of its first worker (it collects meanwhile)."""
@@ -347,25 +318,17 @@ class LocalBackend(Backend):
         """End templates that have not collected in time (their workers start fresh)."""
         for template in self.templates.values():
             template.check(now)
-        for group in self.groups.values():
-            group.check(now, read_available)
-            for rank in group.ranks:
-                if rank.gone:
-                    self.pipes.uncall(rank.worker.fd_out)
+        self.rank_groups.check(now)
 
     def due(self) -> list[float]:
         """When check() next has something to do."""
         times = [t.ready_by for t in self.templates.values() if t.state == "starting"]
-        return times + [at for group in self.groups.values() for at in group.due()]
+        return times + self.rank_groups.due()
 
     def drain(self, worker: WorkerHandle) -> list[protocol.Message]:
         """Whatever an exited worker still had in its pipe; stops watching that pipe."""
         if not isinstance(worker, Worker):  # a ranks(n) group (backends/ranks.py)
-            group = cast("RankGroup", worker)
-            for rank in group.ranks:
-                group.pump(rank, read_available)
-                self.pipes.uncall(rank.worker.fd_out)
-            group.check(time.monotonic(), read_available)
+            self.rank_groups.drain(cast("RankGroup", worker))
         return self.pipes.drain(worker)
 
     def reap(self, worker: WorkerHandle, wait: float = 5.0) -> int | None:
@@ -375,7 +338,7 @@ class LocalBackend(Backend):
         status yet is left to the template, which reaps its children (None here); waiting
         for that word held the loop for every test of --devpool-isolation=job."""
         if not isinstance(worker, Worker):  # a ranks(n) group
-            return self._reap_group(cast("RankGroup", worker), wait)
+            return self.rank_groups.reap(cast("RankGroup", worker), wait)
         process = worker.process
         code: int | None
         if wait <= 0 and isinstance(process, ForkedProcess) and process.poll() is None:
@@ -389,21 +352,6 @@ class LocalBackend(Backend):
         worker.exited = True
         self.pipes.forget(worker)
         worker.close()
-        return code
-
-    def _reap_group(self, group: RankGroup, wait: float) -> int | None:
-        try:
-            code = group.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            group.signal_group(signal.SIGKILL)
-            code = group.wait()
-        group.exited = True
-        for rank in group.ranks:
-            rank.worker.exited = True
-            self.pipes.uncall(rank.worker.fd_out)
-        self.pipes.forget(group)
-        group.close()
-        self.groups.pop(group.key, None)
         return code
 
     def close(self) -> None:
