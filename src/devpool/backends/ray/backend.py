@@ -1,13 +1,13 @@
 """Ray backend: workers are Ray actors on cluster nodes, each running the local worker process.
 
 A worker handle here is one job's ranks: a single actor for an ordinary test, n actors in a
-STRICT_SPREAD placement group for `@pytest.mark.nodes(n)`. On its node every actor starts the
-same worker process as the local backend: a fork of that node's template of its kind (one
-NodeTemplates actor per run and node keeps them, actor.py) once it has collected, else a
-fresh `python -m pytest ... --devpool-worker` process. A thread per handle
+STRICT_SPREAD placement group for `@pytest.mark.nodes(n)` (placer.py). On its node every actor
+starts the same worker process as the local backend: a fork of that node's template of its
+kind (one NodeTemplates actor per run and node keeps them, actor.py) once it has collected,
+else a fresh `python -m pytest ... --devpool-worker` process. A thread per handle
 pulls the ranks' event lines from their actors, merges the ranks into one stream (one start,
-report and finish per test) and writes it into a local pipe, so the controller's event loop
-reads Ray workers exactly as it reads local ones.
+report and finish per test) and writes it into a local pipe (bridge.py), so the controller's
+event loop reads Ray workers exactly as it reads local ones.
 """
 
 from __future__ import annotations
@@ -24,27 +24,23 @@ from pathlib import Path
 from typing import Any
 
 from devpool.backends import Backend, Forks, WorkerHandle
-from devpool.backends.failfast import FailFast
 from devpool.backends.layout import Layout
 from devpool.backends.pipes import EventPipes
 from devpool.backends.ray import ports as ray_ports
-from devpool.backends.ray.actor import STOP_WAIT, RankProcess, RankSpec, shipped_lists
+from devpool.backends.ray.actor import STOP_WAIT, RankSpec, shipped_lists
+from devpool.backends.ray.bridge import LOST_EXIT, EventBridge
 from devpool.backends.ray.cluster import alive_nodes, connect, describe_cluster, import_ray, plural
-from devpool.backends.ray.ending import fetch_logs, gather_logs, remove_ray_objects, why_lost
+from devpool.backends.ray.ending import end_ranks, gather_logs, remove_ray_objects
 from devpool.backends.ray.forks import NodeForks
-from devpool.backends.ray.handle import Rank, RayWorker
-from devpool.backends.ray.names import ActorName
+from devpool.backends.ray.handle import RayWorker
+from devpool.backends.ray.placer import Placer
 from devpool.backends.ray.waiting import ClusterWaitingRoom
 from devpool.config import Settings
 from devpool.devices.inventory import Inventory
 from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
-from devpool.report.record import host_name
-from devpool.worker import protocol, wire
+from devpool.worker import protocol
 
-EVENTS_WAIT = 0.5  # seconds an actor holds an events() call open waiting for output
-LOST_EXIT = -int(signal.SIGKILL)  # the exit status reported for a worker whose node went away
-CPU_BUNDLE = 0.01  # a multi-node CPU-only test still needs one bundle per node
 PLACE_GRACE = 2.0  # seconds a placement takes on a cluster with room (actor start included)
 SHIP_EXCLUDES = [
     ".git",
@@ -100,6 +96,8 @@ class RayBackend(NodeForks, Backend):
         self.address = connect(settings.ray_address, self.runtime_env)
         self.nodes = alive_nodes(self.resource)
         self.peer_service = settings.peer_service
+        self.placer = Placer(settings, self.resource)  # placer.py: a job's actors on the cluster
+        self.bridge = EventBridge(settings)  # bridge.py: their events into the controller's pipe
         NodeForks.__init__(self)
 
     # ---- what the cluster can hold --------------------------------------------------------
@@ -216,97 +214,20 @@ class RayBackend(NodeForks, Backend):
     ) -> None:
         code = LOST_EXIT
         try:
-            placed = self._place(worker, request, env.get("DEVPOOL_RUN_ID", ""))
+            placed = self.placer.place(worker, request, env.get("DEVPOOL_RUN_ID", ""))
             if placed and self._launch(worker, request, env):
-                code = self._pump(worker, write_end)
+                code = self.bridge.pump(worker, write_end)
         except Exception as exc:  # noqa: BLE001 - any Ray failure ends this worker, not the run
             worker.lost = worker.lost or f"Ray worker failed: {type(exc).__name__}: {exc}"
         finally:
             if worker.lost:
                 self._note(worker, f"devpool: {worker.lost}")
-            self._cleanup(worker)
+            end_ranks(worker, fetch=self.settings.ray_ship_code)
             gather_logs(worker, fetch=False)
             worker.code = code
             with contextlib.suppress(OSError):
                 os.close(write_end)
             worker.finished.set()
-
-    def _actor_class(self) -> Any:
-        ray = import_ray()
-        return ray.remote(RankProcess)
-
-    def _place(self, worker: RayWorker, request: Request, run_id: str) -> bool:
-        """Placement group and actors, bounded by --devpool-lease-timeout; False when not placed.
-        Each actor is named for its run, worker and rank (names.py), for Ray's state API."""
-        ray = import_ray()
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        layout = Layout.of(request)
-        k, n = layout.per_rank, layout.world
-        actor_class = self._actor_class()
-        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 8}
-        named = {name: float(units) for name, units in request.resources}
-        if k:
-            if self.resource == "GPU":
-                options["num_gpus"] = k
-            else:
-                options["resources"] = {self.resource: k}
-        if named:  # held by Ray with the devices, all or nothing, on every node of the test
-            options["resources"] = {**options.get("resources", {}), **named}
-        deadline = time.monotonic() + self.settings.lease_timeout
-        if n > 1:
-            # One bundle per node, its ranks' devices together (a ranks(n) test on one node
-            # is one bundle: its ranks meet on one host, as torchrun's do).
-            per_node = k * layout.per_node
-            bundle: dict[str, float] = {self.resource: per_node} if k else {"CPU": CPU_BUNDLE}
-            bundle.update(named)
-            if not k:
-                options["num_cpus"] = CPU_BUNDLE / layout.per_node
-            strategy = "STRICT_SPREAD" if layout.nodes > 1 else "STRICT_PACK"
-            worker.placement_group = placement_group([bundle] * layout.nodes, strategy=strategy)
-            if not self._ready([worker.placement_group.ready()], worker, deadline):
-                return False
-            for index in range(n):
-                strategy_of = PlacementGroupSchedulingStrategy(
-                    worker.placement_group, placement_group_bundle_index=layout.node_of(index)
-                )
-                actor = actor_class.options(
-                    name=self._actor_name(worker, run_id, index),
-                    scheduling_strategy=strategy_of,
-                    **options,
-                ).remote()
-                worker.ranks.append(Rank(index, actor))
-        else:
-            name = self._actor_name(worker, run_id, 0)
-            worker.ranks.append(Rank(0, actor_class.options(name=name, **options).remote()))
-        refs = [rank.actor.place.remote() for rank in worker.ranks]
-        if not self._ready(refs, worker, deadline):
-            return False
-        for rank, where in zip(worker.ranks, ray.get(refs), strict=True):
-            rank.node_id = where["node_id"]
-            rank.address = where["address"]
-        worker.placed = True
-        return True
-
-    def _actor_name(self, worker: RayWorker, run_id: str, rank: int) -> str:
-        return str(ActorName(host_name(), run_id or "unknown", worker.log.stem, rank))
-
-    def _ready(self, refs: list[Any], worker: RayWorker, deadline: float) -> bool:
-        ray = import_ray()
-        pending = list(refs)
-        while pending:
-            if worker.stop_asked.is_set():
-                return False
-            left = deadline - time.monotonic()
-            if left <= 0:
-                worker.lost = (
-                    f"no Ray placement within --devpool-lease-timeout "
-                    f"{self.settings.lease_timeout:g} s"
-                )
-                return False
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(0.5, left))
-        return True
 
     def _launch(self, worker: RayWorker, request: Request, env: dict[str, str]) -> bool:
         """Start every rank's worker process (rank 0 picks the port the ranks meet on)."""
@@ -372,71 +293,6 @@ class RayBackend(NodeForks, Backend):
                     rank.actor.send.remote(data)
             worker.outbox = []
         return True
-
-    def _pump(self, worker: RayWorker, write_end: int) -> int:
-        """Bridge the ranks' events into the controller's pipe until every rank has exited."""
-        ray = import_ray()
-        fate = FailFast(worker.world, self.settings.rank_straggle)  # as ranks(n) on a host
-        readers = [wire.Reader() for _ in worker.ranks]
-        calls = {rank.actor.events.remote(EVENTS_WAIT): rank for rank in worker.ranks}
-        while calls:
-            due = fate.due()
-            wait = EVENTS_WAIT * 4
-            if due:
-                wait = max(0.01, min(wait, min(due) - time.monotonic()))
-            ready, _ = ray.wait(list(calls), num_returns=1, timeout=wait)
-            fate.stopping, fate.signalled = worker.stopping, worker.stop_asked.is_set()
-            now = time.monotonic()
-            out: list[protocol.Message] = []
-            for ref in ready:
-                rank = calls.pop(ref)
-                try:
-                    data, code = ray.get(ref)
-                except ray.exceptions.RayError as exc:
-                    worker.lost = f"node {rank.address or '?'} lost ({why_lost(exc)})"
-                    self._kill_ranks(worker)
-                    return LOST_EXIT
-                for message in readers[rank.rank].feed(data):
-                    out += fate.take(rank.rank, message, now)
-                if code is None:
-                    calls[rank.actor.events.remote(EVENTS_WAIT)] = rank
-                    continue
-                rank.code = code
-                out += fate.rank_gone(rank.rank, code, rank.pid, now)
-            fate.tick(now)
-            for index, signum in fate.take_orders():
-                with contextlib.suppress(Exception):
-                    worker.ranks[index].actor.signal.remote(int(signum), True)
-            worker.fate = fate
-            if any(isinstance(m, protocol.Finish) for m in out):
-                gather_logs(worker, fetch=self.settings.ray_ship_code)
-            for message in out:
-                wire.write(write_end, message)
-        codes = [rank.code or 0 for rank in worker.ranks]
-        culprit = fate.culprit
-        if culprit is not None and codes[culprit]:
-            return codes[culprit]
-        return next((c for c in codes if c), 0)
-
-    def _kill_ranks(self, worker: RayWorker) -> None:
-        for rank in worker.ranks:
-            with contextlib.suppress(Exception):
-                rank.actor.signal.remote(int(signal.SIGKILL), True)
-
-    def _cleanup(self, worker: RayWorker) -> None:
-        """Stop the ranks' processes and services, then remove the actors and placement group."""
-        ray = import_ray()
-
-        stops = []
-        for rank in worker.ranks:
-            with contextlib.suppress(Exception):
-                stops.append(rank.actor.stop.remote())
-        if stops and not worker.lost:
-            with contextlib.suppress(Exception):
-                ray.wait(stops, num_returns=len(stops), timeout=STOP_WAIT * 2)
-        if self.settings.ray_ship_code and not worker.lost:
-            fetch_logs(worker)
-        remove_ray_objects(worker)
 
     def _note(self, worker: RayWorker, line: str) -> None:
         with contextlib.suppress(OSError), open(worker.log, "a", encoding="utf-8") as out:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 
+from devpool.backends.ray.actor import STOP_WAIT
 from devpool.backends.ray.cluster import import_ray
 from devpool.backends.ray.handle import RayWorker
 from devpool.report.terminal import read_log
@@ -69,3 +70,20 @@ def remove_ray_objects(worker: RayWorker) -> None:
         with contextlib.suppress(Exception):
             remove_placement_group(worker.placement_group)
         worker.placement_group = None
+
+
+def end_ranks(worker: RayWorker, fetch: bool) -> None:
+    """Stop the ranks' processes and services, then remove the actors and placement group
+    (fetch: their logs come back first, --devpool-ray-ship-code)."""
+    ray = import_ray()
+
+    stops = []
+    for rank in worker.ranks:
+        with contextlib.suppress(Exception):
+            stops.append(rank.actor.stop.remote())
+    if stops and not worker.lost:
+        with contextlib.suppress(Exception):
+            ray.wait(stops, num_returns=len(stops), timeout=STOP_WAIT * 2)
+    if fetch and not worker.lost:
+        fetch_logs(worker)
+    remove_ray_objects(worker)
