@@ -21,7 +21,6 @@ MAX_CLASS_LINES = 300
 # had (its size on Dec 6, rounded up to ten lines), and one not named here fails at the limit.
 OVER_FOR_NOW: dict[str, int] = {}
 CLASSES_OVER_FOR_NOW: dict[str, int] = {
-    "session/controller.py::Controller": 430,
 }
 
 

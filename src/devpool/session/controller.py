@@ -11,47 +11,41 @@ import os
 import time
 from collections.abc import Generator, Mapping
 from contextlib import nullcontext
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import pytest
 
 from devpool.backends import Backend
 from devpool.backends.local import LocalBackend
 from devpool.config import Settings
-from devpool.database import shown, shown_args
-from devpool.devices import memory, probes
+from devpool.devices import probes
 from devpool.devices.cores import usable_cores
 from devpool.devices.inventory import Inventory
 from devpool.devices.lockdir import LockDir
 from devpool.devices.probes import FatalPatterns
 from devpool.errors import DevpoolError
 from devpool.folders import devpool_dir
-from devpool.history import preload
 from devpool.history.durations import TestResult, default_history_path
 from devpool.history.place import HistorySpec, preload_file
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
-from devpool.plan import chains, skips
-from devpool.plan.jobs import Plan, build_plan, cpu_slots_of, cpus_reason
-from devpool.plan.markers import Request, request_for
+from devpool.plan.jobs import Plan
+from devpool.plan.markers import Request
 from devpool.report import github, progress
 from devpool.report.github import GitHubLog
 from devpool.report.junit import Attempt
 from devpool.report.record import LiveRecord, RecordWriter, host_name, read_record
 from devpool.report.slow import SlowTests
-from devpool.report.summary import summarize
 from devpool.report.terminal import lend_endings, take_back, write_apart
 from devpool.run.loop import Loop
 from devpool.run.threads import ThreadBudget
-from devpool.session import jobs, past_runs, summary, workers
+from devpool.session import jobs, past_runs, queue_job, record_lines, summary, workers
+from devpool.session.collected import read_requests
+from devpool.session.header import report_header
 from devpool.session.plain_collection import PlainCollection
-from devpool.session.run_folder import make_run_folder, prune_runs, run_id
+from devpool.session.run_folder import make_run_folder, run_id
 from devpool.session.sharding import keep_shard, parse_shard
 from devpool.session.signals import sigterm_as_interrupt
-
-if TYPE_CHECKING:
-    from devpool.queue.source import QueueSource
 
 
 class Listener(Protocol):
@@ -174,43 +168,6 @@ class Controller:
             for line in lines:
                 write_apart(terminal, line, yellow=True)
 
-    def _start_record(self, session: pytest.Session, plan: Plan) -> None:
-        prune_runs(self.run_dir, self.settings)
-        self.record = RecordWriter(self.record_path)
-        inventory = self.inventory
-        options = {
-            name: shown(str(value)) if isinstance(value, (Path, str)) else value
-            for name, value in vars(self.settings).items()
-            if name not in ("platforms", "devices")
-        }
-        self.emit(
-            "session_start",
-            run_id=self.run_id,
-            host=self.host,
-            pid=os.getpid(),
-            args=shown_args(session.config.invocation_params.args),
-            cwd=str(session.config.invocation_params.dir),
-            platform=inventory.platform.name,
-            kind=inventory.platform.kind,
-            devices=list(inventory.devices),
-            source=inventory.source,
-            options=options,
-            tests=len(plan.jobs) + len(plan.unsatisfiable),
-            planned=[job.display for job in plan.jobs] + [j.display for j, _ in plan.unsatisfiable],
-            deselected=summary.deselected_count(session.config),
-            log_dir=str(self.log_dir),
-            memory={str(d): b for d, b in self.memory.items()},
-            **self._ray_field(),
-        )
-
-    def _ray_field(self) -> dict[str, str]:
-        """The Ray cluster a ray-backed run joins, for readers of the record (devpool serve)."""
-        if self.settings.backend != "ray":
-            return {}
-        from devpool.backends.ray.cluster import cluster_address
-
-        return {"ray_address": cluster_address(self.settings.ray_address)}
-
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.early_backend is not None:  # the run ended before its loop (or after)
@@ -218,31 +175,8 @@ class Controller:
         summary.fold_junit(self.config, self.retried, list(self.items))
         if self.record is None:
             return
-        counts: dict[str, int] = {}
-        for ending in summarize(self.live_record.record).troubles:
-            outcome = ending.job.outcome or "?"
-            counts[outcome] = counts.get(outcome, 0) + 1
-        # The controller's own CPU seconds (benchmarks/per_test.py: what the run costs per test)
-        cpu = round(time.process_time(), 3)
-        self.emit("session_end", exitstatus=int(exitstatus), troubles=counts, controller_cpu=cpu)
-        self.record.close()
-        # What the run cost beyond its tests (capacity's fixed cost): runs that ended as
-        # runs do, each test once.
-        age = past_runs.process_age()
-        cost = None
-        if age is not None and self.settings.repeat == 1 and int(exitstatus) in (0, 1):
-            cost = (self.inventory.platform.name, len(self.inventory.devices), age)
-        self.releasable = past_runs.write_results(
-            self.history_path,
-            past_runs.with_leaks(self.results, self.live_record.record),
-            self.shard,
-            self.run_id,
-            self.quarantined,
-            self.quarantine_notes,
-            cost,
-        )
-        if self.imported:  # what each kind's template imports first next time
-            preload.write(self.preload_file, self.imported)
+        record_lines.end(self, exitstatus)  # session_end, and the record closed
+        self.releasable = past_runs.leave_for_next(self, exitstatus)  # durations, cost, preload
         # Under `devpool run` the parent writes the step summary, also when this process dies.
         if self.github is not None and not os.environ.get("DEVPOOL_SUMMARY_BY_PARENT"):
             github.write_step_summary(read_record(self.record_path))
@@ -259,30 +193,15 @@ class Controller:
             gc.freeze()
 
     def pytest_report_header(self) -> list[str]:
-        lines = [
-            f"devpool: {self.inventory.describe()} from {self.inventory.source}; "
-            f"max-parallel {self.max_parallel}, cpu slots {self.settings.cpu_slots}",
-            f"devpool: lock dir {self.lock_dir.path}; logs {self.log_dir}",
-            *self.threads.header(),
-        ]
-        if self.settings.profile_note:  # e.g. CI=true's reruns, said where they come from
-            lines.append(f"devpool: {self.settings.profile_note}")
-        capture = self.config.getoption("capture", None)
-        if capture in ("no", "tee-sys"):
-            # Tests run in workers: what they print live goes to the worker's log, and a
-            # reader of plain pytest's -s would look for it here.
-            lines.append(
-                f"devpool: -s: tests print to their worker's log, not here: "
-                f"{self.log_dir}/worker-N.log (each failure names its worker's log)"
-            )
-        if not self.inventory.devices:
-            action = "skip" if self.settings.skip_unsatisfiable else "fail"
-            lines[0] = (
-                f"devpool: {self.inventory.source}: CPU tests run, tests that need devices "
-                f"{action} as unsatisfiable; max-parallel {self.max_parallel}, "
-                f"cpu slots {self.settings.cpu_slots}"
-            )
-        return lines
+        return report_header(
+            self.settings,
+            self.inventory,
+            self.lock_dir,
+            self.log_dir,
+            self.threads,
+            self.max_parallel,
+            self.config.getoption("capture", None),
+        )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -293,41 +212,14 @@ class Controller:
         config, items = session.config, session.items
         self.startup_estimate = max(0.1, time.process_time())
         platform = self.inventory.platform
-        keep: list[pytest.Item] = []
-        dropped: list[pytest.Item] = []
-        for item in items:
-            try:
-                request = request_for(
-                    item,
-                    self.settings.platforms,
-                    self.settings.device_memory,
-                    self.settings.resources,
-                )
-            except DevpoolError as exc:
-                raise pytest.UsageError(str(exc)) from None
-            over = request.cpus_total > self.settings.cpu_slots
-            if over and not self.settings.skip_unsatisfiable:
-                raise pytest.UsageError(
-                    f"{item.nodeid}: {cpus_reason(request, self.settings.cpu_slots)}; lower "
-                    "it, or pass --devpool-skip-unsatisfiable to skip such tests"
-                )
-            self.asked[item.nodeid] = request.device_count * request.nodes  # for a queue
-            if request.platforms is not None:  # its class, in a queue run (queue/classes.py)
-                self.classes[item.nodeid] = request.platforms
-            request = skips.beyond_pool(item, request, len(self.inventory.devices))
-            if request.platforms is not None and not (
-                platform.name in request.platforms or platform.kind in request.platforms
-            ):
-                listed = ", ".join(request.platforms)
-                self.deselected.append(
-                    (item.nodeid, f"platform {platform.name} not in platforms([{listed}])")
-                )
-                dropped.append(item)
-                continue
-            self.requests[item.nodeid] = request
-            keep.append(item)
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
+        found = read_requests(items, self.settings, self.inventory)  # collected.py
+        self.requests.update(found.requests)
+        self.asked.update(found.asked)
+        self.classes.update(found.classes)
+        self.deselected += found.deselected
+        keep = found.keep
+        if found.dropped:
+            config.hook.pytest_deselected(items=found.dropped)
             items[:] = keep
         try:
             past_runs.match_quarantine(
@@ -357,41 +249,16 @@ class Controller:
             locations = {nodeid: item.location for nodeid, item in self.items.items()}
             self.github = GitHubLog(self.inventory.platform.name, locations)
             self.listeners.append(self.github)
-        default = self.settings.default_estimate
         planned = jobs.jobs_for(session.items, self.requests, self.settings, self.failed_before)
-        if self.settings.repeat == 1:  # a queue claims a chain whole (queue/store.py)
-            chains.tie(planned, self.items)
-        if self.settings.backend == "local" and any(j.request.device_memory for j in planned):
-            self.memory = memory.capacity_of(self.inventory, self.settings.memory_reserve)
-        plan = build_plan(
-            planned,
-            self.inventory,
-            backend=self.settings.backend,
-            estimate=lambda job: self.estimates.get(job.nodeid, default),
-            memory=self.memory,
-            resources=self.settings.resources,
-            keep_master_port=self.settings.keep_master_port,
-            cpu_slots=self.settings.cpu_slots,
+        plan, self.memory = jobs.plan_run(
+            planned, self.items, self.inventory, self.settings, self.estimates
         )
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         for note in plan.notes:
             if terminal is not None:
                 terminal.write_line(f"devpool: {note}")
         backend = self.make_backend(session.config)
-        check = getattr(backend, "unsatisfiable", None)
-        if check is not None:  # the cluster's real shape: nodes, devices per node
-            for job in list(plan.jobs):
-                reason = check(job.request)
-                if reason is not None:
-                    plan.jobs.remove(job)
-                    plan.unsatisfiable.append((job, reason))
-        for job in plan.jobs:
-            job.estimate_known = job.nodeid in self.estimates
-            load = self.cpu_loads.get(job.nodeid)
-            if load is not None and job.devices_needed and self.settings.backend == "local":
-                job.cpu_cores = cpu_slots_of(load, self.settings.cpu_slots)
-            if job.request.cpu_ranks:  # a CPU-only ranks(n) test: a core per rank, at most all
-                job.cpu_cores = min(job.request.cpu_ranks, self.settings.cpu_slots)
+        jobs.fit_plan(plan, backend, self.settings, self.estimates, self.cpu_loads)
         if self.settings.plan:
             jobs.print_plan(self.config, plan, self.inventory, self.settings)
             backend.close()
@@ -405,9 +272,9 @@ class Controller:
         collected = session.testscollected = len(plan.jobs) + len(plan.unsatisfiable)
         if self.settings.queue:
             session.testscollected = 0
-        source = self._join_queue(plan, backend) if self.settings.queue else None
+        source = queue_job.join(self, plan, backend) if self.settings.queue else None
         # A queue's job plans no test of its own: its record counts the tests it claimed.
-        self._start_record(session, plan if source is None else Plan())
+        record_lines.start(self, session.config, plan if source is None else Plan())
         terminal = self.config.pluginmanager.get_plugin("terminalreporter")
         if terminal is not None:
             terminal.showfspath = False  # reports arrive interleaved across files
@@ -439,30 +306,6 @@ class Controller:
         if session.shouldstop:
             raise session.Interrupted(session.shouldstop)
         return True
-
-    def _join_queue(self, plan: Plan, backend: Backend) -> QueueSource:
-        """--devpool-queue: publish or check the run's tests, join it; the plan's jobs then come
-        from this job's claims, and tests no job can hold are the queue's to end."""
-        from devpool.queue.source import join_queue
-
-        try:
-            default, notes = self.settings.default_estimate, self.quarantine_notes
-            of = past_runs.class_estimates(self.history_path, notes, self.estimates, default)
-            source = join_queue(
-                self.settings, plan, self.inventory, self.host, self.max_parallel, self.asked,
-                self.classes, of,
-            )  # fmt: skip
-        except DevpoolError as exc:
-            backend.close()
-            raise pytest.UsageError(str(exc)) from None
-        plan.unsatisfiable = []
-        self.listeners.append(source)
-        self.config.pluginmanager.register(source, "devpool-queue")
-        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
-        if terminal is not None:
-            for line in [source.joined, *source.notes]:
-                terminal.write_line(f"devpool: {line}")
-        return source
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(

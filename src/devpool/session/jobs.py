@@ -1,6 +1,7 @@
 """Collected items → Jobs: one per test and repetition, the session's defaults on its request.
 
-And the plan as --devpool-plan prints it, instead of running it.
+Then the run's plan of them, fitted to what the backend can place, and the plan as
+--devpool-plan prints it, instead of running it.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from dataclasses import replace
 
 import pytest
 
+from devpool.backends import Backend
 from devpool.config import Settings
+from devpool.devices import memory as devices_memory
 from devpool.devices.inventory import Inventory
-from devpool.plan.jobs import Job, Plan
+from devpool.plan import chains
+from devpool.plan.jobs import Job, Plan, build_plan, cpu_slots_of
 from devpool.plan.markers import Request, request_for
 
 
@@ -50,6 +54,60 @@ def jobs_for(
                 )
             )
     return jobs
+
+
+def plan_run(
+    planned: list[Job],
+    items: Mapping[str, pytest.Item],
+    inventory: Inventory,
+    settings: Settings,
+    estimates: Mapping[str, float],
+) -> tuple[Plan, dict[int, int]]:
+    """The run's plan of its jobs (a chain of tests tied whole), each with its estimated
+    duration from the history (else the default estimate); and the bytes each device hands
+    out to device_memory tests ({}: none)."""
+    default = settings.default_estimate
+    if settings.repeat == 1:  # a queue claims a chain whole (queue/store.py)
+        chains.tie(planned, items)  # a chain's tests then share whole devices
+    memory: dict[int, int] = {}
+    if settings.backend == "local" and any(j.request.device_memory for j in planned):
+        memory = devices_memory.capacity_of(inventory, settings.memory_reserve)
+    plan = build_plan(
+        planned,
+        inventory,
+        backend=settings.backend,
+        estimate=lambda job: estimates.get(job.nodeid, default),
+        memory=memory,
+        resources=settings.resources,
+        keep_master_port=settings.keep_master_port,
+        cpu_slots=settings.cpu_slots,
+    )
+    return plan, memory
+
+
+def fit_plan(
+    plan: Plan,
+    backend: Backend,
+    settings: Settings,
+    estimates: Mapping[str, float],
+    cpu_loads: Mapping[str, float],
+) -> None:
+    """The plan as the backend runs it: what its cluster can never place is unsatisfiable,
+    and each job gets the cores its history says it keeps busy."""
+    check = getattr(backend, "unsatisfiable", None)
+    if check is not None:  # the cluster's real shape: nodes, devices per node
+        for job in list(plan.jobs):
+            reason = check(job.request)
+            if reason is not None:
+                plan.jobs.remove(job)
+                plan.unsatisfiable.append((job, reason))
+    for job in plan.jobs:
+        job.estimate_known = job.nodeid in estimates
+        load = cpu_loads.get(job.nodeid)
+        if load is not None and job.devices_needed and settings.backend == "local":
+            job.cpu_cores = cpu_slots_of(load, settings.cpu_slots)
+        if job.request.cpu_ranks:  # a CPU-only ranks(n) test: a core per rank, at most all
+            job.cpu_cores = min(job.request.cpu_ranks, settings.cpu_slots)
 
 
 def repeat_id(nodeid: str, turn: int, total: int) -> str:

@@ -13,19 +13,21 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import NamedTuple
+from pathlib import Path
+from typing import NamedTuple, Protocol
 
 import pytest
 
 from devpool.config import Settings
-from devpool.devices.inventory import Platform
+from devpool.devices.inventory import Inventory, Platform
 from devpool.errors import DevpoolError
+from devpool.history import preload
 from devpool.history.durations import TestResult, results_bound
 from devpool.history.place import HistorySpec, add_pending, history_found, open_history
 from devpool.history.quarantine import Entry, Quarantine, entries_from_file, entries_from_table
 from devpool.history.sql import SqlHistory
 from devpool.outcomes import Outcome
-from devpool.report.record import RunRecord
+from devpool.report.record import LiveRecord, RunRecord
 
 RELEASE_AFTER = 5  # passes in a row after which a quarantined test is ready to release
 
@@ -129,6 +131,45 @@ def match_quarantine(
         notes.append(text)
     for entry in book.unmatched():
         notes.append(f"quarantine entry {entry.key!r} ({entry.source}) matches no collected test")
+
+
+class Leaving(Protocol):
+    """What the controller leaves for the next runs at the end of this one."""
+
+    settings: Settings
+    inventory: Inventory
+    history_path: HistorySpec
+    results: list[TestResult]
+    live_record: LiveRecord
+    shard: tuple[int, int] | None
+    run_id: str
+    quarantined: dict[str, Entry]
+    quarantine_notes: list[str]
+    imported: dict[int, dict[str, None]]
+    preload_file: Path
+
+
+def leave_for_next(ctx: Leaving, exitstatus: int) -> list[str]:
+    """This run's durations (with its leaks) and cost into the history, and what each
+    kind's template imports first next time; the quarantined tests now ready to release."""
+    # What the run cost beyond its tests (capacity's fixed cost): runs that ended as
+    # runs do, each test once.
+    age = process_age()
+    cost = None
+    if age is not None and ctx.settings.repeat == 1 and int(exitstatus) in (0, 1):
+        cost = (ctx.inventory.platform.name, len(ctx.inventory.devices), age)
+    releasable = write_results(
+        ctx.history_path,
+        with_leaks(ctx.results, ctx.live_record.record),
+        ctx.shard,
+        ctx.run_id,
+        ctx.quarantined,
+        ctx.quarantine_notes,
+        cost,
+    )
+    if ctx.imported:  # what each kind's template imports first next time
+        preload.write(ctx.preload_file, ctx.imported)
+    return releasable
 
 
 def with_leaks(results: list[TestResult], record: RunRecord) -> list[TestResult]:
