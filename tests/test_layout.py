@@ -17,11 +17,6 @@ SRC = Path(devpool.__file__).resolve().parent
 MAX_TOP_LEVEL = 12
 MAX_LINES = 500  # a module; over it, two concerns share a room (STYLE.md)
 MAX_CLASS_LINES = 300
-# Over the limits today, to be split by concern (issue 53): each stays under the ceiling it
-# had (its size on Dec 6, rounded up to ten lines), and one not named here fails at the limit.
-OVER_FOR_NOW: dict[str, int] = {}
-CLASSES_OVER_FOR_NOW: dict[str, int] = {
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -132,9 +127,9 @@ def test_no_module_is_over_the_line_limit() -> None:
     for path in SRC.rglob("*.py"):
         rel = path.relative_to(SRC).as_posix()
         lines = len(path.read_text(encoding="utf-8").splitlines())
-        if lines > OVER_FOR_NOW.get(rel, MAX_LINES):
+        if lines > MAX_LINES:
             over[rel] = lines
-    assert over == {}, f"over {MAX_LINES} lines (or over their ceiling in OVER_FOR_NOW): {over}"
+    assert over == {}, f"over {MAX_LINES} lines: {over}"
 
 
 def _class_sizes() -> dict[str, int]:
@@ -150,12 +145,8 @@ def _class_sizes() -> dict[str, int]:
 
 def test_no_class_is_over_the_line_limit() -> None:
     sizes = _class_sizes()
-    over = {
-        name: lines
-        for name, lines in sizes.items()
-        if lines > CLASSES_OVER_FOR_NOW.get(name, MAX_CLASS_LINES)
-    }
-    assert over == {}, f"over {MAX_CLASS_LINES} lines (or their CLASSES_OVER_FOR_NOW): {over}"
+    over = {name: lines for name, lines in sizes.items() if lines > MAX_CLASS_LINES}
+    assert over == {}, f"over {MAX_CLASS_LINES} lines: {over}"
 
 
 def test_a_ray_node_actor_imports_no_pytest() -> None:

@@ -78,7 +78,7 @@ class RayBackend(NodeForks, Backend):
         self.args = list(args)  # a worker's pytest arguments: see worklist.worker_args
         self.cwd = cwd
         # The same for every worker; a path in it is the controller's, so with shipped
-        # code a worker that cannot read it says so in its log (see worker/session.py).
+        # code a worker that cannot read it says so in its log (see worker/worklist.py).
         self.worker_env = dict(worker_env or {})
         self.log_dir = log_dir
         self.settings = settings
