@@ -113,7 +113,7 @@ ORPHANS = """
 import os, signal, subprocess, sys, time
 from devpool.devices import leftovers
 
-run = leftovers.Run.of(leftovers.this_run(), os.getpid())
+run = leftovers.RunMark.of(leftovers.this_run(), os.getpid())
 # sh backgrounds a sleeper and exits: it is orphaned (to init, or to a subreaper above this
 # process: a devpool worker running this test). Its output must not hold run()'s pipe.
 line = sys.executable + " -c 'import time; time.sleep(600)' </dev/null >/dev/null 2>&1 & echo $!"

@@ -84,7 +84,7 @@ def read_shard_runs(paths: Sequence[Path]) -> list[ShardRun]:
 
 
 @dataclass
-class Verdict:
+class ShardVerdict:
     """The outcome of a check: problems (each a sentence, maybe with node ids under it)."""
 
     runs: list[ShardRun]
@@ -113,9 +113,9 @@ class Verdict:
         return "\n".join(lines) + "\n"
 
 
-def verify(runs: Sequence[ShardRun]) -> Verdict:
+def verify(runs: Sequence[ShardRun]) -> ShardVerdict:
     """Check that the records are the N shards of one split, each test run exactly once."""
-    verdict = Verdict(list(runs))
+    verdict = ShardVerdict(list(runs))
     problem = verdict.problems.append
     sizes = sorted({run.n for run in runs})
     if len(sizes) > 1:

@@ -289,7 +289,7 @@ def _outlive(pids: list[int], grace: float, reap: bool = True) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Run:
+class RunMark:
     """What marks a run's processes: its mark, and its controller's pid, environment and
     start (a fork that never exec'd shows the controller's environment)."""
 
@@ -300,7 +300,7 @@ class Run:
     argv: str = ""  # the controller's command line, which a fork of it shows too
 
     @classmethod
-    def of(cls, mark: str, controller: int) -> Run:
+    def of(cls, mark: str, controller: int) -> RunMark:
         proc = read(controller)
         start = proc.start if proc else 0
         return cls(mark, controller, _environ_bytes(controller), start, command(controller))
@@ -310,7 +310,7 @@ class Run:
         return proc is not None and not proc.zombie and proc.start == self.since
 
 
-def orphans(run: Run, spare: Iterable[int] = ()) -> list[Proc]:
+def orphans(run: RunMark, spare: Iterable[int] = ()) -> list[Proc]:
     """Processes of this run that nothing of the run owns any more: those exec'd with its
     mark, and forks that never exec'd (a devpool name and the controller's environment)
     that lost the devpool process they were forked below. spare: live processes of the run, whose
@@ -332,7 +332,7 @@ def orphans(run: Run, spare: Iterable[int] = ()) -> list[Proc]:
     return found
 
 
-def _lost_fork(proc: Proc, run: Run, procs: dict[int, Proc]) -> bool:
+def _lost_fork(proc: Proc, run: RunMark, procs: dict[int, Proc]) -> bool:
     """A fork of the run's that never exec'd and whose parent is no longer a fork or the
     controller of the same environment (that of a live devpool process, this run's or a run
     started alike, is not an orphan)."""
@@ -369,7 +369,7 @@ def _environ_bytes(pid: int) -> bytes:
 def guard(mark: str, controller: int, fd: int) -> None:
     """Wait for the controller's pipe to close; unless it said the run ended cleanly
     first, end every process that carries the run's mark (the controller was killed)."""
-    run = Run.of(mark, controller)
+    run = RunMark.of(mark, controller)
     said = b""
     with contextlib.suppress(OSError):
         while chunk := os.read(fd, 64):

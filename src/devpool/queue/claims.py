@@ -69,7 +69,8 @@ _ONLY_MINE = (
 class Claim:
     """A test this job may run, and the fencing token its report must carry. A rerun moved
     here from another job carries its next attempt's number, the reruns spent (failed, infra,
-    the test's own failures) and the earlier attempts (junit.Attempt's fields and the host)."""
+    the test's own failures) and the earlier attempts (junit.EarlierAttempt's fields and the
+    host)."""
 
     test_id: str
     token: int

@@ -17,7 +17,7 @@ from typing import Any
 from devpool.queue.classes import NOT_COVERED, Gap, figures, gaps
 from devpool.queue.rows import JobRow, TestRow
 from devpool.queue.store import QueueStore
-from devpool.report.junit import Attempt, add_attempt
+from devpool.report.junit import EarlierAttempt, add_attempt
 from devpool.report.record import RunRecord, apply_event
 from devpool.wording import counted
 
@@ -131,9 +131,9 @@ def jobs_line(jobs: Sequence[JobRow]) -> str:
     return f"queue: {counted(len(jobs), 'job')} joined: " + ("; ".join(parts) or "none")
 
 
-def _attempt(fields: Mapping[str, Any]) -> Attempt:
+def _attempt(fields: Mapping[str, Any]) -> EarlierAttempt:
     """An earlier attempt as the queue keeps it (queue/source.py), as JUnit folds it."""
-    return Attempt(
+    return EarlierAttempt(
         int(fields.get("attempt") or 1),
         str(fields.get("outcome") or "failed"),
         str(fields.get("message") or ""),

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from devpool.outcomes import GATING, Outcome
-from devpool.report.record import Leak, read_run
+from devpool.report.record import LeakLine, read_run
 from devpool.report.summary import INTERRUPTED, NOT_RUN, RunSummary, summarize
 
 DIFF_SCHEMA = "devpool-diff/1"
@@ -69,8 +69,8 @@ def _more(first: str | None, count: int) -> str:
     return f"{first} and {count - 1} more" if count > 1 else str(first)
 
 
-def _leaks_of(summary: RunSummary) -> dict[str, list[Leak]]:
-    found: dict[str, list[Leak]] = {}
+def _leaks_of(summary: RunSummary) -> dict[str, list[LeakLine]]:
+    found: dict[str, list[LeakLine]] = {}
     for leak in summary.leaks:
         found.setdefault(leak.nodeid, []).append(leak)
     return found

@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
-class Attempt:
+class EarlierAttempt:
     """A failed attempt that was run again."""
 
     attempt: int
@@ -32,7 +32,7 @@ def _attempt_of(case: ET.Element) -> int:
     return 1
 
 
-def add_attempt(final: ET.Element, attempt: Attempt, passed: bool) -> None:
+def add_attempt(final: ET.Element, attempt: EarlierAttempt, passed: bool) -> None:
     """An earlier attempt as a child of the test's final case: <flakyFailure>/<flakyError>
     when the test passed in the end, <rerunFailure>/<rerunError> when it did not."""
     kind = "Error" if attempt.outcome == "error" else "Failure"
@@ -43,7 +43,7 @@ def add_attempt(final: ET.Element, attempt: Attempt, passed: bool) -> None:
 
 def fold_attempts(
     path: Path,
-    attempts: Mapping[tuple[str, str], Sequence[Attempt]],
+    attempts: Mapping[tuple[str, str], Sequence[EarlierAttempt]],
     order: Sequence[tuple[str, str]] = (),
 ) -> int:
     """Rewrite the file in place; attempts are keyed by (classname, name), `order` lists those

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from devpool.report.record import Leak, RunRecord
+from devpool.report.record import LeakLine, RunRecord
 from devpool.report.summary import NOT_RUN_SHOWN, RunSummary, name_lines, summarize, where
 from devpool.report.terminal import strip_ansi
 from devpool.wording import counted
@@ -104,7 +104,7 @@ def summary_markdown(summary: RunSummary) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _leak_row(leak: Leak) -> str:
+def _leak_row(leak: LeakLine) -> str:
     """One leak as a table row; a cell's text may hold anything a command line does."""
     pid = "?" if leak.pid is None else leak.pid
     left = {"thread": f"thread in pid {pid}", "memory": f"device memory in pid {pid}"}.get(

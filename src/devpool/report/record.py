@@ -190,7 +190,7 @@ class JobRun:
 
 
 @dataclass(frozen=True)
-class Leak:
+class LeakLine:
     """What one attempt (or a wider fixture it set up) left behind: a `leak` line."""
 
     job: int  # -1: no job of this run's (found at the run's end)
@@ -208,7 +208,7 @@ class Leak:
     time: float = 0.0
 
     @classmethod
-    def of(cls, event: Mapping[str, Any]) -> Leak:
+    def of(cls, event: Mapping[str, Any]) -> LeakLine:
         pid = event.get("pid")
         fixture = event.get("fixture")
         return cls(
@@ -275,7 +275,7 @@ class RunRecord:
     shard: Mapping[str, Any] | None = None  # the shard event of a --devpool-shard run
     damage: str | None = None  # one sentence when the file was cut or corrupt
     last_time: float = 0.0
-    leaks: list[Leak] = field(default_factory=list)  # its `leak` lines, in order
+    leaks: list[LeakLine] = field(default_factory=list)  # its `leak` lines, in order
 
     @property
     def finished(self) -> bool:
@@ -435,7 +435,7 @@ def apply_event(record: RunRecord, open_jobs: dict[int, JobRun], event: Mapping[
     elif kind == "shard":
         record.shard = event
     elif kind == "leak":
-        record.leaks.append(Leak.of(event))
+        record.leaks.append(LeakLine.of(event))
     elif kind == "job_start":
         run = JobRun(
             job=int(event["job"]),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from devpool.devices.inventory import format_ids
 from devpool.outcomes import Outcome
 from devpool.report.once import OnceRun, onces_of
-from devpool.report.record import JobRun, Leak, RunRecord
+from devpool.report.record import JobRun, LeakLine, RunRecord
 from devpool.wording import counted
 
 # pytest's own categories beside devpool's outcomes: a test that xfailed is no skip.
@@ -124,7 +124,7 @@ class RunSummary:
     deselected: int = 0  # tests the terminal's closing line counts as deselected
     appeared: tuple[str, ...] = ()  # the categories in the order the run first counted each
     # what tests left behind (`leak` lines, issue 52), in the order they were found
-    leaks: tuple[Leak, ...] = ()
+    leaks: tuple[LeakLine, ...] = ()
     leaks_checked: bool = False  # the run looked for leaks (--devpool-leaks warn or fail)
     gaps: tuple[ClassGap, ...] = ()  # a queue run's classes that did not run
     classes: tuple[str, ...] = ()  # a queue run's per-class figures, a line each

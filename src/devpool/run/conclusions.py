@@ -19,7 +19,7 @@ from devpool.backends import WorkerHandle
 from devpool.history.durations import TestResult, runner_class
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
-from devpool.report.junit import Attempt as JunitAttempt
+from devpool.report.junit import EarlierAttempt
 from devpool.report.terminal import file_name, tail
 from devpool.run import host_leases
 from devpool.run.attempts import Attempt, State
@@ -91,7 +91,7 @@ class Conclusions:
             text = "\n".join(lines)
             message = f"attempt {attempt.number} on {where}: {detail or outcome.value}"
             ctx.retried.setdefault(job.display, []).append(
-                JunitAttempt(attempt.number, outcome.value, message, text)
+                EarlierAttempt(attempt.number, outcome.value, message, text)
             )
         ctx.emit(
             "job_end",

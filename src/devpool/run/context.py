@@ -19,7 +19,7 @@ from devpool.history.durations import TestResult
 from devpool.history.place import HistorySpec
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
-from devpool.report.junit import Attempt as JunitAttempt
+from devpool.report.junit import EarlierAttempt
 from devpool.run.threads import ThreadBudget
 
 
@@ -46,7 +46,7 @@ class RunContext(Protocol):
     # Findings, for the summary at the end of the run.
     repeats: dict[str, list[tuple[Outcome, str]]]
     results: list[TestResult]
-    retried: dict[str, list[JunitAttempt]]
+    retried: dict[str, list[EarlierAttempt]]
     bad_devices: dict[int, str]  # device → why it was retired
     device_notes: list[str]  # devices that were checked after an error and kept, and why
     startup_estimate: float  # seconds a worker template is expected to take to collect

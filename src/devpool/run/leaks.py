@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from devpool.devices import leftovers
-from devpool.report.record import Leak
+from devpool.report.record import LeakLine
 from devpool.run.attempts import Attempt
 from devpool.run.context import RunContext
 
@@ -34,10 +34,10 @@ class Leaks:
         self.stuck: set[int] = set()  # devices a process we may not end still sees
         self._guard: subprocess.Popen[bytes] | None = None
         self._guard_fd = -1
-        self.run: leftovers.Run | None = None
+        self.run: leftovers.RunMark | None = None
         mark = leftovers.this_run()
         if self.mode != "off" and local:
-            self.run = leftovers.Run.of(mark, os.getpid())
+            self.run = leftovers.RunMark.of(mark, os.getpid())
             self._start_guard(mark)
 
     def _start_guard(self, mark: str) -> None:
@@ -82,7 +82,7 @@ class Leaks:
             **fields,
         }
         self.ctx.emit("leak", **event)
-        self.say(f"LEAK {nodeid}: {Leak.of(event).what()}")
+        self.say(f"LEAK {nodeid}: {LeakLine.of(event).what()}")
         if message.get("ended") == "not permitted":
             self.stuck.update(devices)
             self.say(

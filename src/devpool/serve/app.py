@@ -57,7 +57,7 @@ class Sources:
     """What the server reads: the lock folder and the projects' .devpool folders."""
 
     lock_dir: Path
-    projects: list[views.Project]
+    projects: list[views.ProjectFolder]
     ray_addresses: list[str] = field(default_factory=list)  # --ray-address
     ray: cluster.RayWatch = field(default_factory=cluster.RayWatch)
     queue: QueueWatch | None = None  # --devpool-queue
@@ -290,7 +290,7 @@ def build_app(
 
         return endpoint
 
-    def find_run(request: Request) -> tuple[views.Project, Path] | None:
+    def find_run(request: Request) -> tuple[views.ProjectFolder, Path] | None:
         key, run_id = request.path_params["project"], request.path_params["run"]
         project = next((p for p in sources.projects if p.key == key), None)
         if project is None or not _NAME.match(run_id):

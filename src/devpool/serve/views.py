@@ -39,7 +39,7 @@ _EXIT_WORDS = {
 
 
 @dataclass
-class Project:
+class ProjectFolder:
     """One project's ``.devpool/`` folder the page reads; ``key`` names it in URLs."""
 
     key: str
@@ -54,15 +54,15 @@ class Project:
         return self.folder.parent
 
 
-def projects_of(folders: Sequence[Path]) -> list[Project]:
+def projects_of(folders: Sequence[Path]) -> list[ProjectFolder]:
     """Projects keyed by their folder's parent name, numbered when two share a name."""
-    found: list[Project] = []
+    found: list[ProjectFolder] = []
     seen: Counter[str] = Counter()
     for folder in folders:
         name = folder.resolve().parent.name or "project"
         seen[name] += 1
         key = name if seen[name] == 1 else f"{name}-{seen[name]}"
-        found.append(Project(key, folder.resolve()))
+        found.append(ProjectFolder(key, folder.resolve()))
     return found
 
 
@@ -70,7 +70,7 @@ def projects_of(folders: Sequence[Path]) -> list[Project]:
 
 
 @dataclass
-class RunSummary:
+class RunCard:
     """One run record, summed up for the page (cached by the file's size and mtime)."""
 
     project: str
@@ -126,7 +126,7 @@ class RunSummary:
         }
 
 
-def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
+def summarise(project: str, record: RunRecord, live: bool) -> RunCard:
     """The page's view of one record: progress so far, failures, how it ended."""
     start = record.start
     summary = summarize(record)  # the counts every report form shows (report.summary)
@@ -169,7 +169,7 @@ def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
         ending = f"{word} (exit {exitstatus})"
     pid = start.get("pid")
     user = start.get("user") or _owner(record.path)
-    return RunSummary(
+    return RunCard(
         project=project,
         run_id=record.path.parent.name,
         start=float(start.get("time", 0.0)),
@@ -208,7 +208,7 @@ def summarise(project: str, record: RunRecord, live: bool) -> RunSummary:
     )
 
 
-def last_leaks(summaries: Iterable[RunSummary]) -> dict[tuple[str, int], dict[str, Any]]:
+def last_leaks(summaries: Iterable[RunCard]) -> dict[tuple[str, int], dict[str, Any]]:
     """Each device's last leak (issue 52) in the runs of this host: what a test left that
     could still see or hold it, with its run; a Ray run's devices are its cluster's."""
     here = (socket.gethostname(), os.uname().nodename)
@@ -282,11 +282,11 @@ def _started_after(pid: int, moment: float) -> bool:
 class RunIndex:
     """The run records of the projects, read again only when a file's size or mtime moved."""
 
-    def __init__(self, projects: Sequence[Project]) -> None:
+    def __init__(self, projects: Sequence[ProjectFolder]) -> None:
         self.projects = list(projects)
-        self._cache: dict[Path, tuple[tuple[int, int], RunSummary | None]] = {}
+        self._cache: dict[Path, tuple[tuple[int, int], RunCard | None]] = {}
 
-    def record_files(self) -> Iterable[tuple[Project, Path]]:
+    def record_files(self) -> Iterable[tuple[ProjectFolder, Path]]:
         for project in self.projects:
             if not project.runs.is_dir():
                 continue
@@ -296,7 +296,7 @@ class RunIndex:
                 path = Path(entry.path) / "record.jsonl"
                 yield project, path
 
-    def summaries(self) -> list[RunSummary]:
+    def summaries(self) -> list[RunCard]:
         """Every readable run, newest start first. A record is parsed again only when its
         size or mtime moved, or when the live run it was is no longer alive."""
         found = []
@@ -323,7 +323,7 @@ class RunIndex:
             del self._cache[gone]
         return sorted(found, key=lambda s: -s.start)
 
-    def _read(self, project: Project, path: Path) -> RunSummary | None:
+    def _read(self, project: ProjectFolder, path: Path) -> RunCard | None:
         if path.is_symlink():
             return None
         try:
@@ -335,7 +335,7 @@ class RunIndex:
             return None
 
 
-def runs_view(summaries: Sequence[RunSummary], live: bool) -> dict[str, Any]:
+def runs_view(summaries: Sequence[RunCard], live: bool) -> dict[str, Any]:
     """Live runs (progress so far) or recent ones (how they ended), newest first."""
     chosen = [s for s in summaries if s.live == live]
     if not live:
@@ -346,7 +346,7 @@ def runs_view(summaries: Sequence[RunSummary], live: bool) -> dict[str, Any]:
 # ---- tests -------------------------------------------------------------------------------
 
 
-def tests_view(projects: Sequence[Project], today: dt.date | None = None) -> dict[str, Any]:
+def tests_view(projects: Sequence[ProjectFolder], today: dt.date | None = None) -> dict[str, Any]:
     """Per project: the flakiest tests over the history, quarantine entries with their
     expiry, and capacity by device count from the history."""
     from devpool.serve.history import capacity_rows, flakiest, quarantine_entries

@@ -33,7 +33,7 @@ from devpool.plan.jobs import Plan
 from devpool.plan.markers import Request
 from devpool.report import github, progress
 from devpool.report.github import GitHubLog
-from devpool.report.junit import Attempt
+from devpool.report.junit import EarlierAttempt
 from devpool.report.record import LiveRecord, RecordWriter, host_name, read_record
 from devpool.report.slow import SlowTests
 from devpool.report.terminal import lend_endings, take_back, write_apart
@@ -73,7 +73,7 @@ class Controller:
         self.failed_before: set[str] = set()  # with --ff / --lf: these start first
         self.deselected: list[tuple[str, str]] = []
         self.repeats: dict[str, list[tuple[Outcome, str]]] = {}
-        self.retried: dict[str, list[Attempt]] = {}  # display id → attempts run again
+        self.retried: dict[str, list[EarlierAttempt]] = {}  # display id → attempts run again
         self.quarantined: dict[str, Entry] = {}  # node id → its quarantine
         self.quarantine_notes: list[str] = []  # expired or unmatched entries, said loudly
         self.bad_devices: dict[int, str] = {}  # device → why it was retired this session

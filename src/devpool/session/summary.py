@@ -14,7 +14,7 @@ from devpool.devices.inventory import Inventory
 from devpool.history.quarantine import Entry
 from devpool.outcomes import RERUN, Outcome
 from devpool.report.github import GitHubLog
-from devpool.report.junit import Attempt, fold_attempts
+from devpool.report.junit import EarlierAttempt, fold_attempts
 from devpool.report.record import LiveRecord, RecordWriter
 from devpool.report.summary import INTERRUPTED, summarize
 from devpool.report.terminal import print_repeats, print_summary
@@ -116,7 +116,7 @@ class Cut:
 
 
 def fold_junit(
-    config: pytest.Config, retried: Mapping[str, list[Attempt]], collected: Sequence[str]
+    config: pytest.Config, retried: Mapping[str, list[EarlierAttempt]], collected: Sequence[str]
 ) -> None:
     """--junitxml: fold the attempts of tests run again into their testcase, and put the
     testcases in collection order, as plain pytest writes them (report.junit)."""

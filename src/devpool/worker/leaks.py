@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from devpool.devices import leftovers, memory
-from devpool.report.record import Leak
+from devpool.report.record import LeakLine
 from devpool.worker import protocol
 
 LEAKS_ENV = "DEVPOOL_LEAKS"  # MODE[:SHARE]: warn | fail | off, and the memory share
@@ -293,4 +293,4 @@ def _size(count: int) -> str:
 
 def line(message: protocol.Leak) -> str:
     """One leak in words, as every report says it (report/record.py)."""
-    return Leak.of(protocol.to_object(message)).what()
+    return LeakLine.of(protocol.to_object(message)).what()

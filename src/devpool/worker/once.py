@@ -242,7 +242,7 @@ class OnceValues:
         return report
 
 
-class OnceProcess:
+class OnceProcessPlugin:
     """The plugin of a once-fixture's own process: instead of running tests, set the
     fixture up, say so, wait for the stop, tear it down, say so."""
 
@@ -252,7 +252,7 @@ class OnceProcess:
         self.folder = folder
 
     @classmethod
-    def forked(cls, config: pytest.Config) -> OnceProcess:
+    def forked(cls, config: pytest.Config) -> OnceProcessPlugin:
         """In a child a template forked to set a once-fixture up (its environment names it).
         What the template collected stays frozen: the collector never walks those pages."""
         gc.freeze()
@@ -366,6 +366,8 @@ def register_worker(config: pytest.Config, names: Collection[str]) -> None:
     once-fixture's own process, run one. names: the table's."""
     folder, own = os.environ.get(ONCE_DIR_ENV), os.environ.get(ONCE_ENV)
     if own and (folder or os.environ.get(SHIP_ENV)):  # on Ray: no folder, its outcome ships
-        config.pluginmanager.register(OnceProcess(config, own, Path(folder or ".")), "devpool-once")
+        config.pluginmanager.register(
+            OnceProcessPlugin(config, own, Path(folder or ".")), "devpool-once"
+        )
     else:
         config.pluginmanager.register(OnceValues(config, names), "devpool-once")

@@ -23,7 +23,7 @@ def shown_subtest_values(data: dict[str, Any]) -> None:
         context["devpool_shown"] = True
 
 
-class Shown:
+class ReprOnly:
     """A value known only by its repr (a subtest parameter from a worker)."""
 
     def __init__(self, text: str) -> None:
@@ -37,7 +37,7 @@ def restore_subtest_values(data: dict[str, Any]) -> None:
     """The controller's side of shown_subtest_values, before pytest rebuilds the report."""
     context = data.get(SUBTEST_CONTEXT)
     if isinstance(context, dict) and context.pop("devpool_shown", False):
-        context["kwargs"] = {key: Shown(str(text)) for key, text in context["kwargs"].items()}
+        context["kwargs"] = {key: ReprOnly(str(text)) for key, text in context["kwargs"].items()}
 
 
 def warned(

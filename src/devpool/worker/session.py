@@ -24,7 +24,7 @@ from devpool import compat
 from devpool.worker import capture, leaks, protocol, warned, worklist
 from devpool.worker import template as forkserver
 from devpool.worker.held import Outbox, held_file
-from devpool.worker.once import ONCE_ENV, OnceProcess
+from devpool.worker.once import ONCE_ENV, OnceProcessPlugin
 from devpool.worker.template_role import TemplateRole
 from devpool.worker.terminal import Terminal
 from devpool.worker.worker_role import WorkerRole
@@ -72,11 +72,11 @@ class WorkerSession:
         self.config = config
         # A template (fork server) collects, then forks workers: "template,SOCKET,PARENT",
         # and on a Ray node ",PATH": where the node's rank actors ask it for forks too.
-        server: forkserver.Template | None = None
+        server: forkserver.ForkServer | None = None
         if spec.startswith("template,"):
             _, sock, parent_pid, *listen = spec.split(",", 3)
             parent = int(parent_pid)
-            server = forkserver.Template(int(sock), listen[0] if listen else None)
+            server = forkserver.ForkServer(int(sock), listen[0] if listen else None)
             self.fd_in = fd_out = -1  # a forked child gets its own pipes
         else:
             self.fd_in, fd_out, parent = (int(part) for part in spec.split(","))
@@ -199,7 +199,7 @@ class WorkerSession:
                 return True  # the template's work is done
             self._become(session, fork)
             if os.environ.get(ONCE_ENV):  # a once-fixture's own process (run/once_process.py)
-                return OnceProcess.forked(self.config).pytest_runtestloop(session)
+                return OnceProcessPlugin.forked(self.config).pytest_runtestloop(session)
         self.worker.run(session, self.fd_in)
         if self.forked:
             # Every test and fixture has ended. pytest collects the cycles five times at exit

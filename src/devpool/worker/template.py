@@ -156,7 +156,7 @@ class Fork:
     template_pid: int
 
 
-class Template:
+class ForkServer:
     """The serving loop of a template process (pytest_runtestloop calls serve())."""
 
     def __init__(self, sock_fd: int, listen: str | None = None) -> None:

@@ -23,7 +23,7 @@ from devpool.worker import template as forkserver
 class TemplateRole:
     """A template's part of its worker session: watches collection, preloads, serves forks."""
 
-    def __init__(self, config: pytest.Config, server: forkserver.Template) -> None:
+    def __init__(self, config: pytest.Config, server: forkserver.ForkServer) -> None:
         self.config = config
         self.server = server
         # The threads it runs, and the first test module after whose import it ran more (an

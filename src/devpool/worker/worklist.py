@@ -101,7 +101,7 @@ def place(item: pytest.Item) -> str | None:
     return f"{parent}{name}[{indices}]"
 
 
-class Selection:
+class ChosenNodeids:
     """The controller's selected node ids, and the place of each parametrized one."""
 
     def __init__(self, nodeids: Iterable[str], places: Mapping[str, str] | None = None) -> None:
@@ -131,7 +131,7 @@ def write_selection(items: Iterable[pytest.Item], folder: Path) -> Path:
     return target
 
 
-def read_selection(path: Path) -> Selection:
+def read_selection(path: Path) -> ChosenNodeids:
     """The node ids a worker may run (the file write_selection wrote)."""
     nodeids: list[str] = []
     places: dict[str, str] = {}
@@ -142,11 +142,11 @@ def read_selection(path: Path) -> Selection:
         nodeids.append(nodeid)
         if where:
             places[nodeid] = where
-    return Selection(nodeids, places)
+    return ChosenNodeids(nodeids, places)
 
 
 def restrict(
-    collected: Sequence[pytest.Item], items: Sequence[pytest.Item], selected: Selection
+    collected: Sequence[pytest.Item], items: Sequence[pytest.Item], selected: ChosenNodeids
 ) -> list[pytest.Item]:
     """The selected items in collection order, whatever other hooks kept of them.
 
@@ -198,7 +198,7 @@ class Worklist:
         keep_selected); nothing to do when this process kept it already.
 
         A template started while the controller was still collecting had no selection yet:
-        it applies the one its first fork request names before it forks (Template.serve's
+        it applies the one its first fork request names before it forks (ForkServer.serve's
         prepare), so its children do not each read the file and walk every item again."""
         if path == self.selected_from:
             return
@@ -227,7 +227,7 @@ class Worklist:
         return None
 
 
-def _selection(path: str | None) -> Selection | None:
+def _selection(path: str | None) -> ChosenNodeids | None:
     """The controller's selected node ids (the file DEVPOOL_NODEIDS names), None when not
     given."""
     if not path:

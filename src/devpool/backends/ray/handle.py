@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the rank actors' side imports no merge (nor pytest)
 
 
 @dataclass
-class Rank:
+class RankActor:
     """One rank of a worker: its actor and what it reported about itself."""
 
     rank: int
@@ -57,7 +57,7 @@ class RayWorker(WorkerHandle):
     reader: wire.Reader = field(default_factory=wire.Reader)
     exited: bool = False
     lost: str | None = None
-    ranks: list[Rank] = field(default_factory=list)
+    ranks: list[RankActor] = field(default_factory=list)
     placement_group: Any = None
     code: int | None = None
     finished: threading.Event = field(default_factory=threading.Event)

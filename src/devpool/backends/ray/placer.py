@@ -13,7 +13,7 @@ from typing import Any
 from devpool.backends.layout import Layout
 from devpool.backends.ray.actor import RankProcess
 from devpool.backends.ray.cluster import import_ray
-from devpool.backends.ray.handle import Rank, RayWorker
+from devpool.backends.ray.handle import RankActor, RayWorker
 from devpool.backends.ray.names import ActorName
 from devpool.config import Settings
 from devpool.plan.markers import Request
@@ -74,10 +74,10 @@ class Placer:
                     scheduling_strategy=strategy_of,
                     **options,
                 ).remote()
-                worker.ranks.append(Rank(index, actor))
+                worker.ranks.append(RankActor(index, actor))
         else:
             name = self._actor_name(worker, run_id, 0)
-            worker.ranks.append(Rank(0, actor_class.options(name=name, **options).remote()))
+            worker.ranks.append(RankActor(0, actor_class.options(name=name, **options).remote()))
         refs = [rank.actor.place.remote() for rank in worker.ranks]
         if not self._ready(refs, worker, deadline):
             return False
