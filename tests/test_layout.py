@@ -149,6 +149,17 @@ def test_no_class_is_over_the_line_limit() -> None:
     assert over == {}, f"over {MAX_CLASS_LINES} lines: {over}"
 
 
+def test_no_two_classes_share_a_name() -> None:
+    """One name for one thing: a class name found in two modules is two things a reader
+    (and a grep) takes for one."""
+    where: dict[str, list[str]] = {}
+    for qualified in _class_sizes():
+        rel, name = qualified.split("::")
+        where.setdefault(name, []).append(rel)
+    twice = {name: files for name, files in where.items() if len(files) > 1}
+    assert twice == {}, f"class names defined more than once: {twice}"
+
+
 def test_a_ray_node_actor_imports_no_pytest() -> None:
     """Every job on Ray starts a rank actor, a Ray worker process that imports its class's
     module: pytest (and devpool's controller) stay out of it, as they cost every rank."""
