@@ -26,7 +26,7 @@ def dump(test_file: Path) -> str:
             f'  File "{test_file}", line 6 in test_hang',
             f'  File "{SITE}/_pytest/python.py", line 166 in pytest_pyfunc_call',
             f'  File "{PLUGGY}/_callers.py", line 121 in _multicall',
-            f'  File "{DEVPOOL}/worker/session.py", line 147 in _run',
+            f'  File "{DEVPOOL}/worker/worker_role.py", line 147 in _run',
             f'  File "{SITE}/pytest/__main__.py", line 9 in <module>',
             '  File "<frozen runpy>", line 88 in _run_code',
             "",

@@ -200,7 +200,7 @@ class QueueSource:
         ]
         self.claims: dict[str, Claim] = {}  # display id → claim not reported yet
         self.held = 0.0  # the work of those claims, in the estimates' slot-seconds
-        self.share = float("inf")  # the most it should hold now (store.guided)
+        self.share = float("inf")  # the most it should hold now (claims.guided)
         self.outbox: list[tuple[Claim, str, bool, dict[str, Any]]] = []
         self.cases = JUnitCases(host)  # failure texts and earlier attempts, for the JUnit file
         self.moved = 0  # reruns this job put back on the queue for another job

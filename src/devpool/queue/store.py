@@ -199,7 +199,8 @@ class QueueStore(QueueReads):
         return [str(row[1]) for row in rows]
 
     def of_run(self, run_id: str) -> QueueStore:
-        """A store of another run on this one's connection (closing either closes both)."""
+        """A store of another run on this one's connection (closing either closes both), for
+        reading it: its claims start afresh (no share yet), as the host page never claims."""
         import copy
 
         other = copy.copy(self)

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from devpool.devices.leases import Lease
 from devpool.devices.ports import overlap_error, ports_env
 from devpool.devices.resources import HostBlocked, HostLease
-from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
 from devpool.plan.scheduler import Scheduler
 from devpool.run.attempts import Attempt
@@ -31,18 +30,9 @@ RESOURCES_ENV = "DEVPOOL_RESOURCES"
 HOST_RETRY = 0.1
 
 
-class _Replay(Protocol):  # run/replay.py's Replay (which imports this module)
-    def synthesize(
-        self, attempt: Attempt, outcome: Outcome, detail: str, duration: float
-    ) -> None: ...
-
-
 class _LoopView(Protocol):
     ctx: RunContext
     scheduler: Scheduler
-
-    @property
-    def replay(self) -> _Replay: ...
 
     attempts: Mapping[int, Attempt]
     delayed: list[tuple[float, Job]]

@@ -49,7 +49,6 @@ class Placing:
         self.scheduler = scheduler
         self.backend = backend
         self.pool = pool
-        self.replay = replay
         self.foreign = foreign
         self.health = health
         self.attempts = attempts  # the loop's: job id → its current attempt
@@ -81,6 +80,10 @@ class Placing:
     def over_share(self) -> bool:
         """We hold more devices than our fair share while other runs wait."""
         return self.fair.over()
+
+    def trimmed(self, key: int) -> bool:
+        """This worker was told to end its batch early: we were over our fair share."""
+        return key in self.fair.trimmed
 
     def leave(self) -> None:
         """The run ends: out of the waiting room of the runs sharing the devices."""
@@ -227,7 +230,7 @@ class Placing:
     def stream(self, slot: Slot) -> None:
         """Send a batch's next part while the worker still has tests of it to run: batches
         stream, with no round trip to the controller between two parts (batches.py)."""
-        if self.fair.over():
+        if self.over_share():
             return  # other runs wait: this worker ends with its batch (WorkerEvents._job_done)
         jobs = self.batches.next_part(slot, self.stopped)
         if not jobs:

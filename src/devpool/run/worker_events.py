@@ -195,7 +195,7 @@ class WorkerEvents:
             return  # a part sent meanwhile is on its way: the worker answers it too
         # A batch cut for other runs' fair share (placing.share) says nothing of its tests:
         # those sent back do not count towards running alone.
-        trimmed = slot.key in self.placing.fair.trimmed
+        trimmed = self.placing.trimmed(slot.key)
         cut = "its batch was cut for other runs' fair share"
         why = cut if trimmed else "its batch ended before it ran"
         for attempt in [a for a in slot.sent if a.state is State.SENT]:

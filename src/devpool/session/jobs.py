@@ -67,7 +67,7 @@ def plan_run(
     duration from the history (else the default estimate); and the bytes each device hands
     out to device_memory tests ({}: none)."""
     default = settings.default_estimate
-    if settings.repeat == 1:  # a queue claims a chain whole (queue/store.py)
+    if settings.repeat == 1:  # a queue claims a chain whole (queue/claims.py)
         chains.tie(planned, items)  # a chain's tests then share whole devices
     memory: dict[int, int] = {}
     if settings.backend == "local" and any(j.request.device_memory for j in planned):

@@ -94,7 +94,7 @@ class WorkerSession:
         # What they publish for the controller goes where xdist's workers put it.
         config.workeroutput = {}  # type: ignore[attr-defined]
         compat.configure_worker(config)
-        self.items = worklist.Worklist(
+        self.worklist = worklist.Worklist(
             os.environ.get("DEVPOOL_COLLECT_ONLY"), os.environ.get(worklist.NODEIDS_ENV)
         )
         self._stacks: Any = None
@@ -111,7 +111,9 @@ class WorkerSession:
         self.leaks = leaks.LeakWatch()
         if self.leaks.active:
             config.pluginmanager.register(self.leaks, "devpool-leaks")
-        self.worker = WorkerRole(config, self.outbox, self.items, self.leaks, once, stop_at_failure)
+        self.worker = WorkerRole(
+            config, self.outbox, self.worklist, self.leaks, once, stop_at_failure
+        )
 
     def send(self, *messages: protocol.Message) -> None:
         """Send messages after those held (they keep their order), in one write."""
@@ -160,7 +162,7 @@ class WorkerSession:
 
     def pytest_ignore_collect(self, collection_path: Path) -> bool | None:
         """Skip test modules that hold none of this worker's jobs: no import, no collection."""
-        return self.items.ignores(collection_path)
+        return self.worklist.ignores(collection_path)
 
     def pytest_unconfigure(self) -> None:
         stacks = os.environ.get("DEVPOOL_STACKS_FILE")
@@ -181,18 +183,18 @@ class WorkerSession:
                 self.worker.publish()
 
     def pytest_itemcollected(self, item: pytest.Item) -> None:
-        self.items.collected.append(item)
+        self.worklist.collected.append(item)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         """A template forks only what a fresh worker would have collected the same way."""
         if self.template is not None:
-            self.template.collected(report)
+            self.template.check(report)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         if self.template is not None:
             fork = self.template.serve(
-                lambda env: self.items.select(session, env.get(worklist.NODEIDS_ENV))
+                lambda env: self.worklist.select(session, env.get(worklist.NODEIDS_ENV))
             )
             if fork is None:
                 self._no_summary()
@@ -223,7 +225,7 @@ class WorkerSession:
         self.template = None
         self.fd_in, self.outbox.fd_out = fork.commands, fork.events
         self._open_stacks(holds=True)
-        self.items.select(session, os.environ.get(worklist.NODEIDS_ENV))
+        self.worklist.select(session, os.environ.get(worklist.NODEIDS_ENV))
 
     def _no_summary(self) -> None:
         """The controller writes the summary; a worker's would cost its devices' next user
@@ -239,7 +241,7 @@ class WorkerSession:
 
         After every pytest_collection_modifyitems: a conftest that deselects by position
         (items[K::N]) sees fewer items here than in the controller and would pick others."""
-        self.items.keep_selected(session)
+        self.worklist.keep_selected(session)
 
     def pytest_runtest_logstart(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         self.worker.started(nodeid, location)

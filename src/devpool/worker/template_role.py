@@ -31,7 +31,7 @@ class TemplateRole:
         self.tasks = native_threads.thread_count()
         self.culprit: str | None = None
 
-    def collected(self, report: pytest.CollectReport) -> None:
+    def check(self, report: pytest.CollectReport) -> None:
         """A template forks only what a fresh worker would have collected the same way."""
         why = ""
         runtime = forkserver.initialised_runtime(self.config)

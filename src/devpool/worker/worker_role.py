@@ -33,14 +33,14 @@ class WorkerRole:
         self,
         config: pytest.Config,
         outbox: Outbox,
-        items: worklist.Worklist,
+        work: worklist.Worklist,
         watch: leaks.LeakWatch,
         once: warned.OnceWarnings,
         stop_at_failure: bool,
     ) -> None:
         self.config = config
         self.outbox = outbox
-        self.items = items
+        self.worklist = work
         self.leaks = watch
         self.once = once  # warnings plain pytest shows once per run
         self.failed = False  # a test of the current batch failed
@@ -122,7 +122,7 @@ class WorkerRole:
                 os.environ["DEVPOOL_ATTEMPT"] = str(test.attempt)
                 item = items.get(test.nodeid)
                 if item is None:
-                    item = self.items.by_place(items, test.nodeid)
+                    item = self.worklist.by_place(items, test.nodeid)
                     if item is not None:
                         self.send(protocol.Renamed(nodeid=test.nodeid, as_=item.nodeid))
                 if item is None:
@@ -183,7 +183,7 @@ class WorkerRole:
 
     def started(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         """A test starts (pytest_runtest_logstart)."""
-        nodeid = self.items.renamed.get(nodeid, nodeid)
+        nodeid = self.worklist.renamed.get(nodeid, nodeid)
         self.send(protocol.Start(nodeid=nodeid, location=list(location)))
         self._keep_imports()
         self.leaks.before(nodeid)
@@ -197,7 +197,7 @@ class WorkerRole:
         self.warned = True  # what this test imports is not preloaded (history/preload.py)
         # once: the controller keeps one of them, as plain pytest shows it once.
         once = self.once.once_of(warning_message)
-        nodeid = self.items.renamed.get(nodeid, nodeid)
+        nodeid = self.worklist.renamed.get(nodeid, nodeid)
         self.send(serialized.warned(warning_message, nodeid, location, once))
 
     def reported(self, report: pytest.TestReport) -> None:
@@ -226,7 +226,7 @@ class WorkerRole:
             self.just_imported = [name for name in sys.modules if name not in self.known]
             self.known.update(self.just_imported)
         cpu = None if load is None else round(load, 3)
-        self._check_leaks(self.items.renamed.get(nodeid, nodeid))
+        self._check_leaks(self.worklist.renamed.get(nodeid, nodeid))
         self.outbox.held.append(protocol.Finish(nodeid=nodeid, location=list(location), cpu=cpu))
 
     def _check_leaks(self, nodeid: str) -> None:
