@@ -90,12 +90,11 @@ def test_a_batch_stops_at_the_first_job_that_differs_from_the_head() -> None:
         assert scheduler.queue.peek(0).id == 2
 
 
-def test_a_slow_job_ends_the_batch_before_it() -> None:
-    head = _job(0)
-    batches, scheduler, _ = _batches([_job(1), _job(2, estimate=0.9), _job(3)])
-    # 0.9 s does not fit in the half second left: the faster job behind it waits too
-    assert _ids(batches.after(head, stopped=False)) == [1]
-    assert scheduler.queue.peek(0).id == 2
+def test_the_heads_own_duration_counts_against_the_second() -> None:
+    queued = [_job(i) for i in range(1, 21)]
+    batches, _, _ = _batches(queued)
+    assert _ids(batches.after(_job(0, estimate=0.5), stopped=False)) == [1, 2]
+    assert batches.after(_job(0, estimate=0.9), stopped=False) == []
 
 
 def test_nothing_goes_with_a_fresh_head_a_stopped_run_or_job_isolation() -> None:
