@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from devpool.config import Settings
+from devpool.history.place import HistoryUrl
 from devpool.plan.jobs import Job, Plan
 from devpool.plan.markers import Request
 from devpool.report.record import LiveRecord, RecordWriter, read_record
@@ -59,7 +60,10 @@ def _ended(job: int, outcome: str) -> dict[str, Any]:
 
 
 def test_session_start_says_who_runs_what_where_without_a_password(tmp_path: Path) -> None:
-    settings = Settings(devices="0,1", platforms={}, cpu_slots=2, queue=URL, run_dir=tmp_path)
+    history = HistoryUrl(URL.replace("/queue", "/history"))
+    settings = Settings(
+        devices="0,1", platforms={}, cpu_slots=2, queue=URL, history=history, run_dir=tmp_path
+    )
     ctx = Controller(tmp_path / "20260101-000000-1", settings)
     ctx.run_dir.mkdir()
     plan = Plan(jobs=[_job(1), _job(2, display="t.py::test_2[1-2]")])
@@ -80,6 +84,7 @@ def test_session_start_says_who_runs_what_where_without_a_password(tmp_path: Pat
     assert line["tests"] == 3 and line["deselected"] == 4
     assert line["planned"] == ["t.py::test_1", "t.py::test_2[1-2]", "t.py::test_3"]
     assert line["options"]["queue"] == URL.replace("hunter2", "***")
+    assert line["options"]["history"] == str(history) and "***" in str(history)
     assert line["options"]["cpu_slots"] == 2
     assert "platforms" not in line["options"] and "devices" not in line["options"]
     assert line["args"][0] == "-x" and "***" in line["args"][1]
