@@ -7,8 +7,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 from devpool.devices.fairshare import Waiter
 from devpool.plan.jobs import Job
 from devpool.plan.markers import Request
@@ -167,12 +165,6 @@ def test_leaving_takes_this_run_out_of_the_room() -> None:
     assert [w.pid for w in fair.others()] == [4242]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: FairShare.share's busy pass skips idle slots but not stopping ones, so a "
-    "worker its idle pass just retired (out of pool.idle, still in pool.slots) has its "
-    "devices subtracted twice, and too few busy workers are cancelled",
-)
 def test_a_worker_retired_this_turn_is_not_counted_again_among_the_busy() -> None:
     # Three other runs wait: four devices, a share of one each.
     fair, pool, _ = _fair([_other(), _other(), _other()])

@@ -105,8 +105,8 @@ class FairShare:
         for slot in list(self.pool.slots.values()):
             if held <= self.limit:
                 break
-            if slot.key in self.pool.idle or not slot.worker.devices:
-                continue
+            if slot.key in self.pool.idle or slot.stopping or not slot.worker.devices:
+                continue  # idle ones were retired above; stopping ones are not held
             held -= len(slot.worker.devices)
             unstarted = any(a.state is State.SENT for a in slot.sent)
             if unstarted and slot.key not in self.trimmed:
