@@ -9,7 +9,7 @@ went back to the queue, perhaps to another job) cannot count a test a second tim
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,17 +231,6 @@ class Claims:
         ).fetchall()
         taken = {str(row[0]) for row in rows}
         return [c.test_id for c, *_ in endings if c.test_id not in taken]
-
-    def give_back(self, job_id: int, claims: Iterable[Claim]) -> None:
-        """Claims this job will not run (it stopped early) go back to the queue."""
-        tokens = [c.token for c in claims]
-        if tokens:
-            self.run.db.execute(
-                "UPDATE devpool_queue_tests SET state = 'queued', job_id = NULL, token = NULL "
-                "WHERE run_id = %(run)s AND state = 'claimed' AND job_id = %(job)s "
-                "AND token = ANY(%(tokens)s)",
-                self.run._args(job=job_id, tokens=tokens),
-            )
 
     def open_for(
         self, devices: int, skip: Sequence[str] = (), platform: tuple[str, str] = ("", "")

@@ -9,7 +9,7 @@ the database's own (now()), so the hosts' clocks need not agree.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from devpool.database import connect, where
@@ -150,10 +150,6 @@ class QueueStore(QueueReads):
     ) -> list[str]:
         """report() for many tests in one round trip; the ids of those refused."""
         return self.claims.report_many(job_id, endings)
-
-    def give_back(self, job_id: int, claims: Iterable[Claim]) -> None:
-        """Claims this job will not run (it stopped early) go back to the queue."""
-        self.claims.give_back(job_id, claims)
 
     def open_for(
         self, devices: int, skip: Sequence[str] = (), platform: tuple[str, str] = ("", "")
