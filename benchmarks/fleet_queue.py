@@ -10,7 +10,7 @@ devpool's own Scheduler (Backfill) on a simulated clock; what differs is how tes
   devices can hold (device-seconds first), in batches of BATCH_SECONDS per slot when what
   it holds falls under LOW_SECONDS per slot, the batch sized by how its tests ran against
   their estimates so far, and both no more than its part of the queued work it could hold
-  (store.guided: 1/(TAIL x live jobs)), so batches shrink as the run drains;
+  (claims.guided: 1/(TAIL x live jobs)), so batches shrink as the run drains;
 - static shards: `devpool shard` splits each class's tests (its own size; CPU tests go to the
   1-device class) into JOBS shards from the same wrong estimates, as fleet.py does.
 
@@ -51,8 +51,8 @@ from devpool.plan.jobs import Job  # noqa: E402
 from devpool.plan.markers import Request  # noqa: E402
 from devpool.plan.policies import Backfill  # noqa: E402
 from devpool.plan.scheduler import Scheduler  # noqa: E402
+from devpool.queue.claims import TAIL, guided  # noqa: E402
 from devpool.queue.source import BATCH_SECONDS, LOW_SECONDS, work  # noqa: E402
-from devpool.queue.store import TAIL, guided  # noqa: E402
 
 LEASE = 30.0  # --devpool-queue-lease's default
 
