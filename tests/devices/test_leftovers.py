@@ -3,6 +3,7 @@ run's orphans told from another run's by their mark."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -52,6 +53,23 @@ def test_one_that_ignores_sigterm_is_killed_within_the_grace() -> None:
         assert leftovers.end([found], grace=0.5) == {proc.pid: "killed"}
         assert time.monotonic() - began < 2.0
         assert leftovers.read(proc.pid) is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_pid_that_is_another_process_now_is_not_signalled() -> None:
+    """A process found, ended and its pid reused before end() signals: the new holder of the
+    pid (a process as it was read, started at another time) is left alone."""
+    proc = _started(SLEEPER, start_new_session=True)
+    try:
+        [found] = [p for p in leftovers.descendants(os.getpid()) if p.pid == proc.pid]
+        earlier = dataclasses.replace(found, start=found.start - 1)  # the pid's former holder
+        assert leftovers.end([earlier], grace=0.2) == {proc.pid: "exited"}
+        assert proc.poll() is None  # the live process behind the pid never got a signal
+        assert leftovers.end([found], grace=2.0) == {proc.pid: "terminated"}
+        assert leftovers.read(proc.pid) is None  # ended and reaped
     finally:
         if proc.poll() is None:
             proc.kill()

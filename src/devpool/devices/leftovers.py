@@ -247,7 +247,9 @@ def settled(procs: list[Proc], within: float = SETTLE) -> list[Proc]:
 
 def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
     """SIGTERM each to its group (its own pid where it shares ours), SIGKILL whoever is left
-    after grace; how each ended: terminated, killed, exited (gone already), not permitted."""
+    after grace; how each ended: terminated, killed, exited (gone already), not permitted.
+    Each is signalled through a pidfd opened on the process it was when found (its start
+    matched): a pid ended and reused since, by another run's controller say, is left alone."""
     how: dict[int, str] = {}
     own_group = os.getpgrp()
     ending = {proc.pid for proc in procs}
@@ -255,12 +257,16 @@ def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
     if leaders:  # a group is signalled whole only where all of it is being ended
         others = (p for p in processes() if p.pgid in leaders and not p.zombie)
         leaders -= {p.pgid for p in others if p.pid not in ending}
+    handles = {proc.pid: _handle(proc) for proc in procs}
     for proc in procs:
+        handle = handles[proc.pid]
         try:
+            if handle is None:
+                raise ProcessLookupError
             if proc.pid in leaders:
                 os.killpg(proc.pgid, signal.SIGTERM)
             else:
-                os.kill(proc.pid, signal.SIGTERM)
+                _signal(proc.pid, handle, signal.SIGTERM)
             how[proc.pid] = "terminated"
         except ProcessLookupError:
             how[proc.pid] = "exited"
@@ -269,10 +275,39 @@ def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
     waiting = _outlive([p.pid for p in procs if how[p.pid] == "terminated"], grace)
     for pid in waiting:
         with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+            _signal(pid, handles[pid], signal.SIGKILL)
         how[pid] = "killed"
     _outlive(waiting, grace)
+    for handle in handles.values():
+        if handle is not None and handle >= 0:
+            os.close(handle)
     return how
+
+
+def _handle(proc: Proc) -> int | None:
+    """A pidfd on proc (-1 where the kernel has none: the pid, checked), None where its pid
+    is gone or is another process's now."""
+    try:
+        handle = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return None
+    except (OSError, AttributeError):  # before Linux 5.3
+        handle = -1
+    now = read(proc.pid)  # after the open: the pidfd is on this process, or on none
+    if now is None or now.start != proc.start:
+        if handle >= 0:
+            os.close(handle)
+        return None
+    return handle
+
+
+def _signal(pid: int, handle: int | None, signum: int) -> None:
+    if handle is None:
+        raise ProcessLookupError(pid)
+    if handle >= 0:
+        signal.pidfd_send_signal(handle, signum)
+    else:
+        os.kill(pid, signum)
 
 
 def _outlive(pids: list[int], grace: float, reap: bool = True) -> list[int]:
