@@ -160,8 +160,8 @@ def _doctor(args: argparse.Namespace) -> int:
     import pytest
 
     from devpool.devices import probes
-    from devpool.devices.fairshare import WaitingRoom
     from devpool.devices.inventory import AUTO_ORDER, BUILTIN_PLATFORMS, detect, resolve_inventory
+    from devpool.devices.waiting_room import WaitingRoom
 
     named = _named_lock_dir(args)  # a mistake is said before any fact
     python = host_platform.python_version()

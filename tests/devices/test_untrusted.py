@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devpool.devices.fairshare import Waiter, WaitingRoom, fair_limit, read_waiters
 from devpool.devices.leases import Holder
 from devpool.devices.lockdir import LockDir
 from devpool.devices.untrusted import folder_problem
+from devpool.devices.waiting_room import Waiter, WaitingRoom, fair_limit, read_waiters
 from devpool.serve import device_views
 
 KINDS = ["json", "fifo", "symlink", "folder", "huge", "socket", "binary"]

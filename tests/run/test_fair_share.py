@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from devpool.devices.fairshare import Waiter
+from devpool.devices.waiting_room import Waiter
 from devpool.plan.jobs import Job
 from devpool.plan.markers import Request
 from devpool.plan.scheduler import Scheduler

@@ -111,7 +111,7 @@ import sys, time
 import ray
 ray.init(address=sys.argv[1], namespace="devpool")
 from devpool.backends.ray.waiting import ClusterWaitingRoom
-from devpool.devices.fairshare import Waiter
+from devpool.devices.waiting_room import Waiter
 room = ClusterWaitingRoom("20261202-101500-4242")
 waiter = Waiter("20261202-101500-4242", 4242, "ci-runner-7", "sim", time.time() - 30, 4)
 print("waiting", flush=True)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # a Ray rank actor imports this package: pytest stays out of it
-    from devpool.devices.fairshare import Room
     from devpool.devices.leases import Lease
+    from devpool.devices.waiting_room import Room
     from devpool.plan.markers import Request
     from devpool.worker.protocol import Message
 

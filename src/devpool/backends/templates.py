@@ -228,6 +228,8 @@ class Template:
     # ---- ending -------------------------------------------------------------------------------
 
     def signal_group(self, signum: int) -> None:
+        if self.process.poll() is not None:
+            return  # reaped: its pid may be another process's by now
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signum)
 

@@ -1,7 +1,7 @@
 """Our fair share of the devices while other runs wait for them (placing.py's).
 
 The runs that share a host's devices (or a Ray cluster's) say in a waiting room when they
-wait (devices/fairshare.py: the room, and the limit it leaves us). While others wait, this
+wait (devices/waiting_room.py: the room, and the limit it leaves us). While others wait, this
 run holds no more than its share: idle workers over it retire at once, busy ones end with
 the test they run and send the rest of their batch back untouched. Placing holds one and
 asks it each turn; what it waits for (its blocked sizes, its stall) it passes in.
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from devpool.backends import Backend
-from devpool.devices.fairshare import Room, Waiter, WaitingRoom, fair_limit
+from devpool.devices.waiting_room import Room, Waiter, WaitingRoom, fair_limit
 from devpool.plan.scheduler import Scheduler
 from devpool.run.attempts import State
 from devpool.run.context import RunContext

@@ -11,10 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from devpool.devices.fairshare import Waiter, fair_limit, read_waiters
 from devpool.devices.leases import Holder
 from devpool.devices.lockdir import LockDir, LockState
 from devpool.devices.untrusted import folder_problem
+from devpool.devices.waiting_room import Waiter, fair_limit, read_waiters
 from devpool.errors import DevpoolError
 
 SCHEMA = 1  # of every view of the host page (views.py's too)

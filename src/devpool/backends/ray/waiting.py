@@ -1,13 +1,13 @@
 """Fair share between runs on one Ray cluster: the cluster's waiting room.
 
 On a host, a run that waits for devices other runs hold says so with a file in the lock
-folder's `waiting/` (devices/fairshare.py), and every run holds at most a fair share while
+folder's `waiting/` (devices/waiting_room.py), and every run holds at most a fair share while
 others wait. On a cluster the runs' drivers may sit on different hosts and share no
 folder; they share the cluster's key-value store (Ray's GCS). A waiting run keeps a key
 there, `waiting/<session>` in devpool's namespace, with the same fields as the file and
 the time it last said so; it says so again every few seconds while it waits. A key not
 renewed for STALE seconds belongs to a run that died (SIGKILL leaves no goodbye) and is
-removed by whoever reads it. The rule on top is the host's (fairshare.fair_limit).
+removed by whoever reads it. The rule on top is the host's (waiting_room.fair_limit).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from devpool.backends.ray.cluster import import_ray
 from devpool.backends.ray.names import NAMESPACE
-from devpool.devices.fairshare import Waiter
+from devpool.devices.waiting_room import Waiter
 
 PREFIX = "waiting/"
 STALE = 15.0  # seconds: a waiting run renews its key every RENEW
