@@ -223,7 +223,7 @@ def _configure_controller(config: pytest.Config) -> None:
 
         writable_folder(settings.run_dir, "--devpool-run-dir", run_folder_mode(settings))
     if settings.history is not None:
-        from devpool.history.place import check_history
+        from devpool.history.location import check_history
 
         try:
             check_history(settings.history)

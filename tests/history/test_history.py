@@ -21,7 +21,7 @@ from devpool.history.durations import (
     runner_class,
     write_pending,
 )
-from devpool.history.place import merge
+from devpool.history.location import merge
 
 
 @pytest.fixture

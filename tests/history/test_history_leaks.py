@@ -11,7 +11,7 @@ from pathlib import Path
 from history_rows import T0, result
 
 from devpool.history.durations import HISTORY_SCHEMA, History
-from devpool.history.place import merge
+from devpool.history.location import merge
 from devpool.serve import pages, views
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from devpool.errors import DevpoolError
 from devpool.history.durations import HISTORY_SCHEMA, History, TestResult
-from devpool.history.place import merge
+from devpool.history.location import merge
 
 T0 = 1_700_000_000.0
 GiB = 2**30

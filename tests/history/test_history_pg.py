@@ -21,7 +21,7 @@ from history_rows import T0, result
 from devpool.cli import main
 from devpool.errors import DevpoolError
 from devpool.history.durations import History
-from devpool.history.place import HistoryUrl, open_history
+from devpool.history.location import HistoryUrl, open_history
 from devpool.history.postgres import PostgresHistory
 from devpool.history.sql import SqlHistory
 from pg_server import Server

@@ -49,13 +49,13 @@ class ScriptedWorker(WorkerHandle):
         self.log = log
         self.exited = False
         self.code: int | None = None
-        self.outbox: list[protocol.Message] = [protocol.Ready(pid=self.pid, collected=1)]
+        self.events: list[protocol.Message] = [protocol.Ready(pid=self.pid, collected=1)]
         self.eof = False
         log.write_text("")
         if once.startswith("lost"):
             self._end(-signal.SIGKILL)
         elif once:
-            self.outbox.append(protocol.OnceUp(fixture=once, outcome="value", seconds=0.0))
+            self.events.append(protocol.OnceUp(fixture=once, outcome="value", seconds=0.0))
             if once.startswith("dies"):
                 self._end(-signal.SIGKILL)
 
@@ -73,7 +73,7 @@ class ScriptedWorker(WorkerHandle):
         command = protocol.COMMANDS.decode(protocol.encode(message))  # as a pipe carries it
         if isinstance(command, protocol.Stop):
             if self.once:
-                self.outbox.append(protocol.OnceDown(fixture=self.once, seconds=0.0))
+                self.events.append(protocol.OnceDown(fixture=self.once, seconds=0.0))
             self._end(0)
         elif isinstance(command, (protocol.Run, protocol.More)):
             self._run(command)
@@ -84,30 +84,30 @@ class ScriptedWorker(WorkerHandle):
         for test in command.tests:
             name = test.nodeid.rsplit("::", 1)[-1]
             if name.startswith("test_missing"):
-                self.outbox.append(protocol.Missing(nodeid=test.nodeid))
+                self.events.append(protocol.Missing(nodeid=test.nodeid))
                 continue
             location = [test.nodeid.split("::")[0], 0, name]
-            self.outbox.append(protocol.Start(nodeid=test.nodeid, location=location))
+            self.events.append(protocol.Start(nodeid=test.nodeid, location=location))
             crash = name.startswith("test_crash") and not (
                 name.startswith("test_crash_once") and test.attempt > 1
             )
             if crash:
-                self.outbox.append(_report(test.nodeid, location, "setup", "passed"))
+                self.events.append(_report(test.nodeid, location, "setup", "passed"))
                 self._end(-signal.SIGSEGV)
                 return
             if name.startswith("test_hang"):
-                self.outbox.append(_report(test.nodeid, location, "setup", "passed"))
+                self.events.append(_report(test.nodeid, location, "setup", "passed"))
                 return  # the rest of the batch waits behind it, as in a real worker
             if name.startswith("test_skip"):
-                self.outbox.append(_report(test.nodeid, location, "setup", "skipped"))
+                self.events.append(_report(test.nodeid, location, "setup", "skipped"))
             else:
-                self.outbox.append(_report(test.nodeid, location, "setup", "passed"))
+                self.events.append(_report(test.nodeid, location, "setup", "passed"))
                 outcome = "failed" if name.startswith("test_fail") else "passed"
-                self.outbox.append(_report(test.nodeid, location, "call", outcome))
-            self.outbox.append(_report(test.nodeid, location, "teardown", "passed"))
-            self.outbox.append(protocol.Finish(nodeid=test.nodeid, location=location))
+                self.events.append(_report(test.nodeid, location, "call", outcome))
+            self.events.append(_report(test.nodeid, location, "teardown", "passed"))
+            self.events.append(protocol.Finish(nodeid=test.nodeid, location=location))
         seq = command.seq if isinstance(command, protocol.More) else 0
-        self.outbox.append(protocol.Done(job=command.job, skipped=skipped, through=seq))
+        self.events.append(protocol.Done(job=command.job, skipped=skipped, through=seq))
 
     def _end(self, code: int) -> None:
         self.eof, self.code = True, code
@@ -120,7 +120,7 @@ class ScriptedWorker(WorkerHandle):
         self.stacks.write_text("(a scripted worker has no stacks)\n")
 
     def poll(self) -> int | None:
-        return self.code if self.eof and not self.outbox else None
+        return self.code if self.eof and not self.events else None
 
     def wait(self, timeout: float | None = None) -> int:
         self._end(self.code if self.code is not None else 0)
@@ -131,7 +131,7 @@ class ScriptedWorker(WorkerHandle):
 
     def take(self) -> tuple[list[protocol.Message], bool]:
         """What it said since, decoded as the loop's pipes decode it, and whether it ended."""
-        said, self.outbox = self.outbox, []
+        said, self.events = self.events, []
         data = b"".join(protocol.encode(message) for message in said)
         return wire.Reader(protocol.EVENTS).feed(data), self.eof
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from devpool.config import Settings
-from devpool.history.place import HistoryUrl
+from devpool.history.location import HistoryUrl
 from devpool.plan.jobs import Job, Plan
 from devpool.plan.markers import Request
 from devpool.report.record import LiveRecord, RecordWriter, read_record

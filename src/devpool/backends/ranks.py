@@ -60,7 +60,7 @@ class RankGroup(WorkerHandle):
     reader: wire.Reader = field(default_factory=wire.Reader)
     fate: FailFast = field(init=False)
     exited: bool = False
-    outbox: bytearray = field(default_factory=bytearray)
+    unwritten: bytearray = field(default_factory=bytearray)
 
     straggle: float = 60.0  # --devpool-rank-straggle
 
@@ -220,7 +220,7 @@ class RankGroup(WorkerHandle):
 
     def due(self) -> list[float]:
         times = self.fate.due()
-        if self.outbox:
+        if self.unwritten:
             times.append(time.monotonic())
         return times
 
@@ -233,13 +233,13 @@ class RankGroup(WorkerHandle):
             if isinstance(message, protocol.Start):
                 for each in self.ranks:
                     each.mark = _size(each.worker.log)
-            self.outbox += protocol.encode(message)
-        while self.outbox:
+            self.unwritten += protocol.encode(message)
+        while self.unwritten:
             try:
-                written = os.write(self.write_end, self.outbox)
+                written = os.write(self.write_end, self.unwritten)
             except (BlockingIOError, OSError):
                 return
-            del self.outbox[:written]
+            del self.unwritten[:written]
         if all(rank.gone for rank in self.ranks) and self.write_end >= 0:
             os.close(self.write_end)  # the loop reads the end of the group
             self.write_end = -1

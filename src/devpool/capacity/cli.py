@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 from devpool.errors import DevpoolError
 
 if TYPE_CHECKING:
-    from devpool.history.place import HistorySpec
+    from devpool.history.location import HistorySpec
 
 
 def _spec(text: str, option: str) -> HistorySpec:
-    from devpool.history.place import named_history
+    from devpool.history.location import named_history
 
     return named_history(text, option)
 
@@ -38,7 +38,7 @@ def _estimates(
 ) -> tuple[dict[str, float], dict[str, float]]:
     """(latest p90, p90 before the latest run) per test, those measured on the platform
     first; empty without a history."""
-    from devpool.history.place import history_found, open_history
+    from devpool.history.location import history_found, open_history
 
     spec, named = _history_path(args)
     if not history_found(spec):
@@ -54,7 +54,7 @@ def _estimates(
 
 def _fixed(args: argparse.Namespace, platform: str, devices: int, tests: int) -> tuple[float, int]:
     """Start-up and fixed costs of recent runs like this one (see SqlHistory.fixed_cost)."""
-    from devpool.history.place import history_found, open_history
+    from devpool.history.location import history_found, open_history
 
     spec, _ = _history_path(args)
     if not history_found(spec):
@@ -65,7 +65,7 @@ def _fixed(args: argparse.Namespace, platform: str, devices: int, tests: int) ->
 
 def _peaks(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
     """(watched results, highest peak) per test; empty without a history."""
-    from devpool.history.place import history_found, open_history
+    from devpool.history.location import history_found, open_history
 
     spec, named = _history_path(args)
     if not history_found(spec):
@@ -303,7 +303,7 @@ def shard_verify(args: argparse.Namespace) -> int:
 
 
 def _history_export(args: argparse.Namespace) -> int:
-    from devpool.history.place import history_found, open_history
+    from devpool.history.location import history_found, open_history
 
     spec, _ = _history_path(args)
     if not history_found(spec):
@@ -315,7 +315,7 @@ def _history_export(args: argparse.Namespace) -> int:
 
 
 def _history_merge(args: argparse.Namespace) -> int:
-    from devpool.history.place import merge, open_history
+    from devpool.history.location import merge, open_history
 
     spec, _ = _history_path(args)
     sources = [_spec(source, "SOURCE") for source in args.sources]

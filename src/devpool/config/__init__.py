@@ -35,7 +35,7 @@ from devpool.devices.ports import DEFAULT_RANGE, overlap_error, parse_range
 from devpool.devices.resources import parse_resources
 from devpool.devices.sizes import parse_size
 from devpool.errors import DevpoolError, check_keys, did_you_mean
-from devpool.history.place import HistorySpec
+from devpool.history.location import HistorySpec
 
 
 @dataclass(frozen=True)
@@ -354,7 +354,7 @@ class Settings:
     share_runs: bool = False
     github: bool | None = None
     keep_artifacts: bool = False
-    history: HistorySpec | None = None  # a file, or a PostgreSQL URL (history/place.py)
+    history: HistorySpec | None = None  # a file, or a PostgreSQL URL (history/location.py)
     default_estimate: float = 1.0
     shard: str | None = None
     shard_by_module: bool = False

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from devpool.errors import DevpoolError
-from devpool.history.place import HistorySpec, history_spec
+from devpool.history.location import HistorySpec, history_spec
 
 if sys.version_info >= (3, 11):
     import tomllib

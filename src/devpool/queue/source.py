@@ -201,7 +201,7 @@ class QueueSource:
         self.claims: dict[str, Claim] = {}  # display id → claim not reported yet
         self.held = 0.0  # the work of those claims, in the estimates' slot-seconds
         self.share = float("inf")  # the most it should hold now (claims.guided)
-        self.outbox: list[tuple[Claim, str, bool, dict[str, Any]]] = []
+        self.unreported: list[tuple[Claim, str, bool, dict[str, Any]]] = []
         self.cases = JUnitCases(host)  # failure texts and earlier attempts, for the JUnit file
         self.moved = 0  # reruns this job put back on the queue for another job
         self.refused: list[str] = []
@@ -226,7 +226,7 @@ class QueueSource:
 
     def more(self, now: float) -> list[Job]:
         """Jobs newly claimed for the scheduler (often none): claims when this job runs low."""
-        if self.outbox and (len(self.outbox) >= FLUSH_AT or now - self._flushed >= FLUSH):
+        if self.unreported and (len(self.unreported) >= FLUSH_AT or now - self._flushed >= FLUSH):
             self.flush()
         if self.heartbeat.lost:
             self._rejoin()
@@ -333,7 +333,7 @@ class QueueSource:
         if self._wake:
             self._wake = False
             return now
-        times = [self._flushed + FLUSH] if self.outbox else []
+        times = [self._flushed + FLUSH] if self.unreported else []
         if self._open and self._dry:
             times.append(self._looked + POLL)
         return min(times, default=None)
@@ -366,7 +366,7 @@ class QueueSource:
         result["tail"] = list(fields.get("tail") or ())[-50:]
         self.cases.fold(claim.test_id, result)
         outcome = str(fields.get("outcome"))
-        self.outbox.append((claim, outcome, bool(fields.get("gating")), result))
+        self.unreported.append((claim, outcome, bool(fields.get("gating")), result))
         if not self.claims:  # ran dry: others may wait on these outcomes, and more may be queued
             self.flush()
             self._dry = False
@@ -387,13 +387,13 @@ class QueueSource:
     def flush(self) -> None:
         """Report the outcomes waiting, in one round trip; those refused are remembered."""
         self._flushed = time.monotonic()
-        if self.outbox:
+        if self.unreported:
             for first in self.before_flush:
                 first()
-            waiting = self.outbox
+            waiting = self.unreported
             refused = self._db(lambda s: s.report_many(self.job_id, waiting))
             if refused is not None:  # else they wait for the database to come back
-                self.outbox = []
+                self.unreported = []
                 self.refused += refused
 
     def close(self) -> list[str]:
@@ -406,7 +406,7 @@ class QueueSource:
         left = None
         while left is None and time.monotonic() < deadline:  # the database may be back soon
             self.flush()
-            left = None if self.outbox else self._db(lambda s: s.leave(self.job_id))
+            left = None if self.unreported else self._db(lambda s: s.leave(self.job_id))
             if left is None:
                 time.sleep(POLL)
         self.link.close()
@@ -421,9 +421,9 @@ class QueueSource:
                 + ", ".join(self.refused[:3])
                 + (", …" if len(self.refused) > 3 else "")
             )
-        if self.outbox:
+        if self.unreported:
             notes.append(
-                f"queue: {counted(len(self.outbox), 'outcome')} of this job could not be "
+                f"queue: {counted(len(self.unreported), 'outcome')} of this job could not be "
                 f"reported, PostgreSQL at {where(self.url)} did not answer; the queue gives "
                 "those tests to other jobs once this job's lease runs out"
             )

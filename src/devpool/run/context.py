@@ -16,7 +16,7 @@ from devpool.devices.inventory import Inventory
 from devpool.devices.lockdir import LockDir
 from devpool.devices.probes import FatalPatterns, Probe
 from devpool.history.durations import TestResult
-from devpool.history.place import HistorySpec
+from devpool.history.location import HistorySpec
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
 from devpool.report.junit import EarlierAttempt

@@ -39,7 +39,7 @@ from devpool.select.baseline import (
     identity_key,
 )
 from devpool.select.diff import Current, select
-from devpool.select.place import Project
+from devpool.select.location import Project
 from devpool.wording import counted
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from devpool.select.baseline import (
 from devpool.select.diff import BaselineStore, Current, Selection, select
 from devpool.select.fingerprints import project_rel
 from devpool.select.fleet import JobPart, pool_mark
+from devpool.select.location import baseline_store, store_for
 from devpool.select.options import SelectOptions
-from devpool.select.place import baseline_store, store_for
 from devpool.select.policy import auto_mode
 from devpool.select.record import DEPS_ATTR
 from devpool.select.tables import expand
@@ -47,7 +47,7 @@ def recording_run(settings: Settings, mode: str) -> str | None:
     """The run a job belongs to where selection spans jobs: the queue's run (a queue's jobs
     select alike; they record one baseline), or the shards' CI run (--devpool-queue-run,
     else GitHub's run and attempt; "shards" for files); None for a run of its own."""
-    from devpool.history.place import HistoryUrl
+    from devpool.history.location import HistoryUrl
     from devpool.queue.source import run_id_from
 
     if settings.queue is not None:
@@ -377,7 +377,7 @@ def register_controller(
         return
     controller = config.pluginmanager.get_plugin("devpool-controller")
     session = SelectSession(config, settings, select_options(table, where), controller)
-    from devpool.history.place import HistoryUrl
+    from devpool.history.location import HistoryUrl
 
     if session.mode == "record" and settings.queue and not isinstance(settings.history, HistoryUrl):
         raise DevpoolError(

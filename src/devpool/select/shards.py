@@ -104,7 +104,7 @@ def _from_database(store: PgStore, run: str) -> tuple[dict[str, Any], dict[str, 
 
 def merge(args: argparse.Namespace) -> int:
     """`devpool select merge`: publish the generation of a complete set of shards' parts."""
-    from devpool.select.place import Project
+    from devpool.select.location import Project
 
     store = Project(Path.cwd(), args.history).store
     if args.parts:

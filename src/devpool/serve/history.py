@@ -11,7 +11,7 @@ from typing import Any
 from devpool.capacity.report import CollectedTest, report
 from devpool.errors import DevpoolError
 from devpool.history.durations import TestResult
-from devpool.history.place import HistorySpec, open_history
+from devpool.history.location import HistorySpec, open_history
 from devpool.history.quarantine import Entry, entries_from_file, entries_from_table
 
 LEAKED_RUNS = 2  # runs a test leaked in, of its last results, to be named without a flip

@@ -26,7 +26,7 @@ from devpool.devices.probes import FatalPatterns
 from devpool.errors import DevpoolError
 from devpool.folders import devpool_dir
 from devpool.history.durations import TestResult, default_history_path
-from devpool.history.place import HistorySpec, preload_file
+from devpool.history.location import HistorySpec, preload_file
 from devpool.history.quarantine import Entry
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Plan

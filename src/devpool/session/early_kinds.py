@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devpool.errors import DevpoolError
-from devpool.history.place import HistorySpec, history_found, open_history
+from devpool.history.location import HistorySpec, history_found, open_history
 
 RECENT = 5000  # history rows read, the newest: enough to see the kinds of the latest runs
 

@@ -23,7 +23,7 @@ from devpool.devices.inventory import Inventory, Platform
 from devpool.errors import DevpoolError
 from devpool.history import preload
 from devpool.history.durations import TestResult, results_bound
-from devpool.history.place import HistorySpec, add_pending, history_found, open_history
+from devpool.history.location import HistorySpec, add_pending, history_found, open_history
 from devpool.history.quarantine import Entry, Quarantine, entries_from_file, entries_from_table
 from devpool.history.sql import SqlHistory
 from devpool.outcomes import Outcome

@@ -14,7 +14,7 @@ from devpool.backends import Backend
 from devpool.config import Settings
 from devpool.devices.inventory import Inventory
 from devpool.errors import DevpoolError
-from devpool.history.place import HistorySpec
+from devpool.history.location import HistorySpec
 from devpool.plan.jobs import Plan
 from devpool.session import past_runs
 

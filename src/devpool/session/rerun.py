@@ -171,7 +171,7 @@ def _of_record(record: Any, name: str) -> NotPassed:
 
 def _history_url(given: str | None) -> str | None:
     """The PostgreSQL history named on the command line, else in [tool.devpool]; None."""
-    from devpool.history.place import HistoryUrl, named_history
+    from devpool.history.location import HistoryUrl, named_history
 
     if given:
         spec = named_history(given, "--devpool-history")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from devpool.errors import DevpoolError
-from devpool.history.place import pending_place
+from devpool.history.location import pending_location
 from devpool.plan.once import PLUGIN as ONCE_PLUGIN
 from devpool.plan.once import OnceFixture, marked_on
 
@@ -57,7 +57,7 @@ def keep_shard(controller: Any, config: pytest.Config, items: list[pytest.Item])
             controller.emit,
             lambda: controller.items,
             history=str(controller.history_path),
-            pending=pending_place(controller.history_path, controller.run_id),
+            pending=pending_location(controller.history_path, controller.run_id),
         )
     )
     others = [item for item in items if item.nodeid not in chosen]

@@ -287,11 +287,11 @@ class RayBackend(NodeForks, Backend):
                 rank.pid = int(info["pid"])
                 rank.devices = [int(d) for d in info["devices"]]
             worker.running = True
-            for message in worker.outbox:
+            for message in worker.waiting_commands:
                 data = protocol.encode(message)
                 for rank in worker.ranks:
                     rank.actor.send.remote(data)
-            worker.outbox = []
+            worker.waiting_commands = []
         return True
 
     def _note(self, worker: RayWorker, line: str) -> None:

@@ -65,7 +65,7 @@ class RayWorker(WorkerHandle):
     running: bool = False  # the rank processes are started: send() goes straight to them
     placed: bool = False  # Ray placed its actors (until then it waits for other runs' share)
     asked: float = 0.0  # time.monotonic() it asked Ray for its placement
-    outbox: list[protocol.Message] = field(default_factory=list)
+    waiting_commands: list[protocol.Message] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     kind: str = ""  # its ranks fork from their nodes' templates of this kind ("": fresh)
     stopping: bool = False  # told to stop: ranks that end now end as asked
@@ -102,7 +102,7 @@ class RayWorker(WorkerHandle):
             self.stopping = True
         with self.lock:
             if not self.running:
-                self.outbox.append(message)
+                self.waiting_commands.append(message)
                 if isinstance(message, protocol.Stop):
                     self.stop_asked.set()
                 return True

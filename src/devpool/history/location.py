@@ -100,7 +100,7 @@ def add_pending(spec: HistorySpec, run_id: str, results: Iterable[TestResult]) -
     return str(write_pending(spec, run_id, results))
 
 
-def pending_place(spec: HistorySpec, run_id: str) -> str:
+def pending_location(spec: HistorySpec, run_id: str) -> str:
     """Where a shard run's results wait until folded in: a per-run file beside a file
     history (durations.pending_dir), rows marked with its run id in a database."""
     if isinstance(spec, HistoryUrl):

@@ -15,7 +15,7 @@ from devpool.select.baseline import Store
 from devpool.select.options import DEFAULT_KEEP, SelectOptions, select_options
 
 if TYPE_CHECKING:
-    from devpool.history.place import HistorySpec
+    from devpool.history.location import HistorySpec
     from devpool.select.store_pg import PgStore
 
 
@@ -30,7 +30,7 @@ class Project:
     command's --devpool-history, else [tool.devpool] history)."""
 
     def __init__(self, cwd: Path, history: str | None = None) -> None:
-        from devpool.history.place import named_history
+        from devpool.history.location import named_history
 
         pyproject = find_pyproject(cwd)
         self.root = pyproject.parent if pyproject is not None else cwd
@@ -47,7 +47,7 @@ def baseline_store(
 ) -> Store | PgStore:
     """The fleet's PostgreSQL beside its history when that is a postgresql:// URL, else the
     project's .devpool/select; each keeping the newest `keep` generations."""
-    from devpool.history.place import HistoryUrl
+    from devpool.history.location import HistoryUrl
 
     if isinstance(history, HistoryUrl):
         from devpool.select.store_pg import PgStore
