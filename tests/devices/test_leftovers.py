@@ -3,8 +3,10 @@ run's orphans told from another run's by their mark."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -178,3 +180,82 @@ def test_each_kind_of_leak_is_said_in_one_line(kind: str) -> None:
     line = leaks.line(message)
     assert "\n" not in line and line.endswith(": terminated")
     assert ("42" in line) and (kind != "process" or "`srv --port 30001`" in line)
+
+
+RUN_ALIKE = """
+import ctypes, os, sys, time
+from devpool.devices import leftovers
+
+mark = sys.stdin.readline().strip()  # not in argv or the environment: the runs look alike
+assert leftovers.mark_forks(mark)
+if os.fork() == 0:  # a template, never exec'd
+    ctypes.CDLL(None).prctl(15, b"devpool-tmpl")
+    if os.fork() == 0:  # its worker, lost when the template ends at once
+        ctypes.CDLL(None).prctl(15, b"devpool-worker")
+        print(os.getpid(), flush=True)
+        time.sleep(600)
+    os._exit(0)
+time.sleep(600)
+"""
+
+REAPER = """
+import os, subprocess, sys, time
+from devpool.devices import leftovers
+
+leftovers.make_subreaper()  # the lost workers come to this process, which maps no mark
+for mark in ("A.1", "B.1"):
+    run = subprocess.Popen(
+        [sys.executable, "-c", sys.argv[1]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "STARTED_AS": "a run"},  # the same for both runs
+    )
+    run.stdin.write(mark + "\\n")
+    run.stdin.close()
+    print(run.pid, run.stdout.readline().strip(), flush=True)
+time.sleep(600)
+"""
+
+SWEEPS = """
+import dataclasses, sys
+from devpool.devices import leftovers
+
+pairs = [[int(word) for word in pair.split(",")] for pair in sys.argv[1:]]
+runs = [leftovers.RunMark.of(mark, pid) for mark, (pid, _) in zip(("A.1", "B.1"), pairs)]
+workers = [worker for _, worker in pairs]
+for run in runs:
+    found = {p.pid for p in leftovers.orphans(run)}
+    print(run.mapped, *(w in found for w in workers))
+# Told by the environment and the command line alone, each run takes the other's too.
+found = {p.pid for p in leftovers.orphans(dataclasses.replace(runs[0], mapped=False))}
+print(*(w in found for w in workers))
+"""
+
+
+def test_a_lost_fork_of_a_run_started_alike_is_that_runs_alone() -> None:
+    """Two runs with the same command line and environment each lose a worker (its template
+    ended): each run's sweep finds its own by the memfd its controller mapped, not the
+    other's, which an environment and command line alone cannot tell apart."""
+    reaper = subprocess.Popen(
+        [sys.executable, "-c", REAPER, RUN_ALIKE], stdout=subprocess.PIPE, text=True
+    )
+    pairs: list[list[int]] = []
+    try:
+        assert reaper.stdout is not None
+        pairs = [[int(word) for word in reaper.stdout.readline().split()] for _ in range(2)]
+        deadline = time.monotonic() + 5
+        while any(getattr(leftovers.read(w), "ppid", 0) != reaper.pid for _, w in pairs):
+            assert time.monotonic() < deadline, pairs
+            time.sleep(0.01)
+        # Swept from a process beside them: the reaper is no ancestor of the sweeper.
+        out = subprocess.run(
+            [sys.executable, "-c", SWEEPS, *(f"{run},{worker}" for run, worker in pairs)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+    finally:
+        for pid in [*(pid for pair in pairs for pid in pair), reaper.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        reaper.wait()
+    assert out.stdout.splitlines() == ["True True False", "True False True", "True True"], out

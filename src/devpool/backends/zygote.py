@@ -47,6 +47,7 @@ from typing import Any, cast
 
 import pytest
 
+from devpool.devices import leftovers
 from devpool.worker import protocol
 
 _RESET = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGCHLD")
@@ -96,6 +97,7 @@ class Zygote:
                 if stream is not None:
                     stream.flush()  # or a child would write the controller's pending output
         gc.collect()  # no garbage of the controller's is finalised in a child
+        leftovers.mark_forks(leftovers.this_run())  # what it forks is told as this run's
         pid = os.fork()
         if pid == 0:
             code = 70

@@ -8,7 +8,10 @@ call) is the whole check after a test that started nothing.
 
 Every devpool process of a run also carries its mark: DEVPOOL_RUN_MARK in the environment
 of each process exec'd below it (a server started with subprocess), or, for a fork that
-never exec'd, the controller's own environment and a `devpool-*` name. The controller's
+never exec'd, a shared mapping of a memfd named after the mark (/proc/PID/maps shows it;
+the controller maps it before its first fork, and an exec drops it) and a `devpool-*` name.
+Another run started alike (the same command line and environment) has its own mark, so
+none of its forks is taken for this run's. The controller's
 sweep after a worker died, its sweep at the run's end, and the guard (a small process that
 outlives a SIGKILLed controller: this file run as a script) end what carries it.
 
@@ -83,6 +86,52 @@ def this_run() -> str:
     """The mark of the run this process controls: its pid and start, unique on the host."""
     proc = read(os.getpid())
     return f"{os.getpid()}.{proc.start if proc else 0}"
+
+
+def _fork_map_name(mark: str) -> str:
+    return f"devpool-run-{mark}"
+
+
+_mapped: set[str] = set()  # marks this process mapped (forks inherit the mapping, not this)
+
+
+def mark_forks(mark: str) -> bool:
+    """Map a memfd named after mark into this process, kept across fork: every fork that
+    never exec'd shows it in /proc/PID/maps. No Python object keeps its descriptor (a fork
+    closes every descriptor it did not ask for). False where the kernel offers none."""
+    if mark in _mapped:
+        return True
+    if not hasattr(os, "memfd_create") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        fd = os.memfd_create(_fork_map_name(mark), os.MFD_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.ftruncate(fd, 4096)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+        libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
+        address = libc.mmap(None, 4096, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        if address in (None, ctypes.c_void_p(-1).value):
+            return False
+    except (OSError, AttributeError):
+        return False
+    finally:
+        os.close(fd)
+    _mapped.add(mark)
+    return True
+
+
+def carries_fork_mark(pid: int, mark: str) -> bool:
+    """Whether the process maps the memfd of mark (a fork of that run that never exec'd)."""
+    wanted = f"/memfd:{_fork_map_name(mark)} ".encode()
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as handle:
+            return any(line.find(wanted) >= 0 for line in handle)
+    except OSError:
+        return False
 
 
 def make_subreaper() -> bool:
@@ -333,12 +382,14 @@ class RunMark:
     home: bytes
     since: int
     argv: str = ""  # the controller's command line, which a fork of it shows too
+    mapped: bool = False  # its forks carry the mark's memfd (mark_forks): told by that alone
 
     @classmethod
     def of(cls, mark: str, controller: int) -> RunMark:
         proc = read(controller)
         start = proc.start if proc else 0
-        return cls(mark, controller, _environ_bytes(controller), start, command(controller))
+        home, argv = _environ_bytes(controller), command(controller)
+        return cls(mark, controller, home, start, argv, carries_fork_mark(controller, mark))
 
     def controls(self, proc: Proc | None) -> bool:
         """Whether proc (as read of the controller's pid) is the run's controller, alive."""
@@ -347,8 +398,8 @@ class RunMark:
 
 def orphans(run: RunMark, spare: Iterable[int] = ()) -> list[Proc]:
     """Processes of this run that nothing of the run owns any more: those exec'd with its
-    mark, and forks that never exec'd (a devpool name and the controller's environment)
-    that lost the devpool process they were forked below. spare: live processes of the run, whose
+    mark, and forks that never exec'd (a devpool name and the mark's memfd) that lost the
+    devpool process they were forked below. spare: live processes of the run, whose
     descendants are theirs to check."""
     procs = {proc.pid: proc for proc in processes() if proc.uid == os.getuid()}
     keep = set(spare) | {os.getpid()}
@@ -368,10 +419,20 @@ def orphans(run: RunMark, spare: Iterable[int] = ()) -> list[Proc]:
 
 
 def _lost_fork(proc: Proc, run: RunMark, procs: dict[int, Proc]) -> bool:
-    """A fork of the run's that never exec'd and whose parent is no longer a fork or the
-    controller of the same environment (that of a live devpool process, this run's or a run
-    started alike, is not an orphan)."""
-    if proc.comm not in OUR_NAMES or not run.home or command(proc.pid) != run.argv:
+    """A fork of the run's that never exec'd and whose parent is no longer a fork of it or
+    its controller (a live devpool process's fork is not an orphan). Where the controller
+    could map no memfd, a fork is told by the controller's environment and command line,
+    which a run started alike shares."""
+    if proc.comm not in OUR_NAMES:
+        return False
+    if run.mapped:
+        if not carries_fork_mark(proc.pid, run.mark):
+            return False
+        parent = proc.ppid
+        return parent not in procs or not (
+            parent == run.controller or carries_fork_mark(parent, run.mark)
+        )
+    if not run.home or command(proc.pid) != run.argv:
         return False
     if _environ_bytes(proc.pid) != run.home:
         return False
