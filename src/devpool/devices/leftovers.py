@@ -299,6 +299,7 @@ def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
     after grace; how each ended: terminated, killed, exited (gone already), not permitted.
     Each is signalled through a pidfd opened on the process it was when found (its start
     matched): a pid ended and reused since, by another run's controller say, is left alone."""
+    procs = list({proc.pid: proc for proc in procs}.values())  # each once
     how: dict[int, str] = {}
     own_group = os.getpgrp()
     ending = {proc.pid for proc in procs}
@@ -307,29 +308,29 @@ def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
         others = (p for p in processes() if p.pgid in leaders and not p.zombie)
         leaders -= {p.pgid for p in others if p.pid not in ending}
     handles = {proc.pid: _handle(proc) for proc in procs}
-    for proc in procs:
-        handle = handles[proc.pid]
-        try:
-            if handle is None:
-                raise ProcessLookupError
-            if proc.pid in leaders:
-                os.killpg(proc.pgid, signal.SIGTERM)
-            else:
-                _signal(proc.pid, handle, signal.SIGTERM)
-            how[proc.pid] = "terminated"
-        except ProcessLookupError:
-            how[proc.pid] = "exited"
-        except PermissionError:
-            how[proc.pid] = "not permitted"
-    waiting = _outlive([p.pid for p in procs if how[p.pid] == "terminated"], grace)
-    for pid in waiting:
-        with contextlib.suppress(OSError):
-            _signal(pid, handles[pid], signal.SIGKILL)
-        how[pid] = "killed"
-    _outlive(waiting, grace)
-    for handle in handles.values():
-        if handle is not None and handle >= 0:
-            os.close(handle)
+    try:
+        for proc in procs:
+            try:
+                if proc.pid in leaders and handles[proc.pid] is not None:
+                    os.killpg(proc.pgid, signal.SIGTERM)
+                else:
+                    _signal(proc, handles[proc.pid], signal.SIGTERM)
+                how[proc.pid] = "terminated"
+            except ProcessLookupError:
+                how[proc.pid] = "exited"
+            except PermissionError:
+                how[proc.pid] = "not permitted"
+        waiting = _outlive([p.pid for p in procs if how[p.pid] == "terminated"], grace)
+        by_pid = {proc.pid: proc for proc in procs}
+        for pid in waiting:
+            with contextlib.suppress(OSError):
+                _signal(by_pid[pid], handles[pid], signal.SIGKILL)
+            how[pid] = "killed"
+        _outlive(waiting, grace)
+    finally:
+        for handle in handles.values():
+            if handle is not None and handle >= 0:
+                os.close(handle)
     return how
 
 
@@ -340,7 +341,7 @@ def _handle(proc: Proc) -> int | None:
         handle = os.pidfd_open(proc.pid)
     except ProcessLookupError:
         return None
-    except (OSError, AttributeError):  # before Linux 5.3
+    except (OSError, AttributeError):  # before Linux 5.3, or not offered here
         handle = -1
     now = read(proc.pid)  # after the open: the pidfd is on this process, or on none
     if now is None or now.start != proc.start:
@@ -350,13 +351,23 @@ def _handle(proc: Proc) -> int | None:
     return handle
 
 
-def _signal(pid: int, handle: int | None, signum: int) -> None:
+def _signal(proc: Proc, handle: int | None, signum: int) -> None:
+    """Signal proc as it was found: through its pidfd, else by its pid while its start
+    still matches (ProcessLookupError once it is gone, or another process has its pid)."""
     if handle is None:
-        raise ProcessLookupError(pid)
+        raise ProcessLookupError(proc.pid)
     if handle >= 0:
-        signal.pidfd_send_signal(handle, signum)
-    else:
-        os.kill(pid, signum)
+        try:
+            signal.pidfd_send_signal(handle, signum)
+            return
+        except (ProcessLookupError, PermissionError):
+            raise
+        except OSError:  # pidfds refused here (a sandbox): the pid, checked again below
+            pass
+    now = read(proc.pid)
+    if now is None or now.start != proc.start:
+        raise ProcessLookupError(proc.pid)
+    os.kill(proc.pid, signum)
 
 
 def _outlive(pids: list[int], grace: float, reap: bool = True) -> list[int]:
