@@ -1,5 +1,6 @@
-"""The run loop driven by scripted workers (tests/run/fake_backend.py): routing, retries and
-requeues are run/'s decisions alone, with no worker process (one controller per test)."""
+"""The run loop driven by scripted workers (tests/run/fake_backend.py): routing, retries,
+requeues, timeouts, -x, fatal patterns and the run-alone rule are run/'s decisions alone,
+with no worker process (one controller per test)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import pytest
 FAKE = Path(__file__).with_name("fake_backend.py")
 
 
-def run(pytester: pytest.Pytester, names: list[str], *args: str) -> tuple[Any, list[dict]]:
-    """A controller on scripted workers over tests with these names; its record's attempt
-    moves and job ends."""
+def run(
+    pytester: pytest.Pytester, names: list[str], *args: str, body: str = ""
+) -> tuple[Any, list[dict]]:
+    """A controller on scripted workers over tests with these names (or this module body);
+    its record's attempt moves, job ends and device events."""
     pytester.makepyfile(fake_backend=FAKE.read_text(encoding="utf-8"))
-    pytester.makepyfile(test_s="".join(f"def {name}(): pass\n" for name in names))
+    pytester.makepyfile(test_s=body or "".join(f"def {name}(): pass\n" for name in names))
     record = pytester.path / "record.jsonl"
     (pytester.path / "locks").mkdir()
     result = pytester.runpytest_subprocess(
@@ -27,7 +30,8 @@ def run(pytester: pytest.Pytester, names: list[str], *args: str) -> tuple[Any, l
         timeout=60,
     )
     lines = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
-    return result, [e for e in lines if e["type"] in ("attempt", "job_end")]
+    kept = ("attempt", "job_end", "device_bad", "device_suspect", "device_ok")
+    return result, [e for e in lines if e["type"] in kept]
 
 
 def ends(events: list[dict], name: str) -> list[tuple[int, str]]:
@@ -127,3 +131,70 @@ def test_x_stops_the_run_at_the_first_failure(pytester: pytest.Pytester) -> None
     result.stdout.fnmatch_lines(["NOT RUN  test_s.py::test_pass_d*"])
     for name in names:
         assert len(ends(attempts, name)) <= 1, name
+
+
+def one_device_tests(first: str, others: int) -> str:
+    tests = [first, *(f"test_pass_{i}" for i in range(others))]
+    return "import pytest\n" + "".join(
+        f"\n@pytest.mark.device_count(1)\ndef {name}(): pass\n" for name in tests
+    )
+
+
+def test_a_device_fatal_error_retires_the_device_and_the_run_goes_on(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyprojecttoml('[tool.devpool.fatal-patterns]\nsim = { device = ["lost"] }\n')
+    body = one_device_tests("test_fail_lost", 6)  # its failure says "...test_fail_lost"
+    result, events = run(pytester, [], "--devices", "sim:0-1", body=body)
+    assert result.parseoutcomes() == {"failed": 1, "passed": 6}, result.stdout.str()
+    [failed] = [e for e in events if e["type"] == "job_end" and e["outcome"] == "failed"]
+    [bad] = [e for e in events if e["type"] == "device_bad"]
+    assert bad["device"] == failed["devices"][0] and "test_fail_lost" in bad["reason"]
+    after = events[events.index(bad) :]
+    # Nothing is handed to the retired device after its error: the rest run on the other.
+    assert not [e for e in after if e.get("state") == "sent" and e["devices"] == [bad["device"]]]
+    result.stdout.fnmatch_lines([f"*retiring sim:{bad['device']} for this session*"])
+
+
+def test_a_context_fatal_error_ends_the_worker_and_checks_the_device(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyprojecttoml('[tool.devpool.fatal-patterns]\nsim = { context = ["poisoned"] }\n')
+    body = one_device_tests("test_fail_poisoned", 6)
+    result, events = run(pytester, [], "--devices", "sim:0-1", body=body)
+    assert result.parseoutcomes() == {"failed": 1, "passed": 6}, result.stdout.str()
+    [failed] = [e for e in events if e["type"] == "job_end" and e["outcome"] == "failed"]
+    [suspect] = [e for e in events if e["type"] == "device_suspect"]
+    assert suspect["device"] == failed["devices"][0]
+    after = events[events.index(suspect) :]
+    # The poisoned worker is sent nothing more; the device is checked in a fresh process
+    # and kept in service.
+    sent = [e for e in after if e.get("state") == "sent"]
+    assert all(e["worker_pid"] != failed["worker_pid"] for e in sent), sent
+    assert [e["device"] for e in after if e["type"] == "device_ok"] == [suspect["device"]]
+    assert not [e for e in events if e["type"] == "device_bad"]
+
+
+def test_benchmarks_run_last_and_each_alone(pytester: pytest.Pytester) -> None:
+    """The run-alone rule: a test that measures time (pytest-benchmark's fixture) runs with
+    nothing else of the run beside it, after the rest, one at a time."""
+    pytest.importorskip("pytest_benchmark")
+    body = "".join(f"\ndef test_pass_bench_{c}(benchmark): pass\n" for c in "ab")
+    body += "".join(f"\ndef test_pass_{i}(): pass\n" for i in range(6))
+    result, events = run(
+        pytester, [], "-p", "pytest_benchmark.plugin", "--devices", "sim:0-1", body=body
+    )
+    assert result.parseoutcomes() == {"passed": 8}, result.stdout.str()
+    order = [(e["type"], e.get("state"), e["nodeid"].rsplit("::", 1)[1]) for e in events]
+    sent = [name for kind, state, name in order if state == "sent"]
+    # First in collection order, yet sent after every other test, and one at a time.
+    assert sent[-2:] == ["test_pass_bench_a", "test_pass_bench_b"] or sent[-2:] == [
+        "test_pass_bench_b",
+        "test_pass_bench_a",
+    ], order
+    last_other_end = max(
+        i for i, (k, _, n) in enumerate(order) if k == "job_end" and "bench" not in n
+    )
+    first, second = sent[-2:]
+    assert order.index(("attempt", "sent", first)) > last_other_end, order
+    assert order.index(("attempt", "sent", second)) > order.index(("job_end", None, first)), order
