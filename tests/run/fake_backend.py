@@ -11,6 +11,10 @@ send. What a test does is in its name:
 - `test_missing*` is not collected by the worker;
 - `test_hang*` hangs in its call: nothing more comes from its worker until it is signalled.
 
+With SCRIPTED_CLOCK=1 in its environment the run's clock (run/clock.py) is the backend's:
+a poll that finds nothing to say moves it forward by as long as the loop would have waited,
+so deadlines of tens of seconds pass at once.
+
 A worker started for a once-fixture (DEVPOOL_ONCE_SETUP in its environment) sets it up at
 once and tears it down at its stop; one named `lost*` dies before its setup ends, one
 named `dies*` right after it.
@@ -20,7 +24,9 @@ Every event goes through worker/protocol.py's encoding and decoding, as on a pip
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +36,7 @@ import pytest
 from devpool.backends import Backend, WorkerHandle
 from devpool.devices.leases import Lease
 from devpool.plan.markers import Request
+from devpool.run import clock
 from devpool.session import workers
 from devpool.worker import protocol, wire
 
@@ -147,15 +154,26 @@ def _report(nodeid: str, location: list[Any], when: str, outcome: str) -> protoc
     return protocol.Report(data=data)
 
 
+class ScriptedClock:
+    """The run's clock, moved by the backend: from the real one's reading, forward."""
+
+    def __init__(self) -> None:
+        self.time = time.monotonic()
+
+    def now(self) -> float:
+        return self.time
+
+
 class ScriptedBackend(Backend):
     """Starts ScriptedWorkers; its poll hands back what they said, and their ends."""
 
     local_leases = True
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, scripted_clock: ScriptedClock | None = None) -> None:
         self.log_dir = log_dir
         self.workers: dict[int, ScriptedWorker] = {}
         self.next_key = 0
+        self.clock = scripted_clock
 
     def start(
         self,
@@ -180,6 +198,8 @@ class ScriptedBackend(Backend):
                 out.append((worker, said, eof))
             if eof:
                 del self.workers[worker.key]
+        if not out and self.clock is not None:
+            self.clock.time += timeout  # the loop's wait, passed at once
         return out
 
     def drain(self, worker: WorkerHandle) -> list[protocol.Message]:
@@ -200,9 +220,15 @@ class ScriptedBackend(Backend):
 def pytest_configure(config: pytest.Config) -> None:
     mp = pytest.MonkeyPatch()
     config.add_cleanup(mp.undo)
+    scripted_clock = ScriptedClock() if os.environ.get("SCRIPTED_CLOCK") else None
+    if scripted_clock is not None:
+        clock.use(scripted_clock.now)
+        config.add_cleanup(lambda: clock.use(time.monotonic))
     mp.setattr(workers, "early_backend", lambda *args, **kwargs: None)
     mp.setattr(
         workers,
         "make_backend",
-        lambda config, settings, inventory, run_dir, log_dir, *rest: ScriptedBackend(log_dir),
+        lambda config, settings, inventory, run_dir, log_dir, *rest: ScriptedBackend(
+            log_dir, scripted_clock
+        ),
     )

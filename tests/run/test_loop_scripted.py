@@ -5,6 +5,7 @@ with no worker process (one controller per test)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,27 @@ def test_a_hung_test_times_out_with_its_stacks_and_the_run_goes_on(
             "*(a scripted worker has no stacks)*",  # what dump_stacks wrote, in its report
         ]
     )
+
+
+def test_a_long_timeout_passes_at_once_on_the_scripted_clock(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop reads its time from run/clock.py: on the backend's clock, a 60 s deadline,
+    the stacks' wait and the grace after SIGTERM all pass while the backend waits on
+    nothing, so the run ends in real seconds with the test's timeout said."""
+    monkeypatch.setenv("SCRIPTED_CLOCK", "1")
+    began = time.monotonic()
+    result, attempts = run(
+        pytester,
+        ["test_hang_a", "test_pass_b"],
+        *("--devices", "sim:0", "--devpool-cpu-slots=1"),
+        *("--devpool-test-timeout=60", "--devpool-timeout-grace=30"),
+    )
+    assert time.monotonic() - began < 30, result.stdout.str()  # far under one deadline
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("timeout"), outcomes.get("passed")) == (1, 1), result.stdout.str()
+    assert ends(attempts, "test_hang_a") == [(1, "timeout")]
+    result.stdout.fnmatch_lines(["*TIMEOUT*test_hang_a*exceeded its 60s limit*"])
 
 
 def test_a_failure_runs_again_under_reruns_and_gates_once(pytester: pytest.Pytester) -> None:

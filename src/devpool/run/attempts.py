@@ -27,6 +27,7 @@ import pytest
 
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
+from devpool.run import clock
 from devpool.run.again import NO, Decision
 
 
@@ -121,7 +122,7 @@ class Attempt:
                 f"attempt {self.number} of {self.display}: {self.state.value} → {state.value}"
             )
         self.state = state
-        self.history.append((state, time.monotonic()))
+        self.history.append((state, clock.now()))
         if state is not State.STARTED:
             self.deadline = None  # a deadline lives only while its attempt runs
             self.kill_stage = 0
@@ -138,7 +139,7 @@ class Attempt:
     def start(self, emit: Emit, worker_log_size: int, **fields: Any) -> None:
         """The worker began running it: its deadline starts now. fields: what its worker's
         start cost it (startup, lease_to_start), for the run record."""
-        self.started = time.monotonic()
+        self.started = clock.now()
         self.started_wall = time.time()
         self.output_from = worker_log_size
         timeout = self.job.request.timeout

@@ -10,7 +10,6 @@ routes worker events here; this part holds no state of its own.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -19,7 +18,7 @@ from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
 from devpool.plan.scheduler import Scheduler
 from devpool.report.terminal import read_log
-from devpool.run import again
+from devpool.run import again, clock
 from devpool.run.again import Decision, Happened
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
@@ -63,7 +62,7 @@ class Endings:
     def lost_test(self, slot: Slot, attempt: Attempt, code: int | None) -> None:
         """The worker died under a test: its own timeout, a crash, or another's timeout."""
         worker = slot.worker
-        duration = time.monotonic() - attempt.started
+        duration = clock.now() - attempt.started
         how = describe_exit(code)
         own = own_output(slot, attempt)
         captured = crash_output(worker.log)  # what the test wrote under pytest's capture
@@ -146,7 +145,7 @@ class Endings:
             self.dropped.add(job.id)  # it runs on in another job of the queue's run
             return
         job.attempt += 1
-        job.queued_at = time.monotonic()
+        job.queued_at = clock.now()
         self.attempts[job.id] = Attempt(job, job.attempt, alone=decision.whole_device)
         if decision.delay > 0:
             self.placing.delay(job.queued_at + decision.delay, job)  # wait, then run
@@ -170,7 +169,7 @@ class Endings:
         attempt.job.chain = None  # its chain was broken off: it runs as any test now
         if decision.own_worker:
             attempt.job.runs_alone = True
-        attempt.job.queued_at = time.monotonic()
+        attempt.job.queued_at = clock.now()
         self.queue_later(slot, attempt.job)
 
     def queue_later(self, slot: Slot | None, job: Job) -> None:
@@ -186,7 +185,7 @@ class Endings:
         if self.health.judge(attempt.devices, text, attempt.display) is not None:
             slot.dirty = True
             if slot.key in self.pool.slots:
-                self.pool.retire(slot, time.monotonic())
+                self.pool.retire(slot, clock.now())
 
     def unsatisfiable(self, jobs: Sequence[tuple[Job, str]]) -> None:
         """Jobs no device of the run can hold end at once, skipped where

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from devpool.devices import probes
 from devpool.devices.leases import Blocked, Holder, Lease
 from devpool.devices.lockdir import describe_holders
 from devpool.devices.probes import CONTEXT, Fatal
+from devpool.run import clock
 from devpool.run.context import RunContext
 from devpool.wording import counted
 
@@ -215,7 +215,7 @@ class DeviceHealth:
                 self.say(note)
             elif found.kind == CONTEXT:
                 self.suspect[device] = why
-                self.suspect_since[device] = time.monotonic()
+                self.suspect_since[device] = clock.now()
                 self.ctx.emit("device_suspect", device=device, reason=why, kind=found.kind)
                 self.say(
                     f"{self._name(device)}: {why} poisons only that process; "

@@ -14,7 +14,6 @@ always ends: when nothing runs and nothing left can be placed, the jobs that are
 from __future__ import annotations
 
 import gc
-import time
 
 import pytest
 
@@ -23,6 +22,7 @@ from devpool.plan.jobs import Job, Plan
 from devpool.plan.policies import Backfill
 from devpool.plan.scheduler import Scheduler
 from devpool.report import progress
+from devpool.run import clock
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.endings import Endings
@@ -138,11 +138,11 @@ class Loop:
         self.pool.stdin_for_tests = self.terminal.stdin_for(
             self.parallel, len(self.plan.jobs), self.say
         )
-        self._admit(self.plan.jobs if self.source is None else [], time.monotonic())
+        self._admit(self.plan.jobs if self.source is None else [], clock.now())
         self.endings.unsatisfiable(self.plan.unsatisfiable)
         try:
             while self._busy():
-                now = time.monotonic()
+                now = clock.now()
                 self.pool.escalate(now, self.ctx.settings.timeout_grace)
                 if self.memory.watching:
                     # Running tests that use more memory than they declared end now, `failed`.
@@ -177,9 +177,9 @@ class Loop:
                 self.ctx.flush_record()  # what waited in the record's buffer goes to disk
                 self._stop_if_asked()
                 if self.stopped or (not self.scheduler.queue and not self.pool.starting):
-                    self.pool.retire_idle(time.monotonic())
+                    self.pool.retire_idle(clock.now())
                 if not placed:
-                    self.placing.end_stall(time.monotonic())
+                    self.placing.end_stall(clock.now())
                 if self.live is not None and not self.terminal.lent:
                     self.live.update(self._snapshot())
         finally:
@@ -242,7 +242,7 @@ class Loop:
         return max(0.0, min(due) - now)
 
     def _snapshot(self) -> progress.Snapshot:
-        now = time.monotonic()
+        now = clock.now()
         running = []
         for slot in self.pool.slots.values():
             attempt = slot.current

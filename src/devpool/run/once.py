@@ -15,7 +15,6 @@ processes' events, and close() at the end.
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +22,7 @@ from devpool.backends import WorkerHandle
 from devpool.outcomes import Outcome
 from devpool.plan.jobs import Job
 from devpool.plan.once import PLUGIN
+from devpool.run import clock
 from devpool.run.attempts import Attempt, State
 from devpool.run.once_process import LoopView, OnceProcess
 from devpool.run.pool import one_module
@@ -88,7 +88,7 @@ class OnceFixtures:
             return False
         for once in onces:
             if once.state == "waiting" and not once.since:
-                once.since = time.monotonic()
+                once.since = clock.now()
         self.held.append(job)
         return True
 

@@ -26,6 +26,7 @@ from devpool.history.durations import TestResult, runner_class
 from devpool.plan.jobs import Job
 from devpool.plan.once import PLUGIN, OnceFixture, history_id, setup_history_id
 from devpool.plan.scheduler import Scheduler
+from devpool.run import clock
 from devpool.run.attempts import Attempt
 from devpool.run.context import RunContext
 from devpool.run.host_leases import host_env
@@ -190,7 +191,7 @@ class OnceProcess:
         if self.outcome == "skip":
             return
         outcome = "passed" if self.outcome == "value" and not error else "failed"
-        self._in_history(history_id(self.name), outcome, time.monotonic() - self.since)
+        self._in_history(history_id(self.name), outcome, clock.now() - self.since)
 
     def _in_history(self, nodeid: str, outcome: str, seconds: float) -> None:
         """One of its figures into the duration history, as a test's result."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from devpool.devices import memory
 from devpool.devices.leases import Lease
 from devpool.plan.jobs import Job, Plan
 from devpool.plan.scheduler import Placement
+from devpool.run import clock
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
 from devpool.run.host_leases import host_env, stamp
@@ -49,7 +49,7 @@ class Slot:
     later: list[Job] = field(default_factory=list)  # queued again once the placement ends
     streamed: int = 0  # parts sent after the batch's first ("more"), numbered from 1
     memory_file: Path | None = None  # sim: where its tests write the device memory they use
-    spawned: float = field(default_factory=time.monotonic)
+    spawned: float = field(default_factory=clock.now)
     startup: float | None = None  # seconds from spawn to ready, until its first test took it
     leased: float | None = None  # when its lease was taken (monotonic), until its first test
     shape: int = 0  # a rank group's ranks (Job.shape): it runs jobs of that shape only
@@ -346,13 +346,13 @@ class WorkerPool:
     def shutdown(self) -> None:
         """Always: end every worker (their whole process groups) and free every lease."""
         slots = list(self.slots.values())
-        now = time.monotonic()
+        now = clock.now()
         for slot in slots:
             self.retire(slot, now)
         deadline = now + 2.0
         for slot in slots:
             try:
-                slot.worker.wait(timeout=max(0.0, deadline - time.monotonic()))
+                slot.worker.wait(timeout=max(0.0, deadline - clock.now()))
             except Exception:  # noqa: BLE001 - timeout or interrupted: escalate below
                 slot.worker.signal_group(signal.SIGTERM)
         for slot in slots:

@@ -22,12 +22,12 @@ import io
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from devpool.run import clock
 from devpool.run.pool import Slot
 from devpool.worker import protocol
 from devpool.worker.terminal import real_fds
@@ -75,7 +75,7 @@ class TerminalLoan:
         there, so pytest's summary leaves it out."""
         attempt = slot.current
         if attempt is not None:
-            attempt.pause(time.monotonic())
+            attempt.pause(clock.now())
             if post_mortem and attempt.phases:
                 attempt.phases[-1]._pdbshown = True  # type: ignore[attr-defined]
         if self.holder is None:
@@ -87,7 +87,7 @@ class TerminalLoan:
         """The debugger was left (or its worker is gone): the terminal comes back."""
         attempt = slot.current
         if attempt is not None:
-            attempt.resume(time.monotonic())
+            attempt.resume(clock.now())
         self.waiting = [(s, pid) for s, pid in self.waiting if s is not slot]
         if self.holder is slot:
             self._take_back()

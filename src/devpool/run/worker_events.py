@@ -10,7 +10,6 @@ given at its construction; the only state of its own is the tests said renamed.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import pytest
@@ -19,7 +18,7 @@ from devpool import compat
 from devpool.backends import Backend
 from devpool.outcomes import Outcome
 from devpool.plan.scheduler import Scheduler
-from devpool.run import again
+from devpool.run import again, clock
 from devpool.run.again import Happened
 from devpool.run.attempts import Attempt, State
 from devpool.run.context import RunContext
@@ -82,7 +81,7 @@ class WorkerEvents:
 
     def _on_ready(self, slot: Slot, event: protocol.Ready) -> None:
         slot.ready_by = None
-        slot.startup = time.monotonic() - slot.spawned
+        slot.startup = clock.now() - slot.spawned
         self.ctx.emit(
             "worker_ready",
             worker=slot.key,
@@ -96,8 +95,8 @@ class WorkerEvents:
         if attempt is None:
             return
         if attempt.job is not slot.head:
-            self.placing.job_started(slot, attempt.job, time.monotonic())
-        now = time.monotonic()
+            self.placing.job_started(slot, attempt.job, clock.now())
+        now = clock.now()
         cost: dict[str, float] = {}
         if slot.startup is not None:  # the first test of a new worker waited for its start
             cost["startup"] = round(slot.startup, 3)
@@ -227,7 +226,7 @@ class WorkerEvents:
     def _job_done(self, slot: Slot) -> None:
         head = slot.head
         self._release_head(slot)
-        now = time.monotonic()
+        now = clock.now()
         isolate = head is not None and head.fresh
         over_share = self.placing.over_share()
         if (
@@ -281,4 +280,4 @@ class WorkerEvents:
         self._release_head(slot)
         self.check_stop()  # a crash that reached --maxfail starts nothing that waited
         for placement in self.pool.freed(worker.key):
-            self.placing.spawn(placement, time.monotonic())
+            self.placing.spawn(placement, clock.now())
