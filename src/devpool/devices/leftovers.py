@@ -88,10 +88,6 @@ def this_run() -> str:
     return f"{os.getpid()}.{proc.start if proc else 0}"
 
 
-def _fork_map_name(mark: str) -> str:
-    return f"devpool-run-{mark}"
-
-
 _mapped: set[str] = set()  # marks this process mapped (forks inherit the mapping, not this)
 
 
@@ -104,7 +100,7 @@ def mark_forks(mark: str) -> bool:
     if not hasattr(os, "memfd_create") or not sys.platform.startswith("linux"):
         return False
     try:
-        fd = os.memfd_create(_fork_map_name(mark), os.MFD_CLOEXEC)
+        fd = os.memfd_create(f"devpool-run-{mark}", os.MFD_CLOEXEC)
     except OSError:
         return False
     try:
@@ -126,7 +122,7 @@ def mark_forks(mark: str) -> bool:
 
 def carries_fork_mark(pid: int, mark: str) -> bool:
     """Whether the process maps the memfd of mark (a fork of that run that never exec'd)."""
-    wanted = f"/memfd:{_fork_map_name(mark)} ".encode()
+    wanted = f"/memfd:devpool-run-{mark} ".encode()
     try:
         with open(f"/proc/{pid}/maps", "rb") as handle:
             return any(line.find(wanted) >= 0 for line in handle)
