@@ -11,9 +11,9 @@ of each process exec'd below it (a server started with subprocess), or, for a fo
 never exec'd, a shared mapping of a memfd named after the mark (/proc/PID/maps shows it;
 the controller maps it before its first fork, and an exec drops it) and a `devpool-*` name.
 Another run started alike (the same command line and environment) has its own mark, so
-none of its forks is taken for this run's. The controller's
-sweep after a worker died, its sweep at the run's end, and the guard (a small process that
-outlives a SIGKILLed controller: this file run as a script) end what carries it.
+none of its forks is taken for this run's. The controller's sweep after a worker died, its
+sweep at the run's end, and the guard (a small process that outlives a SIGKILLed
+controller: this file run as a script) end what carries it.
 
 Standard library only: the guard runs it with no site packages.
 """
