@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import pytest
 from sessions import records
 
+from devpool.devices import leftovers
 from devpool.devices.leases import Holder, Lease
 from devpool.devices.lockdir import LockDir
 
@@ -623,6 +624,43 @@ def test_interrupt_ends_workers_and_frees_devices(
         banner = [line for line in shown.splitlines() if line.startswith("!!")]
         assert banner and "SIGTERM" in banner[-1], shown
         assert "KeyboardInterrupt" not in shown and "controller.py" not in shown, shown
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_collecting_ends_the_run_as_ctrl_c_and_leaves_nothing(
+    pytester: pytest.Pytester,
+    lock: Path,
+    out: Path,
+    launch: Callable[..., Session],
+    signum: int,
+) -> None:
+    # A CI step's timeout can come during a long collection (a suite importing torch): it
+    # ends the run with pytest's interrupted exit and banner, not a silent -15, and the
+    # zygote and templates the collection started end with it.
+    collecting = out / "collecting"
+    pytester.makepyfile(
+        test_slow_import=f"""
+        import pathlib, time
+
+        pathlib.Path({str(collecting)!r}).touch()
+        time.sleep(60)
+
+        def test_never():
+            pass
+        """
+    )
+    session = launch("--devices", "sim:0")
+    wait_until(collecting.exists, 30, "the collection to start")
+    ours = [p.pid for p in leftovers.descendants(session.pid)]  # its zygote and templates
+    assert ours, "no zygote or template beside the collection"
+    os.kill(session.pid, signum)
+    assert session.wait(20) == 2, session.output()
+    shown = session.output()
+    assert "Traceback" not in shown and "controller.py" not in shown, shown
+    if signum == signal.SIGTERM:
+        banner = [line for line in shown.splitlines() if line.startswith("!!")]
+        assert banner and "SIGTERM" in banner[-1], shown
+    wait_until(lambda: not any(alive(pid) for pid in ours), 10, f"processes {ours} to end")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -146,7 +146,8 @@ class Controller:
         plain = PlainCollection()
         plain.start()
         try:
-            return (yield)
+            with sigterm_as_interrupt():  # a CI step's timeout while collecting: as Ctrl-C
+                return (yield)
         finally:
             plain.stop()
 
