@@ -130,6 +130,11 @@ class Backend:
         """Where the runs sharing its devices say they wait (None: the host's lock folder)."""
         return None
 
+    def unsatisfiable(self, request: Request) -> str | None:
+        """Why no placement it can make would ever hold the request (None: it can be held;
+        on a host, the plan's inventory already said so)."""
+        return None
+
     def unplaced(self, now: float) -> dict[int, float]:
         """Sizes of workers it could not place for a while, and since when (monotonic):
         other runs hold what they need."""

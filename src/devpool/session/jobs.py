@@ -94,13 +94,11 @@ def fit_plan(
 ) -> None:
     """The plan as the backend runs it: what its cluster can never place is unsatisfiable,
     and each job gets the cores its history says it keeps busy."""
-    check = getattr(backend, "unsatisfiable", None)
-    if check is not None:  # the cluster's real shape: nodes, devices per node
-        for job in list(plan.jobs):
-            reason = check(job.request)
-            if reason is not None:
-                plan.jobs.remove(job)
-                plan.unsatisfiable.append((job, reason))
+    for job in list(plan.jobs):  # a cluster's real shape: nodes, devices per node
+        reason = backend.unsatisfiable(job.request)
+        if reason is not None:
+            plan.jobs.remove(job)
+            plan.unsatisfiable.append((job, reason))
     for job in plan.jobs:
         job.estimate_known = job.nodeid in estimates
         load = cpu_loads.get(job.nodeid)
