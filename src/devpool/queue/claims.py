@@ -15,7 +15,7 @@ from typing import Any
 
 from devpool.queue.classes import FITS
 from devpool.queue.leases import JobLeases
-from devpool.queue.rows import LIVE, QueueReads
+from devpool.queue.rows import LIVE, QueueReads, a_live_job
 
 TAIL = 2.0  # a claim takes at most 1/(TAIL x live jobs) of the queued work it could hold
 
@@ -27,20 +27,14 @@ def guided(seconds: float, queued: float, live: int) -> float:
     return min(seconds, queued / (TAIL * max(1, live)))
 
 
-# A live job of the run, other than the one a rerun moved off (or on another host), that
-# can hold test t.
-_OTHER_JOB = (
-    "EXISTS (SELECT 1 FROM devpool_queue_jobs o WHERE o.run_id = t.run_id AND "
-    + LIVE.format(j="o")
-    + " AND o.devices >= t.devices AND "
-    + FITS.format(j="o")
-    + " AND {other})"
-)
+# A job `o` (rows.a_live_job) with the devices test t needs; _OTHER_HOST and _ANOTHER_JOB
+# add "other than the one a rerun moved off, or on another host".
+_HOLDS = "o.devices >= t.devices"
 # A moved rerun goes to a job on another host first, then to another job on its host, and
 # back to the job it failed on only when no other can hold it, or when a lease has passed
 # since the move and none took it (the others may never claim it: memory, shape, a stall).
-_OTHER_HOST = _OTHER_JOB.format(other="o.host <> t.avoid_host")
-_ANOTHER_JOB = _OTHER_JOB.format(other="o.job_id <> t.avoid_job")
+_OTHER_HOST = a_live_job(_HOLDS, "o.host <> t.avoid_host")
+_ANOTHER_JOB = a_live_job(_HOLDS, "o.job_id <> t.avoid_job")
 _MAY_TAKE = f"""(t.avoid_job IS NULL
     OR t.avoid_host <> (SELECT host FROM devpool_queue_jobs WHERE job_id = %(job)s)
     OR t.moved_at < now() - (SELECT make_interval(secs => lease_seconds)
@@ -56,13 +50,7 @@ _MINE = FITS.format(j="x").replace("x.platform", "%(name)s").replace("x.kind", "
 # No live job of another platform may take test t: a job claims those first, since only its
 # class can run them, then the tests any class may run (each longest first); in a run of one
 # platform every test is so, and the order is longest first.
-_ONLY_MINE = (
-    "(NOT EXISTS (SELECT 1 FROM devpool_queue_jobs o WHERE o.run_id = t.run_id AND "
-    + LIVE.format(j="o")
-    + " AND o.platform <> %(name)s AND "
-    + FITS.format(j="o")
-    + "))"
-)
+_ONLY_MINE = f"(NOT {a_live_job('o.platform <> %(name)s')})"
 
 
 @dataclass(frozen=True)
@@ -182,7 +170,7 @@ class Claims:
             "earlier = %(ended)s::jsonb, moved_at = now() "
             "WHERE run_id = %(run)s AND test_id = %(test)s AND state = 'claimed' "
             "AND job_id = %(job)s AND token = %(token)s "
-            f"AND {_OTHER_JOB.format(other='o.job_id <> %(job)s')} RETURNING 1",
+            f"AND {a_live_job(_HOLDS, 'o.job_id <> %(job)s')} RETURNING 1",
             self.run._args(
                 job=job_id,
                 test=claim.test_id,

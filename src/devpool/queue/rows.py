@@ -17,6 +17,12 @@ if TYPE_CHECKING:
 LIVE = "NOT {j}.lost AND {j}.left_at IS NULL AND {j}.expires_at >= now()"
 
 
+def a_live_job(*also: str) -> str:
+    """SQL: a live job `o` of test `t`'s run whose class can run it, of which `also` holds."""
+    where = " AND ".join(("o.run_id = t.run_id", LIVE.format(j="o"), FITS.format(j="o"), *also))
+    return f"EXISTS (SELECT 1 FROM devpool_queue_jobs o WHERE {where})"
+
+
 @dataclass(frozen=True)
 class JobRow:
     """A job that joined the run."""
@@ -84,9 +90,7 @@ class QueueReads:
         or queued with a live job of their class (a class none has is not taken)."""
         row = self.db.execute(
             "SELECT count(*) FROM devpool_queue_tests t WHERE run_id = %(run)s "
-            "AND (state = 'claimed' OR (state = 'queued' AND EXISTS (SELECT 1 FROM "
-            f"devpool_queue_jobs o WHERE o.run_id = t.run_id AND {LIVE.format(j='o')} "
-            f"AND {FITS.format(j='o')})))",
+            f"AND (state = 'claimed' OR (state = 'queued' AND {a_live_job()}))",
             self._args(),
         ).fetchone()
         return int(row[0]) if row else 0

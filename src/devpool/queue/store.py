@@ -16,11 +16,10 @@ from devpool.database import connect, where
 from devpool.errors import DevpoolError
 from devpool.queue.claims import Claim as Claim
 from devpool.queue.claims import Claims
-from devpool.queue.classes import FITS
 from devpool.queue.compare import QueuedTest as QueuedTest
 from devpool.queue.leases import JobLeases
 from devpool.queue.publication import Publication
-from devpool.queue.rows import LIVE, QueueReads
+from devpool.queue.rows import QueueReads, a_live_job
 from devpool.queue.schema import NEWEST_COLUMN, SCHEMA, SCHEMA_LOCK
 
 
@@ -168,13 +167,11 @@ class QueueStore(QueueReads):
         largest = max((job.devices for job in jobs if job.alive), default=-1)
         joined = ", ".join(job.describe() for job in jobs) or "no job"
         with self.db.transaction():
-            live = f"o.run_id = t.run_id AND {LIVE.format(j='o')} AND {FITS.format(j='o')}"
             rows = self.db.execute(
                 "SELECT position, test_id, request, platforms FROM devpool_queue_tests t "
                 "WHERE run_id = %(run)s AND state = 'queued' AND (devices > %(largest)s OR "
-                f"NOT EXISTS (SELECT 1 FROM devpool_queue_jobs o WHERE {live} "
-                "AND o.devices >= t.devices)) AND (platforms = '' OR EXISTS "
-                f"(SELECT 1 FROM devpool_queue_jobs o WHERE {live})) FOR UPDATE SKIP LOCKED",
+                f"NOT {a_live_job('o.devices >= t.devices')}) AND (platforms = '' OR "
+                f"{a_live_job()}) FOR UPDATE SKIP LOCKED",
                 self._args(largest=largest),
             ).fetchall()
             for position, _test, request, platforms in rows:
