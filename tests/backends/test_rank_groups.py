@@ -9,6 +9,7 @@ import subprocess
 from types import SimpleNamespace
 from typing import Any
 
+from devpool.backends import WorkerHandle
 from devpool.backends.rank_groups import RankGroups
 
 
@@ -24,7 +25,9 @@ class Pipes:
         self.forgotten.append(worker)
 
 
-class Group:
+class Group(WorkerHandle):
+    """A rank group as RankGroups sees it (wait, signal_group, close), with what it was told."""
+
     def __init__(self, key: int, fds: list[int], due: list[float], ends: bool = True) -> None:
         self.key, self.ends, self._due = key, ends, due
         self.ranks = [

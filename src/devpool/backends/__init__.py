@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -58,6 +59,14 @@ class WorkerHandle:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def wait_or_kill(self, seconds: float) -> int:
+        """Its exit status within seconds, else once SIGKILL to its whole group ended it."""
+        try:
+            return self.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.signal_group(signal.SIGKILL)
+            return self.wait()
 
     @property
     def spent(self) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -344,11 +343,7 @@ class LocalBackend(Backend):
         if wait <= 0 and isinstance(process, ForkedProcess) and process.poll() is None:
             code = None
         else:
-            try:
-                code = process.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                worker.signal_group(signal.SIGKILL)
-                code = process.wait()
+            code = worker.wait_or_kill(wait)
         worker.exited = True
         self.pipes.forget(worker)
         worker.close()

@@ -8,8 +8,6 @@ reaping it.
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -85,11 +83,7 @@ class RankGroups:
 
     def reap(self, group: RankGroup, wait: float) -> int | None:
         """The group's exit status once its ranks ended; it is forgotten."""
-        try:
-            code = group.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            group.signal_group(signal.SIGKILL)
-            code = group.wait()
+        code = group.wait_or_kill(wait)
         group.exited = True
         for rank in group.ranks:
             rank.worker.exited = True
