@@ -295,7 +295,8 @@ def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
     after grace; how each ended: terminated, killed, exited (gone already), not permitted.
     Each is signalled through a pidfd opened on the process it was when found (its start
     matched): a pid ended and reused since, by another run's controller say, is left alone."""
-    procs = list({proc.pid: proc for proc in procs}.values())  # each once
+    by_pid = {proc.pid: proc for proc in procs}
+    procs = list(by_pid.values())  # each once
     how: dict[int, str] = {}
     own_group = os.getpgrp()
     ending = {proc.pid for proc in procs}
@@ -317,7 +318,6 @@ def end(procs: list[Proc], grace: float = GRACE) -> dict[int, str]:
             except PermissionError:
                 how[proc.pid] = "not permitted"
         waiting = _outlive([p.pid for p in procs if how[p.pid] == "terminated"], grace)
-        by_pid = {proc.pid: proc for proc in procs}
         for pid in waiting:
             with contextlib.suppress(OSError):
                 _signal(by_pid[pid], handles[pid], signal.SIGKILL)
