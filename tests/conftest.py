@@ -91,10 +91,12 @@ NEEDS: dict[str, tuple[pytest.MarkDecorator, ...]] = {
     ),
 }
 
-# Selective runs (docs/contributing.md) see what a test runs in its own process. A module
-# that starts processes (pytester's sessions and their workers, subprocesses, servers) runs
-# devpool where no recording sees it: its tests depend on every source file (fail closed).
-STARTS_PROCESSES = re.compile(r"\b(pytester|subprocess|Popen|multiprocessing|ray_nodes|postgres)\b")
+# Selective runs (docs/contributing.md) see what a test runs in its own process and in the
+# processes below it that import devpool or are its forks (pytester's sessions, subprocesses,
+# the command line: select/children.py). A module whose processes run devpool where no
+# recording sees it depends on every source file (fail closed): Ray's workers (started by
+# its own daemons) and devpool installed in a fresh venv (a copy outside the rootdir).
+STARTS_PROCESSES = re.compile(r"\b(ray_nodes|ray_cluster|venv)\b")
 SOURCES = pytest.mark.depends_on("src/devpool/*")
 
 

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__version__ = "0.1.0"
+from devpool.version import __version__
+
+# Below a worker of a recording run, this process says what it runs (select/children.py).
+if os.environ.get("DEVPOOL_RECORD_CHILDREN") or os.path.isdir(
+    f"/tmp/devpool-children-{os.getuid()}"
+):
+    from devpool.select import children
+
+    children.boot()
+
+
+__all__ = ["__version__", "once"]
 
 _Fixture = TypeVar("_Fixture")
 

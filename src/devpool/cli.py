@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from devpool import __version__
 from devpool.capacity.adopt import add_adopt_command
 from devpool.capacity.cli import add_capacity_commands, shard_verify
 from devpool.devices.lockdir import LockDir, default_lock_dir
@@ -28,6 +27,7 @@ from devpool.report.text import render_text
 from devpool.select.cli import add_select_command, build_transfer_parser
 from devpool.serve import add_serve_command
 from devpool.session.rerun import add_rerun_command
+from devpool.version import __version__
 
 
 class _Parser(argparse.ArgumentParser):

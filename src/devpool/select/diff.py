@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from devpool import __version__
 from devpool.select.baseline import (
     BaselineProblem,
     Bucket,
@@ -31,6 +30,7 @@ from devpool.select.baseline import (
 )
 from devpool.select.fingerprints import BlockCache, file_hash, library_stamp
 from devpool.select.options import SelectOptions, matches
+from devpool.version import __version__
 from devpool.wording import counted
 
 

@@ -24,15 +24,14 @@ import pytest
 from devpool.config import read_table
 from devpool.errors import DevpoolError
 from devpool.project import option_value
+from devpool.select import children
 from devpool.select.fingerprints import LoadedLibraries, file_hash, library_stamp, project_rel
 from devpool.select.options import mode_of, select_options
 from devpool.select.policy import auto_mode
 from devpool.select.tables import SentTables
-from devpool.select.watch import Codes, Watch, watch_for_this_interpreter
+from devpool.select.watch import Codes, Watch, data_read, spots_of, watch_for_this_interpreter
 
 DEPS_ATTR = "devpool_deps"
-_READ_FLAGS = (os.O_RDONLY, os.O_RDWR)
-_NOT_DATA = (".py", ".pyc", ".so", ".pth")
 
 
 class Recorder:
@@ -65,32 +64,21 @@ class Recorder:
         self._shared: list[tuple[str, int]] = []
         self._shared_set: set[tuple[str, int]] = set()
         self._merged: dict[tuple[int, tuple[str, ...]], dict[str, Any]] = {}  # with_libraries
+        self.below = children.Below(root)  # what the processes a test starts ran
         sys.addaudithook(self._audit)
 
     # ---- what the watch saw, and the files ------------------------------------------------
 
     def _audit(self, event: str, args: tuple[Any, ...]) -> None:
-        if event == "exec":
-            if self._on_exec is not None:
-                self._on_exec(event, args)
-            return
-        if event != "open" or not self.active:
-            return
-        path, mode, flags = args
-        if isinstance(path, int):
-            return
-        if mode is not None:
-            if "r" not in mode:  # w+ and a+ read back what the test wrote itself
-                return
-        elif flags & os.O_ACCMODE not in _READ_FLAGS:
-            return
-        name = os.fsdecode(path)
-        if not name.endswith(_NOT_DATA):
-            self.reads.add(os.path.abspath(name))
+        if event == "exec" and self._on_exec is not None:
+            self._on_exec(event, args)
+        elif event == "open" and self.active and (name := data_read(args)) is not None:
+            self.reads.add(name)
 
     def install(self) -> None:
         """Watch from now on with the cheapest free hook (watch.py). With every hook taken
         nothing is recorded, and every test always runs."""
+        children.hand_over()  # a process below a recording worker records tests itself
         if self.watch is None:
             self.watch = watch_for_this_interpreter(self._watched)
         self._on_exec = getattr(self.watch, "audit", None)  # one audit hook: this one
@@ -135,8 +123,12 @@ class Recorder:
             self.tested = True
         self.codes, self.outer, self.reads = {}, [], set()
         self.lost = ""
+        self.below.begin(self.watch)
         self._resume()
         self.active = True
+
+    def pytest_sessionfinish(self) -> None:
+        self.below.end()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -186,9 +178,11 @@ class Recorder:
         for name, once in borrowed:
             if not why and not once.get("recorded"):
                 why = f"once-fixture {name}'s process recorded no code ({once.get('why')})"
+        below = self.below.gather()
+        why = why or below.why
         deps: dict[str, Any] = {"nodeid": nodeid, "recorded": not why, "why": why}
         if not why:
-            self._attach(deps, item, [once for _, once in borrowed])
+            self._attach(deps, item, [once for _, once in borrowed], below)
         return deps
 
     def _borrowed(self, item: pytest.Item | None) -> list[tuple[str, dict[str, Any]]]:
@@ -198,10 +192,15 @@ class Recorder:
         return recorded(item) if recorded is not None else []
 
     def _attach(
-        self, deps: dict[str, Any], item: pytest.Item | None, borrowed: list[dict[str, Any]]
+        self,
+        deps: dict[str, Any],
+        item: pytest.Item | None,
+        borrowed: list[dict[str, Any]],
+        below: children.Gathered,
     ) -> None:
-        """Add the fingerprints of what the test ran and read to its deps, and of what its
-        once-fixtures ran and read in their own process."""
+        """Add the fingerprints of what the test ran and read to its deps, of what its
+        once-fixtures ran and read in their own process, and of what the processes it
+        started ran and read."""
         codes = dict(self.codes)  # import_codes: their blocks are the shared ones
         markers = item.iter_markers("depends_on") if item is not None else ()
         globs = [str(g) for marker in markers for g in marker.args]
@@ -215,6 +214,8 @@ class Recorder:
         spots = self._spots(codes.values())
         files = self._files(globs, own)
         libs = self._libraries()
+        spots |= below.spots
+        files.update(below.files)
         for once in borrowed:
             spots.update((str(rel), int(line)) for rel, line in once["spots"])
             files.update(once["files"])
@@ -237,6 +238,7 @@ class Recorder:
         self._collect()
         self.import_codes |= self.codes
         self.codes, self.reads, self.active = {}, set(), True
+        self.below.begin(self.watch)
         self._resume()
 
     def once_deps(self) -> dict[str, Any]:
@@ -246,16 +248,18 @@ class Recorder:
         self._pause()
         self._collect()
         self.active = False
-        if self.lost:
-            return {"recorded": False, "why": self.lost}
+        below = self.below.gather()
+        why = self.lost or below.why
+        if why:
+            return {"recorded": False, "why": why}
         codes = dict(self.import_codes) | self.codes
         for fixture in self.fixture_codes.values():
             codes |= fixture
-        spots = self._spots(codes.values()) | set(self._shared_spots())
+        spots = self._spots(codes.values()) | set(self._shared_spots()) | below.spots
         return {
             "recorded": True,
             "spots": sorted(spots),
-            "files": self._files([], []),
+            "files": self._files([], []) | below.files,
             "libs": self._libraries(),
         }
 
@@ -281,14 +285,7 @@ class Recorder:
         return rel if rel is not None and rel.endswith(".py") else None
 
     def _spots(self, codes: Iterable[CodeType]) -> set[tuple[str, int]]:
-        """Where code objects of the project's Python files start: (file, first line), with
-        line 0 for a module's own code (it starts at line 1, maybe inside a function)."""
-        spots = set()
-        for code in codes:
-            rel = self._source(code.co_filename)
-            if rel is not None:
-                spots.add((rel, 0 if code.co_name == "<module>" else code.co_firstlineno))
-        return spots
+        return spots_of(codes, self._source)
 
     def _shared_spots(self) -> list[tuple[str, int]]:
         """The spots of code that ran at import, and the top level of every project module

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from devpool import __version__
 from devpool.config import Settings
 from devpool.errors import DevpoolError
 from devpool.plan.markers import request_for
@@ -39,6 +38,7 @@ from devpool.select.options import SelectOptions
 from devpool.select.policy import auto_mode
 from devpool.select.record import DEPS_ATTR
 from devpool.select.tables import expand
+from devpool.version import __version__
 
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -44,6 +45,39 @@ def where(code: CodeType) -> Where:
 
 def codes_of(codes: Iterable[CodeType]) -> Codes:
     return {where(code): code for code in codes}
+
+
+def spots_of(
+    codes: Iterable[CodeType], source: Callable[[str], str | None]
+) -> set[tuple[str, int]]:
+    """Where code objects of the project's Python files start: (file, first line), with line
+    0 for a module's own code (it starts at line 1, maybe inside a function). source: a file
+    name → its path relative to the rootdir when it is one of the project's, else None."""
+    spots = set()
+    for code in codes:
+        rel = source(code.co_filename)
+        if rel is not None:
+            spots.add((rel, 0 if code.co_name == MODULE else code.co_firstlineno))
+    return spots
+
+
+_READ_FLAGS = (os.O_RDONLY, os.O_RDWR)
+_NOT_DATA = (".py", ".pyc", ".so", ".pth")
+
+
+def data_read(args: tuple[Any, ...]) -> str | None:
+    """The absolute path of a data file the audit event "open" with these args reads (w+ and
+    a+ read back what the process wrote itself: not counted); else None."""
+    path, mode, flags = args
+    if isinstance(path, int):
+        return None
+    if mode is not None:
+        if "r" not in mode:
+            return None
+    elif flags & os.O_ACCMODE not in _READ_FLAGS:
+        return None
+    name = os.fsdecode(path)
+    return None if name.endswith(_NOT_DATA) else os.path.abspath(name)
 
 
 # Debugger, coverage, profiler and optimizer own ids 0, 1, 2 and 5; a test that runs

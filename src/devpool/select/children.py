@@ -1,0 +1,348 @@
+"""What the processes a recorded test starts run of the project: seen, and counted for it.
+
+A recording worker (record.py) makes a folder of its own, `/tmp/devpool-children-<uid>/<pid>`,
+writes its rootdir in it and names it in DEVPOOL_RECORD_CHILDREN, which every process below
+it inherits. A Python process below it that imports devpool (a pytest session, whose plugin
+is devpool's; devpool's command line) finds the folder by that variable or, where a test
+gave its process an environment of its own, by the worker among its ancestors. It starts a
+watch (watch.py) as devpool is imported and leaves `<pid>.started` in the folder. As it ends
+(its exit, os._exit, an exec) it writes what it ran and read as `<pid>.<n>.json` and takes
+its mark away; a fork of it leaves a mark of its own. At the test's teardown the worker
+gathers the folder: the spots and files of every process that ended join the test's. A
+process that left its mark and said nothing (killed, or still running) fails closed: the
+test is not recorded, so it always runs, and the reason names the pid.
+
+A process that never imports devpool (a shell, a compiler, a script of the project's that
+does not import it) is not seen: docs/selective-runs.md says so.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import stat
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import CodeType
+from typing import Any, NoReturn
+
+from devpool.select.fingerprints import file_hash, project_rel
+from devpool.select.watch import Watch, data_read, spots_of, watch_for_this_interpreter
+
+FOLDER = "DEVPOOL_RECORD_CHILDREN"
+BASE = Path(f"/tmp/devpool-children-{os.getuid()}")
+_STARTED = ".started"
+WAIT = 1.0  # for a process started by the test, still ending (a session's last forks)
+
+
+class Child:
+    """This process, started below a recording worker: its watch, its reads, its mark."""
+
+    def __init__(self, folder: Path, root: Path, watch: Watch | None = None) -> None:
+        self.folder, self.root = folder, root
+        self.rel: dict[str, str | None] = {}
+        self.watch = watch or watch_for_this_interpreter(self._wanted)
+        self.lost = "" if self.watch is not None else "every hook that could watch it was taken"
+        self.on_exec: Callable[[str, tuple[Any, ...]], None] | None = None
+        self.reads: set[str] = set()
+        self.seen: dict[tuple[str, int, str], CodeType] = {}
+        self.written = 0  # dumps of this pid so far
+        self.pid = -1
+        self.retired = False
+
+    def _source(self, filename: str) -> str | None:
+        """The project-relative path of one of the project's Python files, else None."""
+        if filename not in self.rel:
+            self.rel[filename] = project_rel(self.root, filename)
+        path = self.rel[filename]
+        return path if path is not None and path.endswith(".py") else None
+
+    def _wanted(self, filename: str) -> bool:
+        return self._source(filename) is not None
+
+    def start(self) -> None:
+        self._mark()
+        if self.watch is not None:
+            self.on_exec = getattr(self.watch, "audit", None)
+            self.lost = self.watch.start()
+        sys.addaudithook(self._audit)
+        atexit.register(self.quietly_dump)
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _mark(self) -> None:
+        self.pid, self.written = os.getpid(), 0
+        with contextlib.suppress(OSError):
+            (self.folder / f"{self.pid}{_STARTED}").touch()
+
+    def _forked(self) -> None:
+        if not self.retired:
+            self._mark()  # what the parent saw before the fork is the parent's to tell
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if event == "exec" and self.on_exec is not None:
+            self.on_exec(event, args)
+        elif event == "open" and (name := data_read(args)) is not None:
+            self.reads.add(name)
+        elif event == "os.exec":  # the image goes: what it ran is told now
+            self.quietly_dump()
+            with contextlib.suppress(OSError):
+                (self.folder / f"{os.getpid()}{_STARTED}").unlink()
+
+    def retire(self, why: str) -> None:
+        """Tell the test above only why it cannot be told more (it fails closed), and from
+        now on nothing: the watch, and this process's forks, are someone else's."""
+        if self.watch is not None:
+            self.watch.stop()
+        self.watch, self.lost = None, why
+        self.quietly_dump()
+        self.retired = True
+
+    def quietly_dump(self) -> None:
+        """dump, where nothing of it may reach the process (its exit, an exec): a failure
+        leaves the mark, and the test fails closed."""
+        with contextlib.suppress(Exception):
+            self.dump()
+
+    def dump(self) -> None:
+        """Write what this process ran and read; its mark goes."""
+        if os.getpid() != self.pid or self.retired:
+            return  # a fork whose after-fork hook did not run: the parent's mark and dumps
+        payload: dict[str, Any] = {"pid": self.pid, "why": self.lost}
+        if not self.lost and self.watch is not None:
+            self.lost = self.watch.stop()
+            codes, imported = self.watch.take()
+            self.watch.start()
+            self.seen |= codes | imported
+            payload["why"] = self.lost
+        if not payload["why"]:
+            spots = spots_of(self.seen.values(), self._source)
+            for module in list(sys.modules.values()):
+                filename = getattr(module, "__file__", None)
+                rel = self._source(filename) if isinstance(filename, str) else None
+                if rel is not None:
+                    spots.add((rel, 0))
+            files = {}
+            for path in self.reads:
+                rel = project_rel(self.root, path)
+                if rel is not None and os.path.isfile(path):
+                    files[rel] = file_hash(Path(path))
+            payload |= {"spots": sorted(spots), "files": files}
+        self.written += 1
+        name = self.folder / f"{self.pid}.{self.written}.json"
+        with contextlib.suppress(OSError):
+            part = name.with_suffix(".part")
+            part.write_text(json.dumps(payload))
+            part.rename(name)
+            (self.folder / f"{self.pid}{_STARTED}").unlink(missing_ok=True)
+
+
+_CHILD: Child | None = None
+_EXIT = os._exit
+
+
+def _exit(status: int) -> NoReturn:
+    """os._exit, after this process has told what it ran (forks end this way)."""
+    if _CHILD is not None:
+        _CHILD.quietly_dump()
+    _EXIT(status)
+
+
+def make_folder(root: Path) -> Path:
+    """The recording worker's folder, for the processes below it (a stale one of the same
+    pid goes). The base is this user's alone: another user's link or folder is refused."""
+    BASE.mkdir(mode=0o700, exist_ok=True)
+    if not _own_base():
+        raise OSError(f"{BASE} is not a folder of this user's alone")
+    folder = BASE / str(os.getpid())
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700)
+    (folder / "root").write_text(str(root))
+    return folder
+
+
+def _own_base() -> bool:
+    """Whether BASE is a folder of this user's that nobody else may write (not a link)."""
+    try:
+        info = os.lstat(BASE)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def _ancestors_folder() -> str | None:
+    """The folder of the recording worker among this process's ancestors, if any."""
+    if not _own_base():
+        return None
+    pid = os.getppid()
+    for _ in range(64):
+        if pid <= 1:
+            return None
+        folder = BASE / str(pid)
+        if folder.is_dir():
+            return str(folder)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
+def boot() -> None:
+    """As devpool is imported (devpool/__init__.py): below a recording worker, watch."""
+    global _CHILD
+    if _CHILD is not None:
+        return
+    folder = os.environ.get(FOLDER) or _ancestors_folder()
+    if not folder:
+        return
+    try:
+        root = Path(folder, "root").read_text()
+    except OSError:
+        return  # the worker has ended
+    _start(Child(Path(folder), Path(root)))
+
+
+def _start(child: Child) -> None:
+    global _CHILD
+    _CHILD = child
+    try:
+        child.start()
+    except Exception as error:  # never the process's own import: it tells why instead
+        child.lost = child.lost or f"its watch did not start ({error!r})"
+    os._exit = _exit
+
+
+def adopt(folder: Path, root: Path, watch: Watch) -> None:
+    """In a fork of the recording worker (a test's os.fork, multiprocessing): this process
+    is one below it, watched by the worker's own watch."""
+    if _CHILD is None:
+        _start(Child(folder, root, watch))
+
+
+def hand_over() -> None:
+    """A recorder starts in this process (a nested recording run, record.py): a booted
+    watch steps aside, and the test above fails closed."""
+    global _CHILD
+    if _CHILD is not None:
+        _CHILD.retire("it records tests of its own")
+        _CHILD = None
+
+
+class Below:
+    """The recording worker's side: the folder where the processes below the running test
+    (or once-fixture) tell what they ran, made as the first one begins in this process (a
+    template runs none), and forks of this process adopted as processes below it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pid = -1  # the process the folder is this one's
+        self.folder: Path | None = None
+        self.watch: Watch | None = None
+        self.since = 0.0
+        self.lost = ""  # why the processes below cannot tell (no folder)
+
+    def begin(self, watch: Watch | None) -> None:
+        self.since = time.time()
+        if self.pid == os.getpid() or watch is None:
+            return
+        first, self.pid, self.watch = self.pid == -1, os.getpid(), watch
+        try:
+            self.folder = make_folder(self.root)
+        except OSError as error:
+            self.lost = f"no folder for the processes it starts ({error})"
+            return
+        os.environ[FOLDER] = str(self.folder)
+        if first:  # a fork of this process (os.fork, multiprocessing) is one below the test
+            os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        if self.folder is not None and self.watch is not None and self.pid == os.getppid():
+            adopt(self.folder, self.root, self.watch)
+
+    def gather(self) -> Gathered:
+        """What the processes started since `begin` told (gather), or why not."""
+        if self.pid != os.getpid():
+            return Gathered()
+        if self.folder is None:
+            return Gathered(why=self.lost)
+        return gather(self.folder, self.since)
+
+    def end(self) -> None:
+        if self.pid == os.getpid() and self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@dataclass
+class Gathered:
+    """What the processes below a test ran and read, or why it is not known."""
+
+    spots: set[tuple[str, int]] = field(default_factory=set)
+    files: dict[str, str | None] = field(default_factory=dict)
+    why: str = ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _ending(mark: Path, since: float) -> bool:
+    try:
+        fresh = mark.stat().st_mtime >= since
+    except OSError:
+        return False
+    return fresh and _alive(int(mark.name.split(".")[0]))
+
+
+def gather(folder: Path, since: float, wait: float = WAIT) -> Gathered:
+    """The worker's side, at a test's teardown: what every process that ended below it said
+    (their files go), and why not, when one was killed or still runs. One started since
+    `since` (time.time()) and still running is waited for up to `wait` seconds: a session's
+    last forks may be ending; an older one (a server of a wider fixture) is not."""
+    gathered = Gathered()
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            gathered.why = f"the folder its processes tell in is gone ({folder})"
+            return gathered
+        running = [n for n in names if n.endswith(_STARTED) and _ending(folder / n, since)]
+        if not running or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    names = os.listdir(folder)
+    told = {n.split(".")[0] for n in names if n.endswith(".json")}
+    for name in sorted(n for n in names if n.endswith(".json")):
+        path = folder / name
+        try:
+            said = json.loads(path.read_text())
+        except (OSError, ValueError):
+            said = {"pid": name.split(".")[0], "why": "its account could not be read"}
+        path.unlink(missing_ok=True)
+        if said.get("why"):
+            gathered.why = (
+                gathered.why or f"a process it started (pid {said['pid']}): {said['why']}"
+            )
+            continue
+        gathered.spots.update((str(rel), int(line)) for rel, line in said.get("spots", ()))
+        gathered.files.update(said.get("files", {}))
+    for name in (n for n in names if n.endswith(_STARTED)):
+        pid = name.split(".")[0]
+        if _alive(int(pid)):
+            gathered.why = gathered.why or f"a process it started (pid {pid}) still runs"
+            continue
+        (folder / name).unlink(missing_ok=True)
+        if pid not in told:
+            why = f"a process it started (pid {pid}) ended before telling what it ran"
+            gathered.why = gathered.why or why
+    return gathered
