@@ -157,9 +157,9 @@ def test_a_python_process_that_never_imports_devpool_tells_through_the_installed
     project = tmp_path / "project"
     project.mkdir()
     (project / "mod.py").write_text("def used():\n    return 1\n\n\ndef unused():\n    return 2\n")
-    folder = tmp_path / "folder"
-    folder.mkdir()
-    (folder / "root").write_text(str(project))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(children, "BASE", tmp_path / "base")
+        folder = children.make_folder(project)
     env = {"PATH": os.environ["PATH"], children.FOLDER: str(folder)}
     code = "import mod\nmod.used()\n"  # it never imports devpool itself
     subprocess.run([python, "-c", code], cwd=project, env=env, check=True)

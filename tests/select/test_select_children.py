@@ -73,7 +73,7 @@ def test_a_process_tells_the_functions_it_ran_and_the_files_it_read(
     assert gathered.why == ""
     assert gathered.spots == {("mod.py", 0), ("mod.py", 3)}  # its top level and used()
     assert list(gathered.files) == ["data.txt"]
-    assert sorted(os.listdir(folder)) == ["root"]  # what was told is taken
+    assert sorted(os.listdir(folder)) == ["root", "started"]  # what was told is taken
 
 
 def test_a_fork_that_ends_with_os_exit_tells_too(project: Path, folder: Path) -> None:
@@ -97,7 +97,7 @@ def test_a_killed_process_fails_the_test_closed_with_its_pid(project: Path, fold
     gathered = children.gather(folder, since=time.time())
     assert "ended before telling what it ran" in gathered.why
     assert gathered.spots == set()
-    assert sorted(os.listdir(folder)) == ["root"]
+    assert sorted(os.listdir(folder)) == ["root", "started"]
 
 
 def test_a_process_still_running_fails_closed_and_tells_a_later_test(
@@ -155,6 +155,13 @@ def test_a_process_given_its_own_environment_finds_the_worker_among_its_ancestor
     told = json.loads(done.stdout)
     assert told["why"] == ""
     assert ["mod.py", 3] in told["spots"]
+
+
+def test_a_folder_left_by_a_process_that_ended_is_not_told(project: Path, folder: Path) -> None:
+    """Its pid may be another process's now: a process below that one tells nobody."""
+    (folder / "started").write_text("1")  # not this process's start time
+    assert start(project, folder, "mod.used()") == 0
+    assert sorted(os.listdir(folder)) == ["root", "started"]
 
 
 def test_a_folder_gone_fails_the_test_closed(folder: Path) -> None:
@@ -253,4 +260,4 @@ def test_a_tree_of_processes_tells_every_function_it_ran_unless_one_was_killed(
         assert gathered.why == ""
         ran = {("mod.py", 0)} | {("mod.py", 1 + 2 * node["call"]) for node in nodes}
         assert {spot for spot in gathered.spots if spot[0] == "mod.py"} == ran
-    assert sorted(os.listdir(folder)) == ["root"]
+    assert sorted(os.listdir(folder)) == ["root", "started"]

@@ -153,6 +153,25 @@ def _exit(status: int) -> NoReturn:
     _EXIT(status)
 
 
+def _stat(pid: int | str) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state, ppid, ..., starttime at 19);
+    [] once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _is(folder: Path) -> bool:
+    """Whether the folder's process still runs, the one that made it (not a reused pid)."""
+    try:
+        made_by = (folder / "started").read_text()
+    except OSError:
+        return False
+    fields = _stat(folder.name)
+    return len(fields) > 19 and fields[19] == made_by
+
+
 def make_folder(root: Path) -> Path:
     """The recording worker's folder, for the processes below it (a stale one of the same
     pid goes). The base is this user's alone: another user's link or folder is refused."""
@@ -163,6 +182,7 @@ def make_folder(root: Path) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(mode=0o700)
     (folder / "root").write_text(str(root))
+    (folder / "started").write_text(_stat("self")[19])
     return folder
 
 
@@ -186,10 +206,10 @@ def _ancestors_folder() -> str | None:
         folder = BASE / str(pid)
         if folder.is_dir():
             return str(folder)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        fields = _stat(pid)
+        if len(fields) < 2 or not fields[1].isdigit():
             return None
+        pid = int(fields[1])
     return None
 
 
@@ -199,12 +219,12 @@ def boot() -> None:
     if _CHILD is not None:
         return
     folder = os.environ.get(FOLDER) or _ancestors_folder()
-    if not folder:
-        return
+    if not folder or not _is(Path(folder)):
+        return  # the worker has ended (a folder it left, its pid another process's now)
     try:
         root = Path(folder, "root").read_text()
     except OSError:
-        return  # the worker has ended
+        return
     _start(Child(Path(folder), Path(root)))
 
 
@@ -288,11 +308,8 @@ class Gathered:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def _ending(mark: Path, since: float) -> bool:
