@@ -5,7 +5,7 @@ pytest session, or devpool's command line, does): one with the worker's environm
 with an environment of its own, one that forks, one killed before it can tell, and a fork of
 the worker itself. Recorded,
 then one function of lib.py edited: the next `on` session runs the tests whose processes
-ran it, and the killed one, which was never recorded.
+ran it, and the killed one, which any change selects (and no change does not).
 """
 
 from __future__ import annotations
@@ -117,10 +117,17 @@ def test_what_a_tests_processes_ran_selects_it_and_a_killed_one_fails_closed(
     recorded = record(pytester, tmp_path)
     assert len(recorded.ran) == 6, recorded.output()
     killed = f"{TESTS}child_killed"
+    # Nothing changed: nothing runs, the killed test neither.
+    run = Run(pytester, tmp_path, "none", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.ran == set(), run.output()
     run = select_after_edit(pytester, tmp_path, "return a * b", "return b * a")
-    # Seen in a fork of the child (it ends with os._exit), and the killed test: never recorded.
+    # Seen in a fork of the child (it ends with os._exit); the killed test: what its process
+    # ran is not known, so any change selects it.
     assert run.ran == {f"{TESTS}grandchild_fork_multiplies", killed}, run.output()
-    assert "ended before telling what it ran" in run.output(), run.output()
+    assert (
+        f"selected {killed}: any change selects it (lib.py changed; a process it started (pid "
+    ) in run.output()
+    assert "ended before telling what it ran)" in run.output()
     # Found through its ancestors: the child's environment did not name the folder.
     run = select_after_edit(pytester, tmp_path, "return a - b", "return -(b - a)")
     assert run.ran == {f"{TESTS}child_with_its_own_environment_subtracts", killed}

@@ -137,6 +137,7 @@ def union_deps(many: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         for path, stamp in deps.get("libs", {}).items():
             merged["libs"].setdefault(path, stamp)
         merged["globs"] = sorted({*merged.get("globs", []), *deps.get("globs", [])})
+        merged["unseen"] = merged.get("unseen") or deps.get("unseen") or ""
     return merged
 
 
@@ -252,6 +253,8 @@ class Builder:
                     for path, stamp in sorted(test["libs"].items())
                 ]
                 entry["globs"] = list(test.get("globs", []))
+                if test.get("unseen"):  # what a process below it ran is not known
+                    entry["unseen"] = test["unseen"]
             tests[nodeid] = entry
         return {kind: [list(key) for key in table] for kind, table in tables.items()} | {
             "tests": tests

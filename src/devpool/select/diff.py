@@ -253,6 +253,7 @@ def _classify(
             f"read (not inputs; git add one to make it count), e.g. {loose[0]}"
         )
     changed_paths = sorted(changed)
+    unignored = [rel for rel in changed_paths if not options.ignored(rel)]
     for nodeid, test in database["tests"].items():
         if current.devices is not None and nodeid not in current.devices:
             continue  # not collected in this run (removed, or not in -k/-m any more)
@@ -267,6 +268,7 @@ def _classify(
             changed_files,
             changed_libs,
             changed_paths,
+            unignored,
         )
         if why:
             selection.selected[nodeid] = why
@@ -319,6 +321,7 @@ def _why_selected(
     changed_files: Collection[int],
     changed_libs: Collection[int],
     changed_paths: list[str],
+    unignored: list[str],
 ) -> str:
     if not test["recorded"]:
         return f"no recorded dependencies ({test.get('why') or 'not recorded'})"
@@ -338,4 +341,6 @@ def _why_selected(
     for rel in changed_paths:
         if matches(rel, test.get("globs", [])):
             return f"{rel} matches its depends_on globs"
+    if test.get("unseen") and unignored:  # a process it started did not tell what it ran
+        return f"any change selects it ({unignored[0]} changed; {test['unseen']})"
     return ""

@@ -22,7 +22,7 @@ from devpool.select.baseline import Builder, library_hashes, library_name
 from devpool.select.store_pg import PgStore
 from devpool.wording import counted
 
-_KEPT = ("outcome", "devices", "recorded", "why", "blocks", "files", "globs")
+_KEPT = ("outcome", "devices", "recorded", "why", "blocks", "files", "globs", "unseen")
 _TABLED = ("blocks", "files")  # indices into a packed batch's tables
 SHARD_MARK = "::shard "  # a part row naming one shard and its manifest (no node id starts so)
 POOL_MARK = "::pool "  # a part row naming the runner shape of a job that sent tests

@@ -179,7 +179,6 @@ class Recorder:
             if not why and not once.get("recorded"):
                 why = f"once-fixture {name}'s process recorded no code ({once.get('why')})"
         below = self.below.gather()
-        why = why or below.why
         deps: dict[str, Any] = {"nodeid": nodeid, "recorded": not why, "why": why}
         if not why:
             self._attach(deps, item, [once for _, once in borrowed], below)
@@ -216,10 +215,14 @@ class Recorder:
         libs = self._libraries()
         spots |= below.spots
         files.update(below.files)
+        unseen = below.why  # a process below told nothing: any change selects the test
         for once in borrowed:
             spots.update((str(rel), int(line)) for rel, line in once["spots"])
             files.update(once["files"])
             libs = with_libraries(libs, once["libs"], self._merged)
+            unseen = unseen or once.get("unseen", "")
+        if unseen:
+            deps["unseen"] = unseen
         deps.update(
             # Where the code that ran starts; the controller turns spots into blocks.
             spots=sorted(spots - self._shared_set),
@@ -249,9 +252,8 @@ class Recorder:
         self._collect()
         self.active = False
         below = self.below.gather()
-        why = self.lost or below.why
-        if why:
-            return {"recorded": False, "why": why}
+        if self.lost:
+            return {"recorded": False, "why": self.lost}
         codes = dict(self.import_codes) | self.codes
         for fixture in self.fixture_codes.values():
             codes |= fixture
@@ -261,6 +263,7 @@ class Recorder:
             "spots": sorted(spots),
             "files": self._files([], []) | below.files,
             "libs": self._libraries(),
+            "unseen": below.why,
         }
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
