@@ -24,7 +24,8 @@ from devpool.select import children
 pytestmark = pytest.mark.usefixtures("selective_env")
 
 CHILDREN = {
-    "pyproject.toml": PROJECT["pyproject.toml"],
+    # A test that asks for a declared resource is not "device count changed" every run.
+    "pyproject.toml": PROJECT["pyproject.toml"] + "[tool.devpool.resources]\ndb = 1\n",
     ".gitignore": PROJECT[".gitignore"],
     "lib.py": """
         def add(a, b):
@@ -46,6 +47,8 @@ CHILDREN = {
         import os
         import subprocess
         import sys
+
+        import pytest
 
         ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -92,6 +95,7 @@ CHILDREN = {
             assert child(code).returncode == -9
 
 
+        @pytest.mark.resources(db=1)
         def test_no_child():
             assert True
         """,

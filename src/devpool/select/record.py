@@ -215,14 +215,13 @@ class Recorder:
         libs = self._libraries()
         spots |= below.spots
         files.update(below.files)
-        unseen = below.why  # a process below told nothing: any change selects the test
+        unseen = [below.why]  # a process below told nothing: any change selects the test
         for once in borrowed:
             spots.update((str(rel), int(line)) for rel, line in once["spots"])
             files.update(once["files"])
             libs = with_libraries(libs, once["libs"], self._merged)
-            unseen = unseen or once.get("unseen", "")
-        if unseen:
-            deps["unseen"] = unseen
+            unseen.append(once.get("unseen", ""))
+        deps["unseen"] = next(filter(None, unseen), "")
         deps.update(
             # Where the code that ran starts; the controller turns spots into blocks.
             spots=sorted(spots - self._shared_set),

@@ -130,7 +130,12 @@ class SelectSession:
         counts = {}
         for item in items:
             try:
-                counts[item.nodeid] = request_for(item, self.settings.platforms).device_count
+                counts[item.nodeid] = request_for(
+                    item,
+                    self.settings.platforms,
+                    self.settings.device_memory,
+                    self.settings.resources,
+                ).device_count
             except DevpoolError:
                 counts[item.nodeid] = -1  # the controller names the bad marker itself
         return counts
