@@ -1,19 +1,21 @@
 """What the processes a recorded test starts run of the project: seen, and counted for it.
 
-A recording worker (record.py) makes a folder of its own, `/tmp/devpool-children-<uid>/<pid>`,
-writes its rootdir in it and names it in DEVPOOL_RECORD_CHILDREN, which every process below
-it inherits. A Python process below it that imports devpool (a pytest session, whose plugin
-is devpool's; devpool's command line) finds the folder by that variable or, where a test
-gave its process an environment of its own, by the worker among its ancestors. It starts a
-watch (watch.py) as devpool is imported and leaves `<pid>.started` in the folder. As it ends
-(its exit, os._exit, an exec) it writes what it ran and read as `<pid>.<n>.json` and takes
-its mark away; a fork of it leaves a mark of its own. At the test's teardown the worker
-gathers the folder: the spots and files of every process that ended join the test's. A
-process that left its mark and said nothing (killed, or still running) fails closed: the
-test is not recorded, so it always runs, and the reason names the pid.
+A recording worker (Below, from record.py) makes a folder of its own,
+`/tmp/devpool-children-<uid>/<pid>`, writes its rootdir and its start time in it and names
+it in DEVPOOL_RECORD_CHILDREN, which every process below it inherits. A Python process below
+it boots a Child: any Python of the environment as it starts with that variable set
+(devpool-children.pth, which a wheel installs beside the package), and one that imports
+devpool also where a test gave it an environment of its own (it finds the worker among its
+ancestors). The worker's own forks are adopted with its watch. A Child watches (watch.py)
+and leaves `<pid>.started` in the folder; as it ends (its exit, os._exit, an exec) it writes
+what it ran and read as `<pid>.<n>.json` and takes its mark away; a fork of it leaves a mark
+of its own. At the test's teardown the worker gathers the folder: the spots and files of
+every process that ended join the test's. A process that left its mark and said nothing
+(killed, or still running) makes the test `unseen`: any change selects it (diff.py), and
+the reason names the pid.
 
-A process that never imports devpool (a shell, a compiler, a script of the project's that
-does not import it) is not seen: docs/selective-runs.md says so.
+A process that is not Python, or that neither the variable nor devpool's import reaches, is
+not seen: docs/selective-runs.md says so.
 """
 
 from __future__ import annotations
@@ -29,11 +31,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import CodeType
 from typing import Any, NoReturn
 
 from devpool.select.fingerprints import file_hash, project_rel
-from devpool.select.watch import Watch, data_read, spots_of, watch_for_this_interpreter
+from devpool.select.watch import (
+    Codes,
+    Watch,
+    data_read,
+    module_spots,
+    spots_of,
+    watch_for_this_interpreter,
+)
 
 FOLDER = "DEVPOOL_RECORD_CHILDREN"
 BASE = Path(f"/tmp/devpool-children-{os.getuid()}")
@@ -51,7 +59,7 @@ class Child:
         self.lost = "" if self.watch is not None else "every hook that could watch it was taken"
         self.on_exec: Callable[[str, tuple[Any, ...]], None] | None = None
         self.reads: set[str] = set()
-        self.seen: dict[tuple[str, int, str], CodeType] = {}
+        self.seen: Codes = {}
         self.written = 0  # dumps of this pid so far
         self.pid = -1
         self.retired = False
@@ -122,11 +130,7 @@ class Child:
             payload["why"] = self.lost
         if not payload["why"]:
             spots = spots_of(self.seen.values(), self._source)
-            for module in list(sys.modules.values()):
-                filename = getattr(module, "__file__", None)
-                rel = self._source(filename) if isinstance(filename, str) else None
-                if rel is not None:
-                    spots.add((rel, 0))
+            spots |= module_spots(list(sys.modules.values()), self._source)
             files = {}
             for path in self.reads:
                 rel = project_rel(self.root, path)

@@ -228,10 +228,13 @@ def _classify(
     known = {key.split("::", 1)[0] for key, _ in blocks} | {rel for rel, _ in files}
     selection = Selection()
     loose: list[str] = []  # untracked files no test read: not inputs
+    unignored: list[str] = []  # what any change selects (an unseen test) counts
     for rel in sorted(changed):
         if options.ignored(rel):
             selection.notes.append(f"{rel}: ignored ([tool.devpool.select] ignore)")
-        elif rel.endswith(".py") and rel not in known:
+            continue
+        unignored.append(rel)
+        if rel.endswith(".py") and rel not in known:
             selection.notes.append(f"{rel}: no recorded test loaded it")
         elif not _accounted(rel, known, manifest, globs, {path for path, *_ in libs}, root):
             if rel not in tracked:
@@ -253,7 +256,6 @@ def _classify(
             f"read (not inputs; git add one to make it count), e.g. {loose[0]}"
         )
     changed_paths = sorted(changed)
-    unignored = [rel for rel in changed_paths if not options.ignored(rel)]
     for nodeid, test in database["tests"].items():
         if current.devices is not None and nodeid not in current.devices:
             continue  # not collected in this run (removed, or not in -k/-m any more)

@@ -29,7 +29,14 @@ from devpool.select.fingerprints import LoadedLibraries, file_hash, library_stam
 from devpool.select.options import mode_of, select_options
 from devpool.select.policy import auto_mode
 from devpool.select.tables import SentTables
-from devpool.select.watch import Codes, Watch, data_read, spots_of, watch_for_this_interpreter
+from devpool.select.watch import (
+    Codes,
+    Watch,
+    data_read,
+    module_spots,
+    spots_of,
+    watch_for_this_interpreter,
+)
 
 DEPS_ATTR = "devpool_deps"
 
@@ -295,14 +302,7 @@ class Recorder:
         has grown."""
         modules = list(sys.modules.values())
         if len(self.import_codes) != self._shared_of[0] or modules != self._shared_of[1]:
-            spots = self._spots(self.import_codes.values())
-            # Module top levels run at import, before any test: every project module loaded
-            # may have shaped this test (constants, decorators, signatures).
-            for module_object in modules:
-                filename = getattr(module_object, "__file__", None)
-                rel = self._source(filename) if isinstance(filename, str) else None
-                if rel is not None:
-                    spots.add((rel, 0))
+            spots = self._spots(self.import_codes.values()) | module_spots(modules, self._source)
             self._shared_of = (len(self.import_codes), modules)
             if spots != self._shared_set:  # a new list: tables.py names it anew
                 self._shared, self._shared_set = sorted(spots), spots

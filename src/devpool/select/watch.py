@@ -61,6 +61,20 @@ def spots_of(
     return spots
 
 
+def module_spots(
+    modules: Iterable[ModuleType], source: Callable[[str], str | None]
+) -> set[tuple[str, int]]:
+    """The top level (line 0) of every project module among modules: it ran at import,
+    and may have shaped any later code (constants, decorators, signatures)."""
+    spots = set()
+    for module in modules:
+        filename = getattr(module, "__file__", None)
+        rel = source(filename) if isinstance(filename, str) else None
+        if rel is not None:
+            spots.add((rel, 0))
+    return spots
+
+
 _READ_FLAGS = (os.O_RDONLY, os.O_RDWR)
 _NOT_DATA = (".py", ".pyc", ".so", ".pth")
 
