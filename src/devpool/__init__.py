@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from devpool.select import below
 from devpool.version import __version__
 
 # Below a worker of a recording run, this process says what it runs (select/children.py).
-if os.environ.get("DEVPOOL_RECORD_CHILDREN") or os.path.isdir(
-    f"/tmp/devpool-children-{os.getuid()}"
-):
+if _recording := below.find():
     from devpool.select import children
 
-    children.boot()
+    children.boot(_recording)
 
 
 __all__ = ["__version__", "once"]

@@ -6,8 +6,10 @@ gathers as the worker does at a test's teardown.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,6 +139,134 @@ gathered = children.gather(folder, since=time.time())
 shutil.rmtree(folder)
 print(json.dumps({"why": gathered.why, "spots": sorted(gathered.spots)}))
 """
+
+
+STOPPED = """
+import signal, subprocess, sys, time
+from pathlib import Path
+code = "import mod\\nmod.used()\\nprint('up', flush=True)\\nimport time\\ntime.sleep(60)"
+server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+assert server.stdout.readline() == "up\\n"
+server.terminate()
+print(server.wait(timeout=30))
+"""
+
+
+def test_a_process_stopped_by_sigterm_tells_and_still_ends_by_the_signal(
+    project: Path, folder: Path
+) -> None:
+    """A server a test stops with terminate(): it tells before it ends, and ends as it would
+    with no recording run around it (the same exit status as plain Python's, run here)."""
+    own = dict(os.environ, PYTHONPATH=str(project))
+    own.pop(children.FOLDER, None)
+    plain = subprocess.run(
+        [sys.executable, "-c", STOPPED], cwd=project, env=own, capture_output=True, text=True
+    )
+    assert plain.returncode == 0, plain.stderr
+    below = dict(own, **{children.FOLDER: str(folder)})
+    # The server imports devpool only through the .pth a wheel installs; here, with an
+    # editable install, sitecustomize does what the .pth would.
+    site = project / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import devpool\n")
+    below["PYTHONPATH"] = f"{project}:{site}"
+    recorded = subprocess.run(
+        [sys.executable, "-c", STOPPED], cwd=project, env=below, capture_output=True, text=True
+    )
+    assert recorded.returncode == 0, recorded.stderr
+    assert recorded.stdout == plain.stdout  # -15: ended by the signal, as plain's server
+    gathered = children.gather(folder, since=time.time())
+    assert gathered.why == ""
+    assert ("mod.py", 3) in gathered.spots  # used(), told by the server as it was stopped
+
+
+def test_a_process_that_ignores_sigterm_keeps_it_ignored(project: Path, folder: Path) -> None:
+    """An ignored SIGTERM (nohup, a shell's trap) is inherited as it was: no handler of ours."""
+    code = (
+        "import signal, devpool, mod\n"
+        "assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN\n"
+        "mod.used()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=project,
+        env=dict(os.environ, PYTHONPATH=str(project), **{children.FOLDER: str(folder)}),
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert children.gather(folder, since=time.time()).why == ""
+
+
+def test_find_answers_none_without_a_live_worker_and_its_folder_below_one(
+    project: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from devpool.select import below
+
+    monkeypatch.setattr(below, "BASE", str(folder.parent / "none"))
+    assert below.find() is None  # no base, nothing named: one stat
+    monkeypatch.setenv(children.FOLDER, str(folder))
+    assert below.find() == str(folder)
+    (folder / "started").write_text("1")  # its pid another process's now
+    assert below.find() is None
+
+
+def test_devpool_imports_the_watch_only_below_a_recording_worker(project: Path) -> None:
+    """`import devpool` is on every worker's and user's path: children.py (pathlib, ast,
+    the watch) is imported exactly where find() names a live worker's folder."""
+    code = (
+        "import sys, devpool\n"
+        "from devpool.select import below\n"
+        "print((below.find() is not None) == ('devpool.select.children' in sys.modules))"
+    )
+    own = {k: v for k, v in os.environ.items() if k != children.FOLDER}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=own, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "True", done.stderr
+    imports = {
+        name.split(".")[0]
+        for node in ast.walk(ast.parse(Path(below_source()).read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for name in (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        )
+    }
+    assert imports == {"__future__", "os", "stat"}
+
+
+def below_source() -> str:
+    from devpool.select import below
+
+    return below.__file__ or ""
+
+
+def test_a_worker_sweeps_the_folders_of_workers_that_are_gone(project: Path, folder: Path) -> None:
+    base = folder.parent
+    stale = base / "999999999"  # no such pid
+    stale.mkdir()
+    (stale / "started").write_text("1")
+    reused = base / str(os.getppid())  # a live pid, started at another time than its folder
+    reused.mkdir()
+    (reused / "started").write_text("1")
+    making = base / ".999999999"  # one being made by a worker that is gone
+    making.mkdir()
+    alive = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        theirs = base / str(alive.pid)
+        theirs.mkdir()
+        (theirs / "started").write_text(children.stat_fields(alive.pid)[19])
+        shutil.rmtree(folder)
+        children.make_folder(project)
+        assert sorted(os.listdir(base)) == sorted([folder.name, theirs.name])
+    finally:
+        assert alive.stdin is not None
+        alive.stdin.close()
+        alive.wait(timeout=30)
 
 
 def test_a_process_given_its_own_environment_finds_the_worker_among_its_ancestors(

@@ -1,18 +1,19 @@
 """What the processes a recorded test starts run of the project: seen, and counted for it.
 
-A recording worker (Below, from record.py) makes a folder of its own,
+below.py finds the folder at every `import devpool`; this module is imported only where it
+does. A recording worker (Below, from record.py) makes a folder of its own,
 `/tmp/devpool-children-<uid>/<pid>`, writes its rootdir and its start time in it and names
 it in DEVPOOL_RECORD_CHILDREN, which every process below it inherits. A Python process below
 it boots a Child: any Python of the environment as it starts with that variable set
 (devpool-children.pth, which a wheel installs beside the package), and one that imports
 devpool also where a test gave it an environment of its own (it finds the worker among its
 ancestors). The worker's own forks are adopted with its watch. A Child watches (watch.py)
-and leaves `<pid>.started` in the folder; as it ends (its exit, os._exit, an exec) it writes
-what it ran and read as `<pid>.<n>.json` and takes its mark away; a fork of it leaves a mark
-of its own. At the test's teardown the worker gathers the folder: the spots and files of
-every process that ended join the test's. A process that left its mark and said nothing
-(killed, or still running) makes the test `unseen`: any change selects it (diff.py), and
-the reason names the pid.
+and leaves `<pid>.started` in the folder; as it ends (its exit, os._exit, an exec, a SIGTERM
+it left to the default) it writes what it ran and read as `<pid>.<n>.json` and takes its
+mark away; a fork of it leaves a mark of its own. At the test's teardown the worker gathers
+the folder: the spots and files of every process that ended join the test's. A process that
+left its mark and said nothing (killed, or still running) makes the test `unseen`: any
+change selects it (diff.py), and the reason names the pid.
 
 A process that is not Python, or that neither the variable nor devpool's import reaches, is
 not seen: docs/selective-runs.md says so.
@@ -25,7 +26,7 @@ import contextlib
 import json
 import os
 import shutil
-import stat
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from devpool.select import below
+from devpool.select.below import FOLDER, is_live, own_base, stat_fields
 from devpool.select.fingerprints import file_hash, project_rel
 from devpool.select.watch import (
     Codes,
@@ -43,8 +46,7 @@ from devpool.select.watch import (
     watch_for_this_interpreter,
 )
 
-FOLDER = "DEVPOOL_RECORD_CHILDREN"
-BASE = Path(f"/tmp/devpool-children-{os.getuid()}")
+BASE = Path(below.BASE)
 _STARTED = ".started"
 WAIT = 1.0  # for a process started by the test, still ending (a session's last forks)
 
@@ -82,6 +84,9 @@ class Child:
         sys.addaudithook(self._audit)
         atexit.register(self.quietly_dump)
         os.register_at_fork(after_in_child=self._forked)
+        with contextlib.suppress(ValueError):  # not the main thread: SIGTERM is left alone
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _terminated)
 
     def _mark(self) -> None:
         self.pid, self.written = os.getpid(), 0
@@ -157,74 +162,41 @@ def _exit(status: int) -> NoReturn:
     _EXIT(status)
 
 
-def _stat(pid: int | str) -> list[str]:
-    """/proc/PID/stat's fields after the command name (state, ppid, ..., starttime at 19);
-    [] once the process is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _is(folder: Path) -> bool:
-    """Whether the folder's process still runs, the one that made it (not a reused pid)."""
-    try:
-        made_by = (folder / "started").read_text()
-    except OSError:
-        return False
-    fields = _stat(folder.name)
-    return len(fields) > 19 and fields[19] == made_by
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM, where the process left it to the default (a server a test stops with
+    terminate()): tell what it ran, then end by the signal as the default would."""
+    if _CHILD is not None:
+        _CHILD.quietly_dump()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def make_folder(root: Path) -> Path:
-    """The recording worker's folder, for the processes below it (a stale one of the same
-    pid goes). The base is this user's alone: another user's link or folder is refused."""
+    """The recording worker's folder, for the processes below it; the folders of workers
+    that are gone go (killed ones leave theirs). The base is this user's alone: another
+    user's link or folder is refused."""
     BASE.mkdir(mode=0o700, exist_ok=True)
-    if not _own_base():
+    if not own_base(str(BASE)):
         raise OSError(f"{BASE} is not a folder of this user's alone")
-    folder = BASE / str(os.getpid())
+    for stale in BASE.iterdir():
+        making = stale.name.startswith(".")  # a worker's, being made: gone when its pid is
+        if not (stat_fields(stale.name[1:]) if making else is_live(str(stale))):
+            shutil.rmtree(stale, ignore_errors=True)
+    folder, part = BASE / str(os.getpid()), BASE / f".{os.getpid()}"
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(mode=0o700)  # made whole, then named: another worker's sweep sees it live
+    (part / "root").write_text(str(root))
+    (part / "started").write_text(stat_fields("self")[19])
     shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(mode=0o700)
-    (folder / "root").write_text(str(root))
-    (folder / "started").write_text(_stat("self")[19])
+    part.rename(folder)
     return folder
 
 
-def _own_base() -> bool:
-    """Whether BASE is a folder of this user's that nobody else may write (not a link)."""
-    try:
-        info = os.lstat(BASE)
-    except OSError:
-        return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
-
-
-def _ancestors_folder() -> str | None:
-    """The folder of the recording worker among this process's ancestors, if any."""
-    if not _own_base():
-        return None
-    pid = os.getppid()
-    for _ in range(64):
-        if pid <= 1:
-            return None
-        folder = BASE / str(pid)
-        if folder.is_dir():
-            return str(folder)
-        fields = _stat(pid)
-        if len(fields) < 2 or not fields[1].isdigit():
-            return None
-        pid = int(fields[1])
-    return None
-
-
-def boot() -> None:
-    """As devpool is imported (devpool/__init__.py): below a recording worker, watch."""
-    global _CHILD
+def boot(folder: str) -> None:
+    """As devpool is imported (devpool/__init__.py), below the live recording worker whose
+    folder below.find() found: watch."""
     if _CHILD is not None:
         return
-    folder = os.environ.get(FOLDER) or _ancestors_folder()
-    if not folder or not _is(Path(folder)):
-        return  # the worker has ended (a folder it left, its pid another process's now)
     try:
         root = Path(folder, "root").read_text()
     except OSError:
@@ -312,7 +284,7 @@ class Gathered:
 
 
 def _alive(pid: int) -> bool:
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return bool(fields) and fields[0] != "Z"
 
 

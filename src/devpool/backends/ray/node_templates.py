@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -26,6 +27,20 @@ from devpool.backends.ray.cluster import import_ray
 from devpool.backends.spawn import pytest_process
 from devpool.worker import protocol
 from devpool.worker.stacks import stacks_file
+
+PREFIX = "devpool-templates-"  # then the actor's pid: its folder on the node
+
+
+def _sweep() -> None:
+    """Remove this user's template folders on this node whose actor is gone: one killed with
+    its run (a SIGKILLed controller, a lost node) never removed its own."""
+    for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = path.name[len(PREFIX) :].split("-", 1)[0]
+        with contextlib.suppress(OSError):
+            info = path.lstat()
+            mine = stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+            if mine and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass
@@ -45,7 +60,8 @@ class NodeTemplates:
     rank actors fork their workers from (worker/template.py)."""
 
     def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="devpool-templates-")
+        _sweep()
+        self.folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
         self.templates: dict[str, NodeTemplate] = {}
         self.cond = threading.Condition()
         self.written: list[str] = []
