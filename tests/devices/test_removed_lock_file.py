@@ -132,6 +132,7 @@ folder = Path(sys.argv[1])
 os.setgid(65534)
 os.setuid(65534)
 path, stop, removed = folder / "sim-0.lock", folder.parent / "stop", 0
+print("up", flush=True)  # the takers start now: on a loaded host they could be done first
 while not stop.exists():
     try:
         os.unlink(path)
@@ -187,6 +188,7 @@ def test_a_user_removing_the_lock_file_in_a_loop_never_gives_two_holders(
     guards = tmp_path / "guards"
     guards.mkdir()
     remover = spawn(children, ["-c", REMOVER, str(shared)])
+    assert remover.stdout is not None and remover.stdout.readline() == "up\n"
     takers = [
         spawn(children, ["-c", TAKER, str(shared), str(guards), str(seed), "300"])
         for seed in range(4)

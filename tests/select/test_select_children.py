@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devpool import procfs
 from devpool.select import children
 
 MODULE = """
@@ -130,6 +131,7 @@ def test_a_process_still_running_fails_closed_and_tells_a_later_test(
 WORKER = """
 import json, os, shutil, subprocess, sys, time
 from pathlib import Path
+from devpool import procfs
 from devpool.select import children
 root = sys.argv[1]
 folder = children.make_folder(Path(root))
@@ -226,21 +228,23 @@ def test_devpool_imports_the_watch_only_below_a_recording_worker(project: Path) 
         [sys.executable, "-c", code], env=own, capture_output=True, text=True, timeout=60
     )
     assert done.stdout.strip() == "True", done.stderr
-    imports = {
-        name.split(".")[0]
-        for node in ast.walk(ast.parse(Path(below_source()).read_text()))
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for name in (
-            [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-        )
-    }
-    assert imports == {"__future__", "os", "stat"}
-
-
-def below_source() -> str:
     from devpool.select import below
 
-    return below.__file__ or ""
+    assert _imports(below.__file__) == {"__future__", "os", "stat", "devpool.procfs"}
+    assert _imports(procfs.__file__) == {"__future__"}
+
+
+def _imports(source: str | None) -> set[str]:
+    """What a module imports: a package's module as package.module, anything else by name."""
+    found = set()
+    for node in ast.walk(ast.parse(Path(source or "").read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == "devpool":
+            found.update(f"devpool.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.add(node.module or "")
+    return found
 
 
 def test_a_worker_sweeps_the_folders_of_workers_that_are_gone(project: Path, folder: Path) -> None:
@@ -259,7 +263,7 @@ def test_a_worker_sweeps_the_folders_of_workers_that_are_gone(project: Path, fol
     try:
         theirs = base / str(alive.pid)
         theirs.mkdir()
-        (theirs / "started").write_text(children.stat_fields(alive.pid)[19])
+        (theirs / "started").write_text(str(procfs.started(alive.pid)))
         shutil.rmtree(folder)
         children.make_folder(project)
         assert sorted(os.listdir(base)) == sorted([folder.name, theirs.name])

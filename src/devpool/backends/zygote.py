@@ -47,6 +47,7 @@ from typing import Any, cast
 
 import pytest
 
+from devpool import procfs
 from devpool.devices import leftovers
 from devpool.worker import protocol
 
@@ -209,7 +210,7 @@ class ZygoteChild:
         if self.returncode is None:
             self.zygote.pump()
             self.returncode = self.zygote.codes.get(self.pid)
-            if self.returncode is None and self.zygote.gone and not _alive(self.pid):
+            if self.returncode is None and self.zygote.gone and not procfs.alive(self.pid):
                 self.returncode = -signal.SIGKILL  # it ended with the zygote
         return self.returncode
 
@@ -223,14 +224,6 @@ class ZygoteChild:
                 select.select([self.zygote.sock], [], [], min(0.05, left or 0.05))
         assert self.returncode is not None
         return self.returncode
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def _serve(sock: socket.socket) -> int:

@@ -29,6 +29,8 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from devpool import procfs
+
 MARK_ENV = "DEVPOOL_RUN_MARK"
 # The names devpool gives its own processes (prctl PR_SET_NAME); a fork that never exec'd
 # keeps its parent's.
@@ -154,26 +156,23 @@ def has_children() -> bool:
 
 def read(pid: int) -> Proc | None:
     """One process's /proc/PID/stat and owner, None once it is gone."""
+    found = procfs.read(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read().decode(errors="replace")
         uid = os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return None
-    # comm may hold spaces and parentheses: the fields after it follow the last ')'.
-    left, right = raw.find("("), raw.rfind(")")
-    if left < 0 or right < 0:
+    if found is None:
         return None
-    fields = raw[right + 2 :].split()
+    comm, fields = found
     try:
         return Proc(
             pid,
             int(fields[1]),
             int(fields[2]),
             int(fields[3]),
-            raw[left + 1 : right],
+            comm,
             fields[0],
-            int(fields[19]),
+            int(fields[procfs.STARTTIME]),
             uid,
         )
     except (IndexError, ValueError):

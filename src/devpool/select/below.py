@@ -1,10 +1,10 @@
 """Whether this process runs below a worker of a recording run, and that worker's folder.
 
 Asked at every `import devpool` (and by devpool-children.pth as any Python of the
-environment starts), so it imports nothing but os and stat, and answers at once where no
-recording run ever ran on this host: children.py, which watches, is imported only when a
-folder is found. A worker's folder is `BASE/<pid>`, with its rootdir in `root` and its start
-time in `started` (children.make_folder).
+environment starts), so it imports nothing but os, stat and devpool.procfs, and answers at
+once where no recording run ever ran on this host: children.py, which watches, is imported
+only when a folder is found. A worker's folder is `BASE/<pid>`, with its rootdir in `root`
+and its start time in `started` (children.make_folder).
 """
 
 from __future__ import annotations
@@ -12,19 +12,11 @@ from __future__ import annotations
 import os
 import stat
 
+from devpool import procfs
+
 FOLDER = "DEVPOOL_RECORD_CHILDREN"
 BASE = f"/tmp/devpool-children-{os.getuid()}"
 _DEPTH = 64  # ancestors walked, at most
-
-
-def stat_fields(pid: int | str) -> list[str]:
-    """/proc/PID/stat's fields after the command name (state, ppid, ..., starttime at 19);
-    [] once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
 
 
 def is_live(folder: str) -> bool:
@@ -34,8 +26,7 @@ def is_live(folder: str) -> bool:
             made_by = file.read()
     except OSError:
         return False
-    fields = stat_fields(os.path.basename(folder))
-    return len(fields) > 19 and fields[19] == made_by
+    return str(procfs.started(os.path.basename(folder))) == made_by
 
 
 def own_base(base: str = BASE) -> bool:
@@ -58,7 +49,7 @@ def _ancestors_folder() -> str | None:
         folder = os.path.join(BASE, str(pid))
         if os.path.isdir(folder):
             return folder
-        fields = stat_fields(pid)
+        fields = procfs.fields(pid)
         if len(fields) < 2 or not fields[1].isdigit():
             return None
         pid = int(fields[1])

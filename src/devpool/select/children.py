@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from devpool import procfs
 from devpool.select import below
-from devpool.select.below import FOLDER, is_live, own_base, stat_fields
+from devpool.select.below import FOLDER, is_live, own_base
 from devpool.select.fingerprints import file_hash, project_rel
 from devpool.select.watch import (
     Codes,
@@ -180,13 +181,13 @@ def make_folder(root: Path) -> Path:
         raise OSError(f"{BASE} is not a folder of this user's alone")
     for stale in BASE.iterdir():
         making = stale.name.startswith(".")  # a worker's, being made: gone when its pid is
-        if not (stat_fields(stale.name[1:]) if making else is_live(str(stale))):
+        if not (procfs.fields(stale.name[1:]) if making else is_live(str(stale))):
             shutil.rmtree(stale, ignore_errors=True)
     folder, part = BASE / str(os.getpid()), BASE / f".{os.getpid()}"
     shutil.rmtree(part, ignore_errors=True)
     part.mkdir(mode=0o700)  # made whole, then named: another worker's sweep sees it live
     (part / "root").write_text(str(root))
-    (part / "started").write_text(stat_fields("self")[19])
+    (part / "started").write_text(str(procfs.started("self")))
     shutil.rmtree(folder, ignore_errors=True)
     part.rename(folder)
     return folder
@@ -283,17 +284,12 @@ class Gathered:
     why: str = ""
 
 
-def _alive(pid: int) -> bool:
-    fields = stat_fields(pid)
-    return bool(fields) and fields[0] != "Z"
-
-
 def _ending(mark: Path, since: float) -> bool:
     try:
         fresh = mark.stat().st_mtime >= since
     except OSError:
         return False
-    return fresh and _alive(int(mark.name.split(".")[0]))
+    return fresh and procfs.alive(mark.name.split(".")[0])
 
 
 def gather(folder: Path, since: float, wait: float = WAIT) -> Gathered:
@@ -331,7 +327,7 @@ def gather(folder: Path, since: float, wait: float = WAIT) -> Gathered:
         gathered.files.update(said.get("files", {}))
     for name in (n for n in names if n.endswith(_STARTED)):
         pid = name.split(".")[0]
-        if _alive(int(pid)):
+        if procfs.alive(pid):
             gathered.why = gathered.why or f"a process it started (pid {pid}) still runs"
             continue
         (folder / name).unlink(missing_ok=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devpool import procfs
 from devpool.errors import DevpoolError
 from devpool.report.memory_lane import capacities
 from devpool.report.record import RunRecord, read_record
@@ -260,8 +261,10 @@ def _is_live(record: RunRecord) -> bool:
 def _started_after(pid: int, moment: float) -> bool:
     """True when the process with this pid began after ``moment``: a reused pid, not the
     run's controller (Linux /proc; elsewhere False, so a live pid is taken at its word)."""
+    ticks_since_boot = procfs.started(pid)
+    if ticks_since_boot is None:
+        return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
         boot = next(
             float(line.split()[1])
             for line in Path("/proc/stat").read_text().splitlines()
@@ -270,12 +273,7 @@ def _started_after(pid: int, moment: float) -> bool:
         ticks = os.sysconf("SC_CLK_TCK")
     except (OSError, StopIteration, ValueError):
         return False
-    # Field 22 (starttime, in clock ticks since boot) follows the ")" of the command name.
-    fields = stat.rsplit(")", 1)[-1].split()
-    try:
-        started = boot + int(fields[19]) / ticks
-    except (IndexError, ValueError):
-        return False
+    started = boot + ticks_since_boot / ticks
     return started > moment + 2.0  # btime is whole seconds; leave room for rounding
 
 

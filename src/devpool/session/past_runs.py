@@ -18,6 +18,7 @@ from typing import NamedTuple, Protocol
 
 import pytest
 
+from devpool import procfs
 from devpool.config import Settings
 from devpool.devices.inventory import Inventory, Platform
 from devpool.errors import DevpoolError
@@ -241,9 +242,10 @@ def _ready_to_release(
 def process_age() -> float | None:
     """Seconds since this process started (the interpreter's start included); None where
     the system does not say (/proc)."""
+    started = procfs.started("self")
+    if started is None:
+        return None
     try:
-        with open("/proc/self/stat", encoding="ascii") as stat:
-            started = int(stat.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/uptime", encoding="ascii") as uptime:
             now = float(uptime.read().split()[0])
     except (OSError, ValueError, IndexError):

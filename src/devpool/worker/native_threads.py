@@ -22,6 +22,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from devpool import procfs
+
 SETTLE = 0.5  # seconds a spinning pool is given to block before it counts as unknown
 SCAN = 64 * 1024  # bytes of a thread's stack searched for a library's return address
 # Pools that survive fork: they stop their threads before it and restart them in the child.
@@ -81,16 +83,7 @@ def native_thread_ids() -> list[int]:
     python = {t.native_id for t in threading.enumerate() if t.native_id is not None}
     # After a fork, Python 3.11 keeps the parent's native id on the main thread object.
     python.add(threading.get_native_id())
-    return sorted(tid for tid in tasks - python if _alive(tid))
-
-
-def _alive(tid: int) -> bool:
-    try:
-        with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X", "x")
+    return sorted(tid for tid in tasks - python if procfs.alive("self", tid))
 
 
 class _Code:
