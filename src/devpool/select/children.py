@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 from devpool import procfs
 from devpool.select import below
 from devpool.select.below import FOLDER, is_live, own_base
-from devpool.select.fingerprints import file_hash, project_rel
+from devpool.select.fingerprints import ProjectPaths, file_hash
 from devpool.select.watch import (
     Codes,
     Watch,
@@ -56,8 +56,8 @@ class Child:
     """This process, started below a recording worker: its watch, its reads, its mark."""
 
     def __init__(self, folder: Path, root: Path, watch: Watch | None = None) -> None:
-        self.folder, self.root = folder, root
-        self.rel: dict[str, str | None] = {}
+        self.folder = folder
+        self.paths = ProjectPaths(root)
         self.watch = watch or watch_for_this_interpreter(self._wanted)
         self.lost = "" if self.watch is not None else "every hook that could watch it was taken"
         self.on_exec: Callable[[str, tuple[Any, ...]], None] | None = None
@@ -67,15 +67,8 @@ class Child:
         self.pid = -1
         self.retired = False
 
-    def _source(self, filename: str) -> str | None:
-        """The project-relative path of one of the project's Python files, else None."""
-        if filename not in self.rel:
-            self.rel[filename] = project_rel(self.root, filename)
-        path = self.rel[filename]
-        return path if path is not None and path.endswith(".py") else None
-
     def _wanted(self, filename: str) -> bool:
-        return self._source(filename) is not None
+        return self.paths.source(filename) is not None
 
     def start(self) -> None:
         self._mark()
@@ -135,11 +128,11 @@ class Child:
             self.seen |= codes | imported
             payload["why"] = self.lost
         if not payload["why"]:
-            spots = spots_of(self.seen.values(), self._source)
-            spots |= module_spots(list(sys.modules.values()), self._source)
+            spots = spots_of(self.seen.values(), self.paths.source)
+            spots |= module_spots(list(sys.modules.values()), self.paths.source)
             files = {}
             for path in self.reads:
-                rel = project_rel(self.root, path)
+                rel = self.paths.rel(path)
                 if rel is not None and os.path.isfile(path):
                     files[rel] = file_hash(Path(path))
             payload |= {"spots": sorted(spots), "files": files}

@@ -177,6 +177,26 @@ def project_rel(root: Path, filename: str) -> str | None:
     return "/".join(parts)
 
 
+class ProjectPaths:
+    """project_rel, remembered for each file asked about: the recorder's and a watched
+    process's (children.py) way from a code object's filename to a spot's path."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._rel: dict[str, str | None] = {}
+
+    def rel(self, filename: str) -> str | None:
+        """The file's path relative to the rootdir (posix) when it is the project's."""
+        if filename not in self._rel:
+            self._rel[filename] = project_rel(self.root, filename)
+        return self._rel[filename]
+
+    def source(self, filename: str) -> str | None:
+        """The same for one of the project's Python files, else None."""
+        rel = self.rel(filename)
+        return rel if rel is not None and rel.endswith(".py") else None
+
+
 def library_stamp(path: str) -> tuple[int, int] | None:
     """(size, mtime in ns) of a shared library; None when it is gone."""
     try:

@@ -25,7 +25,7 @@ from devpool.config import read_table
 from devpool.errors import DevpoolError
 from devpool.project import option_value
 from devpool.select import children
-from devpool.select.fingerprints import LoadedLibraries, file_hash, library_stamp, project_rel
+from devpool.select.fingerprints import LoadedLibraries, ProjectPaths, file_hash, library_stamp
 from devpool.select.options import mode_of, select_options
 from devpool.select.policy import auto_mode
 from devpool.select.tables import SentTables
@@ -47,7 +47,7 @@ class Recorder:
     def __init__(self, root: Path, watch: Watch | None = None) -> None:
         self.root = root
         # A library inside the rootdir is named relative to it (see _libraries).
-        self.libraries = LoadedLibraries(lambda path: self._relpath(path) or path)
+        self.libraries = LoadedLibraries(lambda path: self.paths.rel(path) or path)
         self.tables = SentTables()
         self.watch = watch
         self.codes: Codes = {}  # where the running code is noted: test or fixture
@@ -61,7 +61,7 @@ class Recorder:
         self.active = False
         self.paused = True  # devpool stopped watching: reports, and between tests
         self.lost = ""  # why the running test cannot be recorded; "" while it can
-        self._rel: dict[str, str | None] = {}
+        self.paths = ProjectPaths(root)
         self._hashes: dict[tuple[str, int, int], str | None] = {}
         self._items: dict[str, pytest.Item] = {}
         self._on_exec: Callable[[str, tuple[Any, ...]], None] | None = None
@@ -93,7 +93,7 @@ class Recorder:
 
     def _watched(self, filename: str) -> bool:
         """Whether code of this file becomes blocks: the project's Python files."""
-        return self._source(filename) is not None
+        return self.paths.source(filename) is not None
 
     def _collect(self) -> None:
         """Move what the watch saw into the running set (test or fixture)."""
@@ -283,18 +283,8 @@ class Recorder:
 
     # ---- turning what was seen into fingerprints ------------------------------------------
 
-    def _relpath(self, filename: str) -> str | None:
-        if filename not in self._rel:
-            self._rel[filename] = project_rel(self.root, filename)
-        return self._rel[filename]
-
-    def _source(self, filename: str) -> str | None:
-        """The path relative to the rootdir of one of the project's Python files, else None."""
-        rel = self._relpath(filename)
-        return rel if rel is not None and rel.endswith(".py") else None
-
     def _spots(self, codes: Iterable[CodeType]) -> set[tuple[str, int]]:
-        return spots_of(codes, self._source)
+        return spots_of(codes, self.paths.source)
 
     def _shared_spots(self) -> list[tuple[str, int]]:
         """The spots of code that ran at import, and the top level of every project module
@@ -302,7 +292,9 @@ class Recorder:
         has grown."""
         modules = list(sys.modules.values())
         if len(self.import_codes) != self._shared_of[0] or modules != self._shared_of[1]:
-            spots = self._spots(self.import_codes.values()) | module_spots(modules, self._source)
+            spots = self._spots(self.import_codes.values()) | module_spots(
+                modules, self.paths.source
+            )
             self._shared_of = (len(self.import_codes), modules)
             if spots != self._shared_set:  # a new list: tables.py names it anew
                 self._shared, self._shared_set = sorted(spots), spots
@@ -314,7 +306,7 @@ class Recorder:
             paths.update(str(p) for p in self.root.glob(pattern) if p.is_file())
         files: dict[str, str | None] = {}
         for path in paths:
-            rel = project_rel(self.root, path)
+            rel = self.paths.rel(path)
             if rel is not None:
                 files[rel] = self._hash(path)
         return files
