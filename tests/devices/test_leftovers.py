@@ -270,3 +270,14 @@ def test_a_lost_fork_of_a_run_started_alike_is_that_runs_alone() -> None:
         if reaper.stdout is not None:
             reaper.stdout.close()
     assert out.stdout.splitlines() == ["True True False", "True False True", "True True"], out
+
+
+def test_the_guard_runs_this_file_alone_with_no_site_packages() -> None:
+    """The guard is `python -I -S leftovers.py` (run/leaks.py): the file imports nothing of
+    devpool's or of site-packages, or the guard dies at its first line and nothing outlives
+    a SIGKILLed controller's sweep (tests/e2e/test_leaks.py sees it end to end)."""
+    code = f"import runpy; runpy.run_path({leftovers.__file__!r}); print('loaded')"
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout == "loaded\n", done.stderr

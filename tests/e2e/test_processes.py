@@ -663,6 +663,44 @@ def test_an_interrupt_while_collecting_ends_the_run_as_ctrl_c_and_leaves_nothing
     wait_until(lambda: not any(alive(pid) for pid in ours), 10, f"processes {ours} to end")
 
 
+def test_a_sigterm_while_the_run_is_planned_ends_it_as_ctrl_c_and_leaves_nothing(
+    pytester: pytest.Pytester, lock: Path, out: Path, launch: Callable[..., Session]
+) -> None:
+    # Between the collection and the first test the controller plans, joins a queue and
+    # starts its record: seconds on a large suite or a slow database. The signal comes
+    # there (the controller only: the conftest is imported by its templates too).
+    planning = out / "planning"
+    pytester.makeconftest(
+        f"""
+        import os, pathlib, time
+        from devpool.session import jobs
+
+        plan_run = jobs.plan_run
+
+        def slow_plan(*args, **kwargs):
+            if not os.environ.get("DEVPOOL_RUN_ID"):
+                pathlib.Path({str(planning)!r}).touch()
+                time.sleep(60)
+            return plan_run(*args, **kwargs)
+
+        jobs.plan_run = slow_plan
+        """
+    )
+    suite(pytester, out, "test_planned", "def test_one():\n    record('one')\n")
+    session = launch("--devices", "sim:0")
+    wait_until(planning.exists, 30, "the plan to start")
+    ours = [p.pid for p in leftovers.descendants(session.pid)]  # its zygote and templates
+    os.kill(session.pid, signal.SIGTERM)
+    assert session.wait(20) == 2, session.output()
+    shown = session.output()
+    assert "Traceback" not in shown and "controller.py" not in shown, shown
+    banner = [line for line in shown.splitlines() if line.startswith("!!")]
+    assert banner and "SIGTERM" in banner[-1], shown
+    assert "one" not in records(out)
+    wait_until(lambda: not any(alive(pid) for pid in ours), 10, f"processes {ours} to end")
+    assert not held(lock)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupt_while_the_results_are_written_waits_for_them_and_exits_2(
     pytester: pytest.Pytester, lock: Path, out: Path, signum: int

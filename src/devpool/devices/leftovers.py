@@ -29,8 +29,6 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from devpool import procfs
-
 MARK_ENV = "DEVPOOL_RUN_MARK"
 # The names devpool gives its own processes (prctl PR_SET_NAME); a fork that never exec'd
 # keeps its parent's.
@@ -156,23 +154,28 @@ def has_children() -> bool:
 
 def read(pid: int) -> Proc | None:
     """One process's /proc/PID/stat and owner, None once it is gone."""
-    found = procfs.read(pid)
+    # devpool.procfs reads the same for the rest of devpool; the guard runs this file alone
+    # (python -I -S), where no devpool module can be imported.
     try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read().decode(errors="replace")
         uid = os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return None
-    if found is None:
+    # comm may hold spaces and parentheses: the fields after it follow the last ')'.
+    left, right = raw.find("("), raw.rfind(")")
+    if left < 0 or right < 0:
         return None
-    comm, fields = found
+    fields = raw[right + 2 :].split()
     try:
         return Proc(
             pid,
             int(fields[1]),
             int(fields[2]),
             int(fields[3]),
-            comm,
+            raw[left + 1 : right],
             fields[0],
-            int(fields[procfs.STARTTIME]),
+            int(fields[19]),
             uid,
         )
     except (IndexError, ValueError):

@@ -240,6 +240,12 @@ class Controller:
     def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
         if session.config.option.collectonly:
             return None
+        # From the plan to the last test: a CI step's timeout while the run is planned, joins
+        # its queue or starts its record ends it as Ctrl-C too, not as a silent -15.
+        with sigterm_as_interrupt():
+            return self._run_tests(session)
+
+    def _run_tests(self, session: pytest.Session) -> bool:
         if session.testsfailed and not session.config.option.continue_on_collection_errors:
             raise session.Interrupted(
                 f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''}"
@@ -288,7 +294,7 @@ class Controller:
         if terminal is not None and progress.wanted(self.config.option):
             live = progress.LiveProgress(terminal._tw)
         try:
-            with sigterm_as_interrupt(), live or nullcontext():
+            with live or nullcontext():
                 loop.live = live
                 self.loop_ran = True
                 if self.record is not None:
