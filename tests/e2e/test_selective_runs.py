@@ -256,6 +256,56 @@ def test_shared_fixtures_and_import_time_code_count_for_every_test_that_uses_the
     assert run.ran == set(), run.output()
 
 
+MACHINERY = {
+    "pyproject.toml": PROJECT["pyproject.toml"],
+    ".gitignore": PROJECT[".gitignore"],
+    "helpers.py": """
+        def prepare():
+            return 1
+
+
+        def used():
+            return 2
+        """,
+    "tests/conftest.py": """
+        import pytest
+
+        import helpers
+
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtestloop(session):
+            helpers.prepare()  # the run's machinery: before the first test, for none
+            return (yield)
+        """,
+    "tests/test_a.py": """
+        import helpers
+
+
+        def test_a():
+            assert helpers.used() == 2
+        """,
+}
+
+
+def test_code_run_between_collection_and_the_first_test_is_no_tests(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """A worker's own start (a fork server's loop, a worker becoming one, the hooks of
+    pytest_runtestloop) runs for no test: it selects none, where collection's code and a
+    test's own do."""
+    root = git_project(pytester.path, MACHINERY)
+    record(pytester, tmp_path)
+    helpers = root / "helpers.py"
+    original = helpers.read_text()
+    helpers.write_text(original.replace("return 1", "return 10"))
+    run = Run(pytester, tmp_path, "loop", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.result.ret == 0 and run.ran == set(), run.output()
+    helpers.write_text(original.replace("return 2", "return 2 + 0"))
+    run = Run(pytester, tmp_path, "used", "--devices", "sim:0-1", "--devpool-select", "on")
+    assert run.ran == {"tests/test_a.py::test_a"}, run.output()
+
+
 FILES = {
     "pyproject.toml": PROJECT["pyproject.toml"],
     ".gitignore": PROJECT[".gitignore"],

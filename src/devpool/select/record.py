@@ -281,6 +281,15 @@ class Recorder:
         self.codes = {}
         self._shared_spots()
 
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, Any]:
+        """From here to the first test runs the run's machinery (a fork server's loop, a
+        worker becoming one), no test's: not watched. What ran since collection finished
+        still counts for every test (the first test's start takes it)."""
+        self._collect()
+        self._pause()
+        return (yield)
+
     # ---- turning what was seen into fingerprints ------------------------------------------
 
     def _spots(self, codes: Iterable[CodeType]) -> set[tuple[str, int]]:
