@@ -174,7 +174,7 @@ def make_folder(root: Path) -> Path:
         raise OSError(f"{BASE} is not a folder of this user's alone")
     for stale in BASE.iterdir():
         making = stale.name.startswith(".")  # a worker's, being made: gone when its pid is
-        if not (procfs.fields(stale.name[1:]) if making else is_live(str(stale))):
+        if not (procfs.alive(stale.name[1:]) if making else is_live(str(stale))):
             shutil.rmtree(stale, ignore_errors=True)
     folder, part = BASE / str(os.getpid()), BASE / f".{os.getpid()}"
     shutil.rmtree(part, ignore_errors=True)

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from devpool import procfs
 from devpool.backends.ray.actor import STOP_WAIT, RankSpec, node_env, write_lists
 from devpool.backends.ray.cluster import import_ray
 from devpool.backends.spawn import pytest_process
@@ -39,7 +40,7 @@ def _sweep() -> None:
         with contextlib.suppress(OSError):
             info = path.lstat()
             mine = stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
-            if mine and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            if mine and pid.isdigit() and not procfs.alive(pid):
                 shutil.rmtree(path, ignore_errors=True)
 
 
