@@ -27,6 +27,7 @@ from devpool.project import option_value
 from devpool.select import children
 from devpool.select.fingerprints import LoadedLibraries, ProjectPaths, file_hash, library_stamp
 from devpool.select.options import mode_of, select_options
+from devpool.select.own_hooks import PACKAGE, OwnHooks
 from devpool.select.policy import auto_mode
 from devpool.select.tables import SentTables
 from devpool.select.watch import (
@@ -72,6 +73,7 @@ class Recorder:
         self._shared_set: set[tuple[str, int]] = set()
         self._merged: dict[tuple[int, tuple[str, ...]], dict[str, Any]] = {}  # with_libraries
         self.below = children.Below(root)  # what the processes a test starts ran
+        self.own = OwnHooks(lambda on: self._switch(on, own=True))
         sys.addaudithook(self._audit)
 
     # ---- what the watch saw, and the files ------------------------------------------------
@@ -105,21 +107,24 @@ class Recorder:
     def _pause(self) -> None:
         """Stop watching while reports are handled and between tests: each watched call
         costs, and none of that code is the test's."""
+        if not self.paused:
+            self._switch(on=False)
+            self.paused = True
+
+    def _resume(self) -> None:
+        """Watch again; a hook found in devpool's place means the test is not recorded."""
         if self.paused:
+            self.paused = False
+            self._switch(on=True)
+
+    def _switch(self, on: bool, own: bool = False) -> None:
+        """Turn the watch on or off; off all through devpool's own hooks (own_hooks.py)."""
+        if self.paused or not (own or self.own.watching()):
             return
         if self.watch is None:
             self.lost = self.lost or "every hook that could watch the code was taken"
         else:
-            self.lost = self.lost or self.watch.stop()
-        self.paused = True
-
-    def _resume(self) -> None:
-        """Watch again; a hook found in devpool's place means the test is not recorded."""
-        if not self.paused:
-            return
-        self.paused = False
-        if self.watch is not None:
-            self.lost = self.lost or self.watch.start()
+            self.lost = self.lost or (self.watch.start() if on else self.watch.stop())
 
     # ---- pytest hooks ---------------------------------------------------------------------
 
@@ -399,3 +404,5 @@ def register_worker(config: pytest.Config, option: str | None, table: dict[str, 
         recorder = Recorder(config.rootpath)
         recorder.install()
     config.pluginmanager.register(recorder, "devpool-select-recorder")
+    if recorder.paths.source(str(PACKAGE / "__init__.py")) is not None:
+        recorder.own.wrap_all(config.pluginmanager)  # devpool is this project: its own suite
