@@ -9,16 +9,17 @@ from typing import Any
 
 import pluggy
 import pytest
+from _pytest.config import PytestPluginManager
 
 from devpool.select.own_hooks import OwnHooks, is_own
 
-spec = pluggy.HookspecMarker("t")
-impl = pluggy.HookimplMarker("t")
+spec = pluggy.HookspecMarker("pytest")
+impl = pytest.hookimpl
 
 
 class Specs:
     @spec(firstresult=True)
-    def run(self, seen: list[Any]) -> Any: ...  # type: ignore[empty-body]
+    def pytest_t_run(self, seen: list[Any]) -> Any: ...  # type: ignore[empty-body]
 
 
 class Theirs:
@@ -28,7 +29,7 @@ class Theirs:
         self.owner, self.fail = owner, fail
 
     @impl
-    def run(self, seen: list[Any]) -> Any:
+    def pytest_t_run(self, seen: list[Any]) -> Any:
         seen.append(("test", self.owner.watching()))
         if self.fail:
             raise KeyError("from the test")
@@ -42,7 +43,7 @@ class Ours:
         self.owner = owner
 
     @impl(wrapper=True)
-    def run(self, seen: list[Any]) -> Generator[None, Any, Any]:
+    def pytest_t_run(self, seen: list[Any]) -> Generator[None, Any, Any]:
         seen.append(("before", self.owner.watching()))
         try:
             result = yield
@@ -57,7 +58,8 @@ Ours.__module__ = "devpool.worker.fake"  # as a class of devpool's would be
 
 
 def manager(owner: OwnHooks, *plugins: object) -> pluggy.PluginManager:
-    pm = pluggy.PluginManager("t")
+    """pytest's own plugin manager (it takes OwnHooks' unmarked pytest_plugin_registered)."""
+    pm = PytestPluginManager()
     pm.add_hookspecs(Specs)
     for plugin in plugins:
         pm.register(plugin)
@@ -70,7 +72,7 @@ def test_devpools_hooks_are_unwatched_and_what_they_wrap_is_watched() -> None:
     owner = OwnHooks(switches.append)
     pm = manager(owner, Theirs(owner), Ours(owner))
     seen: list[Any] = []
-    assert pm.hook.run(seen=seen) == "result!"
+    assert pm.hook.pytest_t_run(seen=seen) == "result!"
     assert seen == [("before", False), ("test", True), ("after", False)]
     assert switches == [False, True, False, True]  # off for each step of the wrapper only
     assert owner.stack == []
@@ -82,7 +84,7 @@ def test_an_exception_reaches_the_wrapper_and_leaves_the_watch_as_it_was() -> No
     pm = manager(owner, Theirs(owner, fail=True), Ours(owner))
     seen: list[Any] = []
     with pytest.raises(ValueError, match="wrapped") as raised:
-        pm.hook.run(seen=seen)
+        pm.hook.pytest_t_run(seen=seen)
     assert isinstance(raised.value.__cause__, KeyError)
     assert seen == [("before", False), ("test", True), ("caught", False)]
     assert switches[-1] is True and owner.stack == []
@@ -93,11 +95,15 @@ def test_a_plugin_registered_later_is_wrapped_too_and_only_once() -> None:
     owner = OwnHooks(switches.append)
     pm = manager(owner, Theirs(owner))
     ours = Ours(owner)
-    pm.register(ours)
-    owner.wrap(pm, ours)  # again: already wrapped
+    pm.register(ours)  # wrapped by pytest_plugin_registered
     seen: list[Any] = []
-    assert pm.hook.run(seen=seen) == "result!"
+    assert pm.hook.pytest_t_run(seen=seen) == "result!"
     assert seen == [("before", False), ("test", True), ("after", False)]
+    owner.wrap(pm, ours)  # again: left as it is, not wrapped twice
+    seen.clear()
+    switches.clear()
+    pm.hook.pytest_t_run(seen=seen)
+    assert switches == [False, True, False, True]
 
 
 def test_only_devpools_modules_and_objects_are_its_own() -> None:

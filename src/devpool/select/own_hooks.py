@@ -15,11 +15,13 @@ For any other project devpool lies outside the rootdir and nothing is wrapped.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
 import pluggy
+import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent  # the devpool package running here
 _WRAPPED = "__devpool_unwatched__"
@@ -48,10 +50,9 @@ class OwnHooks:
         return self.stack[-1] if self.stack else True
 
     def enter(self, watched: bool) -> None:
-        before = self.watching()
-        self.stack.append(watched)
-        if watched != before:
+        if watched != self.watching():
             self._switch(watched)
+        self.stack.append(watched)
 
     def leave(self) -> None:
         before = self.stack.pop()
@@ -66,7 +67,10 @@ class OwnHooks:
             self.wrap(manager, plugin)
         manager.register(self, "devpool-own-hooks")
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_plugin_registered(self, plugin: object, manager: pluggy.PluginManager) -> None:
+        """A plugin registered later: wrapped before its other hooks run (the historic ones
+        pluggy replays at its registration, pytest_configure, run before this: unwrapped)."""
         self.wrap(manager, plugin)
 
     def wrap(self, manager: pluggy.PluginManager, plugin: object) -> None:
@@ -81,7 +85,9 @@ class OwnHooks:
                     setattr(impl, "function", step(impl.function, watched))  # noqa: B010 - Final in pluggy's types
 
     def _call(self, function: Callable[..., Any], watched: bool) -> Callable[..., Any]:
+        @functools.wraps(function)  # pluggy's messages name the plugin's function
         def switched(*args: Any) -> Any:
+            __tracebackhide__ = True  # pytest's tracebacks show the hook, as without this
             self.enter(watched)
             try:
                 return function(*args)
@@ -95,7 +101,9 @@ class OwnHooks:
         """A hook wrapper whose every step (up to its yield, after it) runs so; what it
         wraps runs as the hooks it wraps do."""
 
+        @functools.wraps(function)
         def switched(*args: Any) -> Generator[Any, Any, Any]:
+            __tracebackhide__ = True
             inner = function(*args)
             sent: Any = None
             thrown: BaseException | None = None
