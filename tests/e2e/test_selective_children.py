@@ -162,6 +162,8 @@ def test_a_python_process_that_never_imports_devpool_tells_through_the_installed
     (wheel,) = wheels.glob("devpool-*.whl")
     subprocess.run(
         [*pip, "--python", python, "install", "--no-index", "--no-deps", wheel],
+        # a PYTHONPATH naming a devpool checkout (its egg-info) would make pip skip the wheel
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         check=True,
         capture_output=True,
     )
