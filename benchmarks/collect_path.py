@@ -24,16 +24,14 @@ sooner either, unless the wait above is longer than the preload.
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from common import PYTEST, timed
-from torch_cpu_suite import CONFTEST, MODULE
+from common import PYTEST, suite_root, timed
+from torch_cpu_suite import suite_arguments, suite_files
 
 
 def phases(record: Path, started: float) -> tuple[float, float, float]:
@@ -46,22 +44,13 @@ def phases(record: Path, started: float) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--modules", type=int, default=20, help="60 tests each")
-    args = parser.parse_args()
-    if importlib.util.find_spec("torch") is None:
-        print("collect_path: torch is not installed in this interpreter; nothing measured")
+    args = suite_arguments("collect_path", __doc__ or "")
+    if args is None:
         return
-    files = {"conftest.py": CONFTEST}
-    files.update({f"test_ops_{n:02}.py": MODULE.format(seed=n) for n in range(args.modules)})
     rows: list[tuple[float, float, float]] = []
     collect_only: list[float] = []
     with tempfile.TemporaryDirectory(prefix="devpool-collect-path-") as tmp:
-        root = Path(tmp)
-        (root / "pytest.ini").write_text("[pytest]\n")
-        for name, text in files.items():
-            (root / name).write_text(text)
+        root = suite_root(Path(tmp), suite_files(args.modules))
         record = root / "record.jsonl"
         devpool = [
             *PYTEST,

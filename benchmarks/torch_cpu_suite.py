@@ -93,20 +93,34 @@ def test_blur_gradcheck(sigma):
 """
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def suite_files(modules: int) -> dict[str, str]:
+    """The suite's files: its conftest and `modules` modules of 60 tests."""
+    files = {"conftest.py": CONFTEST}
+    files.update({f"test_ops_{n:02}.py": MODULE.format(seed=n) for n in range(modules)})
+    return files
+
+
+def suite_arguments(script: str, doc: str) -> argparse.Namespace | None:
+    """--repeat and --modules; None (and a line saying so) where torch is not installed."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--modules", type=int, default=20, help="60 tests each")
     args = parser.parse_args()
     if importlib.util.find_spec("torch") is None:
-        print("torch_cpu_suite: torch is not installed in this interpreter; nothing measured")
+        print(f"{script}: torch is not installed in this interpreter; nothing measured")
+        return None
+    return args
+
+
+def main() -> None:
+    args = suite_arguments("torch_cpu_suite", __doc__ or "")
+    if args is None:
         return
     if importlib.util.find_spec("xdist") is None:
         print("torch_cpu_suite: pytest-xdist is not installed; nothing measured")
         return
     cores = usable_cores().count
-    files = {"conftest.py": CONFTEST}
-    files.update({f"test_ops_{n:02}.py": MODULE.format(seed=n) for n in range(args.modules)})
+    files = suite_files(args.modules)
     with tempfile.TemporaryDirectory(prefix="devpool-torch-cpu-") as tmp:
         root = suite_root(Path(tmp), files)
         devpool = [
