@@ -4,11 +4,12 @@ Where devpool is its own project (its checkout's suite), devpool's code is proje
 recording worker's plugins (the leak check around a wider fixture's setup, the worker's
 report handling, the compat plugins) then run inside each test's window and would count
 for every test: a change to any of them would select most of the suite. So each hook
-implementation of the plugins devpool registered in this process runs with the watch
-off, as pytest's own hooks go unseen (pytest is outside the rootdir). A hook wrapper is
-unwatched before and after its yield, not across it: what it wraps (a fixture's setup,
-the test) is still the test's. A test that calls devpool's code itself, or runs devpool
-in a process of its own, is watched as before.
+implementation of devpool's plugins in this process runs with the watch off, as pytest's
+own code goes unseen (pytest is outside the rootdir), and every other plugin's hook turns it
+back on: pytest's runner and fixture hooks, which devpool's worker loop calls, run the test.
+A hook wrapper is switched before and after its yield, not across it: what it wraps (a
+fixture's setup, the test) runs as the hooks it wraps do. A test that calls devpool's code
+itself, or runs devpool in a process of its own, is watched as before.
 
 For any other project devpool lies outside the rootdir and nothing is wrapped.
 """
