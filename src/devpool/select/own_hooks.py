@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Generator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pluggy
@@ -31,9 +32,7 @@ _WRAPPED = "__devpool_unwatched__"
 def is_own(plugin: object) -> bool:
     """Whether a registered plugin is devpool's own (a module of it, or an object of one of
     its classes)."""
-    name = getattr(plugin, "__name__", None) if isinstance(plugin, type(pluggy)) else None
-    if name is None:
-        name = type(plugin).__module__
+    name = plugin.__name__ if isinstance(plugin, ModuleType) else type(plugin).__module__
     return name == "devpool" or name.startswith("devpool.")
 
 
